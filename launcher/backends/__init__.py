@@ -1,0 +1,79 @@
+"""Backends behind one interface: `schedule(request) -> job ids`.
+
+A `Request` is the printable dry-run object: every rendered script and the sbatch command that
+would submit it. Backends are imported lazily by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+from launcher import manifest
+from launcher.render import render, submit_argv
+from launcher.spec import JobSpec, Plan
+
+
+@dataclass(frozen=True)
+class Request:
+    plan: Plan
+    scripts: tuple[tuple[JobSpec, str], ...]
+
+    def materialize(self, job_ids: dict[str, str] | None = None) -> str:
+        parts = []
+        for job, text in self.scripts:
+            command = " ".join(submit_argv(self.plan, job, job_ids or {}))
+            parts.append(f"# ---- {job.stage}/{job.name}\n# $ {command}\n{text}")
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.materialize()
+
+
+def prepare(plan: Plan) -> Request:
+    """Render every job; pure."""
+    return Request(plan=plan, scripts=tuple((job, render(plan, job)) for job in plan.jobs))
+
+
+def write_files(request: Request) -> None:
+    """The scripts and the run's extra files, each written atomically."""
+    plan = request.plan
+    for path, text in plan.files:
+        manifest.write_atomic(path, text)
+    for job, text in request.scripts:
+        manifest.write_atomic(plan.script_path(job), text, mode=0o755)
+        plan.log_pattern(job).parent.mkdir(parents=True, exist_ok=True)
+
+
+def records(request: Request, job_ids: dict[str, str], backend: str) -> list[manifest.JobRecord]:
+    plan = request.plan
+    return [
+        manifest.JobRecord(
+            stage=job.stage,
+            name=job.name,
+            job_id=job_ids.get(job.name),
+            array=job.array.spec() if job.array else None,
+            script=str(plan.script_path(job)),
+            log_pattern=str(plan.log_pattern(job)),
+            depends_on=[f"{d.kind.value}:{d.job}" for d in job.depends_on],
+            backend=backend,
+        )
+        for job in plan.jobs
+    ]
+
+
+class Backend(Protocol):
+    name: str
+
+    def schedule(self, request: Request) -> dict[str, str]:
+        """Write, submit (or run) every job of the request; return job name -> id."""
+        ...
+
+
+BACKENDS = {"slurm": "launcher.backends.slurm", "local": "launcher.backends.local"}
+
+
+def get(name: str, **options: object) -> Backend:
+    module = importlib.import_module(BACKENDS[name])
+    return module.create(**options)  # type: ignore[no-any-return]

@@ -1,0 +1,100 @@
+"""Local backend: runs the very same rendered scripts with bash, in dependency order.
+
+Array tasks get the SLURM_ARRAY_* variables and run in parallel up to the throttle; a failed
+job stops everything that depends on it with afterok. Logs go to the paths Slurm would use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import manifest
+from launcher.backends import Request, records, write_files
+from launcher.errors import LauncherError
+from launcher.spec import DependencyKind, JobSpec, Plan
+
+LOCAL_BIN = Path(__file__).resolve().parent / "local_bin"
+STATE_SUFFIX = ".state.json"
+
+
+def state_path(plan_run_dir: Path, job: JobSpec) -> Path:
+    return plan_run_dir / job.stage / f"{job.name}{STATE_SUFFIX}"
+
+
+def _log_path(plan: Plan, job: JobSpec, job_id: str, task: int | None) -> Path:
+    pattern = str(plan.log_pattern(job))
+    return Path(pattern.replace("%A", job_id).replace("%a", str(task)).replace("%j", job_id))
+
+
+def _task_env(job: JobSpec, job_id: str, task: int | None) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "PATH": f"{LOCAL_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOB_NAME": job.name,
+        "SLURM_CPUS_PER_TASK": str(job.resources.cpus_per_task),
+        "SLURM_NTASKS": "1",
+        "SLURM_PROCID": "0",
+    }
+    if job.array and task is not None:
+        env |= {
+            "SLURM_ARRAY_JOB_ID": job_id,
+            "SLURM_ARRAY_TASK_ID": str(task),
+            "SLURM_ARRAY_TASK_COUNT": str(job.array.size),
+            "SLURM_ARRAY_TASK_MIN": "0",
+            "SLURM_ARRAY_TASK_MAX": str(job.array.size - 1),
+        }
+    return env
+
+
+@dataclass(frozen=True)
+class LocalBackend:
+    parallelism: int
+    name: str = "local"
+
+    def _run_task(self, plan: Plan, job: JobSpec, job_id: str, task: int | None) -> int:
+        log = _log_path(plan, job, job_id, task)
+        with open(log, "w") as out:
+            done = subprocess.run(
+                ["bash", str(plan.script_path(job))],
+                stdout=out, stderr=subprocess.STDOUT, env=_task_env(job, job_id, task), check=False,
+            )  # fmt: skip
+        return done.returncode
+
+    def _run_job(self, plan: Plan, job: JobSpec, job_id: str) -> list[int]:
+        if not job.array:
+            return [self._run_task(plan, job, job_id, None)]
+        workers = min(job.array.throttle or self.parallelism, self.parallelism)
+        with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+            return list(pool.map(lambda t: self._run_task(plan, job, job_id, t), range(job.array.size)))
+
+    def schedule(self, request: Request) -> dict[str, str]:
+        write_files(request)
+        plan = request.plan
+        job_ids = {job.name: f"{os.getpid()}{i:02d}" for i, job in enumerate(plan.jobs)}
+        manifest.save(plan.run_dir, records(request, job_ids, self.name))
+        states: dict[str, str] = {}
+        for job in plan.jobs:
+            blocked = [d.job for d in job.depends_on
+                       if d.kind is DependencyKind.afterok and states.get(d.job) != "COMPLETED"]  # fmt: skip
+            start = time.monotonic()
+            codes = [] if blocked else self._run_job(plan, job, job_ids[job.name])
+            states[job.name] = "CANCELLED" if blocked else ("COMPLETED" if not any(codes) else "FAILED")
+            record = {"state": states[job.name], "exit_codes": codes,
+                      "seconds": round(time.monotonic() - start, 2), "blocked_by": blocked}  # fmt: skip
+            manifest.write_atomic(state_path(plan.run_dir, job), json.dumps(record) + "\n")
+            print(f"  {job.stage}/{job.name}: {states[job.name]} in {record['seconds']} s", flush=True)
+        failed = [name for name, state in states.items() if state != "COMPLETED"]
+        if failed:
+            raise LauncherError(f"local run did not complete: {', '.join(failed)} (see logs under {plan.run_dir})")
+        return job_ids
+
+
+def create(parallelism: int | None = None) -> LocalBackend:
+    return LocalBackend(parallelism=parallelism or os.cpu_count() or 1)

@@ -1,0 +1,191 @@
+"""Typed schemas of the launcher's configuration.
+
+Data only: the YAML under `conf/` is composed by Hydra, then merged onto these dataclasses
+(`launcher.validate`) so that unknown keys, wrong types and bad enum values fail before anything is
+written or submitted. NeMo's own model/trainer/exp_manager sections are free-form here and checked
+by the training stage against the keys NeMo reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+class Backend(str, Enum):
+    local = "local"
+    slurm = "slurm"
+
+
+class Runtime(str, Enum):
+    pyxis = "pyxis"
+    none = "none"
+
+
+class Stage(str, Enum):
+    """Pipeline stages, declared in the order they run."""
+
+    data_preparation = "data_preparation"
+    data_check = "data_check"
+    training = "training"
+
+
+@dataclass
+class ClusterConfig:
+    backend: Backend = Backend.local
+    # A file system every node sees at the same path: default home of data and results.
+    shared_dir: str = MISSING
+    partition: Optional[str] = None
+    # CPU-only jobs (downloads, tar work) may go to another partition; null = `partition`.
+    cpu_partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    gpus_per_node: int = 0
+    cpus_per_node: Optional[int] = None
+    # Memory for GPU jobs ("0" = all of the node's memory, as AWS presets use).
+    gpu_job_mem: Optional[str] = None
+    exclusive_gpu_jobs: bool = True
+    time_limit: str = "04:00:00"
+    sbatch_extra_args: list[str] = field(default_factory=list)
+    srun_extra_args: list[str] = field(default_factory=list)
+    # Exported in every job and passed into the container (EFA/NCCL settings for the presets).
+    env: dict[str, str] = field(default_factory=dict)
+    # Local backend: array tasks run at once (null = cores on this machine).
+    local_parallelism: Optional[int] = None
+
+
+@dataclass
+class ContainerConfig:
+    runtime: Runtime = Runtime.none
+    # An absolute .sqsh path or a registry reference such as nvcr.io#nvidia/nemo:24.07.
+    image: Optional[str] = None
+    mounts: list[str] = field(default_factory=list)
+    workdir: Optional[str] = None
+    mount_home: bool = False
+    # Extra host variables handed over with --container-env (job env vars are always passed).
+    env_names: list[str] = field(default_factory=list)
+    # Interpreter inside the job; null = this launcher's own interpreter (runtime none only).
+    python: Optional[str] = None
+    # Where this repository's code is seen by the job; null = this checkout's absolute path.
+    code_dir: Optional[str] = None
+
+
+@dataclass
+class JobResources:
+    cpus_per_task: int = 2
+    mem: Optional[str] = "8G"
+    time: str = "01:00:00"
+
+
+@dataclass
+class StepConfig:
+    enable: bool = True
+    resources: JobResources = field(default_factory=JobResources)
+
+
+@dataclass
+class DownloadParquetConfig(StepConfig):
+    source: str = "laion/laion-art"
+    pattern: str = "*.parquet"
+    url_col: str = "URL"
+    caption_col: str = "TEXT"
+    min_width: Optional[int] = None
+    min_height: Optional[int] = None
+    max_punsafe: Optional[float] = None
+    max_pwatermark: Optional[float] = None
+    min_aesthetic: Optional[float] = None
+    # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
+    hf_token_file: Optional[str] = None
+
+
+@dataclass
+class DownloadImagesConfig(StepConfig):
+    array_throttle: Optional[int] = None
+    image_size: int = 256
+    resize_mode: str = "center_crop"
+    encode_quality: int = 95
+    processes: Optional[int] = None
+    threads: Optional[int] = None
+    samples_per_shard: int = 1000
+    timeout: int = 10
+    retries: int = 0
+
+
+@dataclass
+class ReorganizeTarConfig(StepConfig):
+    num_tasks: int = 1
+    tar_chunk_size: int = 1000
+    extensions: list[str] = field(default_factory=lambda: ["jpg", "txt"])
+    keep_remainder: bool = False
+
+
+@dataclass
+class GenerateWdinfoConfig(StepConfig):
+    verify: bool = False
+
+
+@dataclass
+class DemoConfig:
+    enable: bool = False
+    num_images: int = 240
+
+
+@dataclass
+class DataPreparationConfig:
+    num_partitions: int = 64
+    demo: DemoConfig = field(default_factory=DemoConfig)
+    download_parquet: DownloadParquetConfig = field(default_factory=DownloadParquetConfig)
+    download_images: DownloadImagesConfig = field(default_factory=DownloadImagesConfig)
+    reorganize_tar: ReorganizeTarConfig = field(default_factory=ReorganizeTarConfig)
+    generate_wdinfo: GenerateWdinfoConfig = field(default_factory=GenerateWdinfoConfig)
+
+
+@dataclass
+class DataCheckConfig:
+    enable: bool = True
+    batches: int = 4
+    num_workers: int = 1
+    micro_batch_size: int = 4
+    resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=4, mem="16G"))
+
+
+@dataclass
+class TrainingRunConfig:
+    name: str = "sd_860m_res_256"
+    time_limit: Optional[str] = None
+    # Jobs submitted one after the other (afterany + singleton): K x time_limit of training.
+    chain: int = 1
+    script: str = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py"
+    # Seconds before the time limit at which Slurm signals the job so that it checkpoints.
+    signal_before_limit_s: int = 300
+    requeue: bool = True
+    # Secrets are read inside the job from these files; never written into scripts or configs.
+    wandb_api_key_file: Optional[str] = None
+    hf_token_file: Optional[str] = None
+
+
+@dataclass
+class TrainingConfig:
+    run: TrainingRunConfig = field(default_factory=TrainingRunConfig)
+    trainer: dict[str, Any] = field(default_factory=dict)
+    exp_manager: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RootConfig:
+    stages: list[Stage] = field(default_factory=lambda: [Stage.data_preparation])
+    run_name: str = "sd_pretrain"
+    base_results_dir: str = MISSING
+    data_dir: str = MISSING
+    dry_run: bool = False
+    # Extra environment variables exported in every job.
+    env: dict[str, str] = field(default_factory=dict)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    data_preparation: DataPreparationConfig = field(default_factory=DataPreparationConfig)
+    data_check: DataCheckConfig = field(default_factory=DataCheckConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)

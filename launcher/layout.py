@@ -1,0 +1,32 @@
+"""Where data preparation writes and training reads: one place, derived from `data_dir`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    data_dir: PurePosixPath
+
+    @property
+    def demo_dir(self) -> PurePosixPath:
+        return self.data_dir / "demo_source"
+
+    @property
+    def parquet_dir(self) -> PurePosixPath:
+        return self.data_dir / "parquet"
+
+    @property
+    def raw_tar_dir(self) -> PurePosixPath:
+        return self.data_dir / "tarfiles_raw"
+
+    @property
+    def tar_dir(self) -> PurePosixPath:
+        """NeMo's `webdataset.local_root_path`: wdinfo names tars relative to it."""
+        return self.data_dir / "tarfiles_reorganized"
+
+    @property
+    def wdinfo(self) -> PurePosixPath:
+        return self.tar_dir / "wdinfo.pkl"

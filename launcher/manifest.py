@@ -1,0 +1,50 @@
+"""The run manifest: what was submitted, where its scripts and logs are."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    stage: str
+    name: str
+    job_id: str | None
+    array: str | None
+    script: str
+    log_pattern: str
+    depends_on: list[str]
+    backend: str
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write to a temporary name in the same folder, then rename: never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def save(run_dir: Path, records: list[JobRecord]) -> Path:
+    path = run_dir / MANIFEST
+    write_atomic(path, json.dumps({"jobs": [asdict(r) for r in records]}, indent=2) + "\n")
+    return path
+
+
+def load(run_dir: Path) -> list[JobRecord]:
+    path = run_dir / MANIFEST if run_dir.is_dir() else run_dir
+    if not path.exists():
+        raise FileNotFoundError(f"no manifest at {path}: give the run folder <base_results_dir>/<run_name>")
+    return [JobRecord(**job) for job in json.loads(path.read_text())["jobs"]]

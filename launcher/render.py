@@ -1,0 +1,108 @@
+"""Pure rendering of job specs into sbatch scripts (Jinja only lays out the text)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from launcher.quoting import Raw, flag, q
+from launcher.spec import Container, JobSpec, Plan
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "slurm_templates"
+
+
+@lru_cache(maxsize=1)
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    return env.get_template("job.sbatch.j2")
+
+
+def sbatch_directives(plan: Plan, job: JobSpec) -> list[str]:
+    res = job.resources
+    flags = [
+        flag("job-name", job.name),
+        flag("output", plan.log_pattern(job)),
+        flag("nodes", res.nodes),
+        flag("ntasks-per-node", res.ntasks_per_node),
+        flag("cpus-per-task", res.cpus_per_task),
+        flag("time", res.time),
+    ]
+    if res.gpus_per_node:
+        flags.append(flag("gpus-per-node", res.gpus_per_node))
+    if res.mem is not None:
+        flags.append(flag("mem", res.mem))
+    if res.exclusive:
+        flags.append(flag("exclusive"))
+    if res.partition:
+        flags.append(flag("partition", res.partition))
+    if job.array:
+        flags.append(flag("array", job.array.spec()))
+    return sorted(flags + [q(arg) for arg in job.sbatch_args])
+
+
+def container_flags(container: Container | None) -> list[str]:
+    if container is None:
+        return []
+    flags = [flag("container-image", container.image)]
+    if container.mounts:
+        flags.append(flag("container-mounts", ",".join(container.mounts)))
+    if container.workdir:
+        flags.append(flag("container-workdir", container.workdir))
+    flags.append(flag("container-mount-home" if container.mount_home else "no-container-mount-home"))
+    if container.env_names:
+        flags.append(flag("container-env", ",".join(container.env_names)))
+    return flags
+
+
+def dependency_flags(plan: Plan, job: JobSpec, job_ids: dict[str, str]) -> list[str]:
+    """sbatch flags for the job's edges; unknown ids show as `<name>` placeholders."""
+    if not job.depends_on and not job.singleton:
+        return []
+    by_kind: dict[str, list[str]] = {}
+    for dep in job.depends_on:
+        by_kind.setdefault(dep.kind.value, []).append(job_ids.get(dep.job, f"<{dep.job}>"))
+    parts = [f"{kind}:{':'.join(ids)}" for kind, ids in by_kind.items()]
+    value = ",".join(parts + (["singleton"] if job.singleton else []))
+    return [flag("dependency", value), flag("kill-on-invalid-dep", "yes")]
+
+
+def submit_argv(plan: Plan, job: JobSpec, job_ids: dict[str, str]) -> list[str]:
+    return ["sbatch", "--parsable", *dependency_flags(plan, job, job_ids), str(plan.script_path(job))]
+
+
+def format_command(argv: tuple[str, ...]) -> str:
+    """One `--option value` group per line, so a person can read and edit the command."""
+    lines: list[list[str]] = [[]]
+    for word in argv:
+        if word.startswith("--") and lines[-1]:
+            lines.append([])
+        lines[-1].append(q(word))
+    return " \\\n    ".join(" ".join(line) for line in lines)
+
+
+def render(plan: Plan, job: JobSpec) -> str:
+    srun_args = [*(q(arg) for arg in job.srun_args), *container_flags(job.container)]
+    resubmit = ["sbatch", *dependency_flags(plan, job, {}), str(plan.script_path(job))]
+    return _template().render(
+        directives=sbatch_directives(plan, job),
+        description=f"stage {job.stage}, job {job.name}",
+        resubmit=" ".join(resubmit),
+        env=[(name, q(value)) for name, value in job.env],
+        secret_files=[(name, q(path)) for name, path in job.secret_files],
+        workdir=q(job.workdir) if job.workdir else None,
+        prologue=list(job.prologue),
+        srun_args=srun_args,
+        command=format_command(job.argv),
+    )
+
+
+__all__ = ["Raw", "render", "submit_argv", "dependency_flags", "sbatch_directives"]

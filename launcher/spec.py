@@ -1,0 +1,99 @@
+"""The plan model: immutable, backend-neutral job specs with dependency edges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+class DependencyKind(str, Enum):
+    afterok = "afterok"
+    # Chained training jobs continue after their predecessor ends in any state (time limit).
+    afterany = "afterany"
+
+
+@dataclass(frozen=True)
+class Dependency:
+    job: str
+    kind: DependencyKind = DependencyKind.afterok
+
+
+@dataclass(frozen=True)
+class Resources:
+    nodes: int = 1
+    ntasks_per_node: int = 1
+    cpus_per_task: int = 1
+    gpus_per_node: int = 0
+    mem: str | None = None
+    time: str = "01:00:00"
+    exclusive: bool = False
+    partition: str | None = None
+
+
+@dataclass(frozen=True)
+class Container:
+    """What pyxis gets on the srun line."""
+
+    image: str
+    mounts: tuple[str, ...] = ()
+    workdir: str | None = None
+    mount_home: bool = False
+    env_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Array:
+    size: int
+    throttle: int | None = None
+
+    def spec(self) -> str:
+        """`0-3%2` style value of `--array`."""
+        span = f"0-{self.size - 1}"
+        return f"{span}%{self.throttle}" if self.throttle else span
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One Slurm job (or array) of the plan; argv runs in every task through srun."""
+
+    stage: str
+    name: str
+    argv: tuple[str, ...]
+    resources: Resources
+    container: Container | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    array: Array | None = None
+    depends_on: tuple[Dependency, ...] = ()
+    # Raw sbatch flags from the cluster config (account, qos, requeue, signal...), kept in order.
+    sbatch_args: tuple[str, ...] = ()
+    srun_args: tuple[str, ...] = ()
+    # Shell lines run once in the batch step before srun (already-rendered, quoted commands).
+    prologue: tuple[str, ...] = ()
+    # Names of secret files read at run time into the named env vars: (VAR, path).
+    secret_files: tuple[tuple[str, str], ...] = ()
+    workdir: str | None = None
+    # Slurm's `singleton`: at most one job of this name (per user) runs at a time.
+    singleton: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    run_dir: Path
+    jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
+    # Extra files the run writes beside the scripts (e.g. the resolved NeMo config): path -> text.
+    files: tuple[tuple[Path, str], ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def job(self, name: str) -> JobSpec:
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise KeyError(name)
+
+    def script_path(self, job: JobSpec) -> Path:
+        return self.run_dir / job.stage / f"{job.name}.sbatch"
+
+    def log_pattern(self, job: JobSpec) -> Path:
+        suffix = "%A_%a" if job.array else "%j"
+        return self.run_dir / job.stage / "logs" / f"{job.name}_{suffix}.out"

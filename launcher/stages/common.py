@@ -1,0 +1,120 @@
+"""What every stage's jobs share: container, environment, cluster flags, CPU-only resources."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from launcher.config import JobResources, RootConfig, Runtime
+from launcher.layout import DataLayout
+from launcher.spec import Array, Container, Dependency, JobSpec, Resources
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What planning needs to know about the submitting host, passed in (never probed)."""
+
+    python: str
+    code_dir: str
+    cpu_count: int = 2
+
+
+@dataclass(frozen=True)
+class Context:
+    cfg: RootConfig
+    facts: Facts
+    run_dir: Path
+
+    @property
+    def layout(self) -> DataLayout:
+        return DataLayout(PurePosixPath(self.cfg.data_dir))
+
+    @property
+    def python(self) -> str:
+        if self.cfg.container.python:
+            return self.cfg.container.python
+        return self.facts.python if self.cfg.container.runtime is Runtime.none else "python3"
+
+    @property
+    def code_dir(self) -> str:
+        return self.cfg.container.code_dir or self.facts.code_dir
+
+    def module(self, name: str, *args: object) -> tuple[str, ...]:
+        """argv that runs one of this repo's modules with the job's interpreter."""
+        return (self.python, "-m", name, *(str(arg) for arg in args))
+
+
+def job_env(ctx: Context) -> tuple[tuple[str, str], ...]:
+    env = {**ctx.cfg.cluster.env, **ctx.cfg.env, "PYTHONPATH": ctx.code_dir}
+    return tuple(sorted((str(k), str(v)) for k, v in env.items()))
+
+
+def container(ctx: Context, names_in_env: tuple[str, ...]) -> Container | None:
+    c = ctx.cfg.container
+    if c.runtime is Runtime.none:
+        return None
+    assert c.image, "validated before planning"
+    names = sorted(set(names_in_env) | set(c.env_names))
+    return Container(
+        image=c.image,
+        mounts=tuple(c.mounts),
+        # pyxis starts the step in this folder inside the container.
+        workdir=c.workdir or ctx.code_dir,
+        mount_home=c.mount_home,
+        env_names=tuple(names),
+    )
+
+
+def cluster_sbatch_args(ctx: Context) -> tuple[str, ...]:
+    cl = ctx.cfg.cluster
+    args = [f"--account={cl.account}"] if cl.account else []
+    args += [f"--qos={cl.qos}"] if cl.qos else []
+    return (*args, *cl.sbatch_extra_args)
+
+
+def make_job(
+    ctx: Context,
+    *,
+    stage: str,
+    name: str,
+    argv: tuple[str, ...],
+    resources: Resources,
+    array: Array | None = None,
+    depends_on: tuple[Dependency, ...] = (),
+    sbatch_args: tuple[str, ...] = (),
+    prologue: tuple[str, ...] = (),
+    secret_files: tuple[tuple[str, str], ...] = (),
+    singleton: bool = False,
+) -> JobSpec:
+    env = job_env(ctx)
+    return JobSpec(
+        stage=stage,
+        name=name,
+        argv=argv,
+        resources=resources,
+        container=container(ctx, tuple(name for name, _ in env + secret_files)),
+        env=env,
+        array=array,
+        depends_on=depends_on,
+        sbatch_args=cluster_sbatch_args(ctx) + sbatch_args,
+        srun_args=tuple(ctx.cfg.cluster.srun_extra_args),
+        prologue=prologue,
+        secret_files=secret_files,
+        workdir=ctx.code_dir if ctx.cfg.container.runtime is Runtime.none else None,
+        singleton=singleton,
+    )
+
+
+def cpu_resources(ctx: Context, res: JobResources) -> Resources:
+    """CPU-only jobs never inherit the GPU/exclusive requests meant for training."""
+    cl = ctx.cfg.cluster
+    return Resources(
+        cpus_per_task=res.cpus_per_task,
+        mem=res.mem,
+        time=res.time,
+        partition=cl.cpu_partition or cl.partition,
+    )
+
+
+def after(*names: str) -> tuple[Dependency, ...]:
+    return tuple(Dependency(name) for name in names)

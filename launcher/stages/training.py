@@ -1,0 +1,69 @@
+"""Training: NeMo's sd_train.py, one srun task per GPU, on N nodes, optionally chained."""
+
+from __future__ import annotations
+
+from launcher.quoting import q
+from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
+from launcher.stages import nemo_config
+from launcher.stages.common import Context, make_job
+
+STAGE = "training"
+# Lightning's SLURM plugin checkpoints and requeues on SIGUSR1.
+REQUEUE_SIGNAL = "USR1"
+
+
+def resources(ctx: Context) -> Resources:
+    cl = ctx.cfg.cluster
+    s = nemo_config.shape(ctx)
+    cpus = (cl.cpus_per_node // s.gpus_per_node) if cl.cpus_per_node else 1
+    return Resources(
+        nodes=s.nodes,
+        ntasks_per_node=s.gpus_per_node,
+        cpus_per_task=max(cpus, 1),
+        gpus_per_node=s.gpus_per_node,
+        mem=cl.gpu_job_mem,
+        time=ctx.cfg.training.run.time_limit or cl.time_limit,
+        exclusive=cl.exclusive_gpu_jobs,
+        partition=cl.partition,
+    )
+
+
+def _done_check(ctx: Context) -> tuple[str, ...]:
+    """A chained job that starts after max_steps was reached ends at once."""
+    max_steps = ctx.cfg.training.trainer.get("max_steps")
+    if not max_steps:
+        return ()
+    checkpoints = nemo_config.results_dir(ctx) / "checkpoints"
+    return (
+        f"if compgen -G {q(checkpoints)}'/*step={int(max_steps)}-*' > /dev/null; then",
+        f"  echo {q(f'max_steps={max_steps} already reached in {checkpoints}: nothing to do')}",
+        "  exit 0",
+        "fi",
+    )
+
+
+def _secret_files(ctx: Context) -> tuple[tuple[str, str], ...]:
+    run = ctx.cfg.training.run
+    pairs = (("WANDB_API_KEY", run.wandb_api_key_file), ("HF_TOKEN", run.hf_token_file))
+    return tuple((name, path) for name, path in pairs if path)
+
+
+def plan(ctx: Context) -> tuple[JobSpec, ...]:
+    run = ctx.cfg.training.run
+    config = nemo_config.config_path(ctx)
+    argv = (ctx.python, "-u", run.script, "--config-path", str(config.parent),
+            "--config-name", config.name)  # fmt: skip
+    sbatch_args: tuple[str, ...] = (f"--signal={REQUEUE_SIGNAL}@{run.signal_before_limit_s}",
+                                    "--open-mode=append")  # fmt: skip
+    if run.requeue:
+        sbatch_args += ("--requeue",)
+    jobs: list[JobSpec] = []
+    for part in range(run.chain):
+        name = run.name if run.chain == 1 else f"{run.name}_part{part}"
+        deps = (Dependency(jobs[-1].name, DependencyKind.afterany),) if jobs else ()
+        jobs.append(make_job(
+            ctx, stage=STAGE, name=name, argv=argv, resources=resources(ctx),
+            depends_on=deps, sbatch_args=sbatch_args, prologue=_done_check(ctx),
+            secret_files=_secret_files(ctx), singleton=run.chain > 1,
+        ))  # fmt: skip
+    return tuple(jobs)

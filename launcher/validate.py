@@ -1,0 +1,146 @@
+"""Checks a composed config against the schemas and the rules between values.
+
+Everything here runs before any file is written or any job submitted; each failure is a
+ConfigError that names the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields, is_dataclass
+from pathlib import PurePosixPath
+from typing import Any, cast
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
+
+from launcher.config import Backend, RootConfig, Runtime, Stage
+from launcher.errors import ConfigError
+from launcher.stages.common import Facts
+
+RESIZE_MODES = ("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
+
+
+def _schema_at(path: str) -> Any:
+    """The dataclass (or None) that the dotted config path points into."""
+    node: Any = RootConfig
+    for part in [p for p in path.split(".") if p]:
+        if not is_dataclass(node):
+            return None
+        types = {f.name: f.default_factory for f in fields(node)}  # type: ignore[misc]
+        factory = types.get(part)
+        node = factory() if callable(factory) else None
+        node = type(node) if node is not None else None
+    return node
+
+
+def _explain(error: OmegaConfBaseException) -> ConfigError:
+    key = str(getattr(error, "full_key", "") or "config")
+    if isinstance(error, ConfigKeyError):
+        parent = key.rpartition(".")[0]
+        schema = _schema_at(parent)
+        allowed = ", ".join(f.name for f in fields(schema)) if schema and is_dataclass(schema) else "?"
+        where = parent or "the top level"
+        return ConfigError(key, f"unknown key; allowed keys in {where}: {allowed}")
+    message = str(error).splitlines()[0]
+    return ConfigError(key, message)
+
+
+def to_schema(composed: DictConfig) -> RootConfig:
+    """Merge the composed YAML onto the typed schema (unknown keys, types, enums)."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), composed)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ConfigError(missing[0], "a value is required (set it in conf/ or on the command line)")
+        OmegaConf.resolve(merged)
+        cfg = cast(RootConfig, OmegaConf.to_object(merged))
+    except (ValidationError, ConfigKeyError, MissingMandatoryValue) as error:
+        raise _explain(error) from None
+    except OmegaConfBaseException as error:
+        raise _explain(error) from None
+    check(cfg)
+    return cfg
+
+
+def _check_container(cfg: RootConfig) -> None:
+    c = cfg.container
+    if c.runtime is Runtime.none:
+        return
+    if cfg.cluster.backend is Backend.local:
+        raise ConfigError(
+            "container.runtime",
+            "pyxis is a Slurm plugin and cannot run on cluster.backend=local; use container=none",
+        )
+    if not c.image:
+        raise ConfigError("container.image", "required with runtime pyxis: an absolute .sqsh path or a registry ref")
+    if c.image.endswith((".sqsh", ".squashfs")) and not c.image.startswith("/"):
+        raise ConfigError(
+            "container.image",
+            f"{c.image!r} is a relative squashfs path; pyxis would take it for a registry image. "
+            "Give the absolute path",
+        )
+    needed = {"data_dir": cfg.data_dir, "base_results_dir": cfg.base_results_dir}
+    for key, path in needed.items():
+        if not inside_mounts(path, c.mounts):
+            raise ConfigError(
+                key,
+                f"{path} is not inside any container mount ({', '.join(c.mounts) or 'none'}); "
+                "add it to container.mounts",
+            )
+
+
+def inside_mounts(path: str, mounts: list[str]) -> bool:
+    """Whether `path` is seen at the same place inside the container."""
+    for mount in mounts:
+        src, _, rest = mount.partition(":")
+        dst = rest.split(":")[0] or src
+        if src == dst and PurePosixPath(path).is_relative_to(dst):
+            return True
+    return False
+
+
+def _check_positive(cfg: RootConfig) -> None:
+    dp = cfg.data_preparation
+    values = {
+        "data_preparation.num_partitions": dp.num_partitions,
+        "data_preparation.reorganize_tar.num_tasks": dp.reorganize_tar.num_tasks,
+        "data_preparation.reorganize_tar.tar_chunk_size": dp.reorganize_tar.tar_chunk_size,
+        "data_preparation.download_images.image_size": dp.download_images.image_size,
+        "training.run.chain": cfg.training.run.chain,
+    }
+    for key, value in values.items():
+        if value < 1:
+            raise ConfigError(key, f"must be at least 1, got {value}")
+
+
+def check(cfg: RootConfig) -> None:
+    if not cfg.stages:
+        raise ConfigError("stages", f"choose at least one of {[s.value for s in Stage]}")
+    mode = cfg.data_preparation.download_images.resize_mode
+    if mode not in RESIZE_MODES:
+        hint = " (YAML reads a bare no as false: write \"no\")" if mode in ("False", "false") else ""
+        raise ConfigError(
+            "data_preparation.download_images.resize_mode", f"{mode!r} is not one of {RESIZE_MODES}{hint}"
+        )
+    for name in {**cfg.env, **cfg.cluster.env}:
+        if SECRET_NAME.search(name):
+            raise ConfigError(
+                f"env.{name}",
+                "secrets are never written into scripts: name a file instead "
+                "(training.run.wandb_api_key_file, hf_token_file) or export it before submitting",
+            )
+    _check_positive(cfg)
+    _check_container(cfg)
+
+
+def check_facts(cfg: RootConfig, facts: Facts) -> None:
+    """Rules that need the submitting host's facts (where this checkout lives)."""
+    c = cfg.container
+    if c.runtime is Runtime.pyxis and c.code_dir is None and not inside_mounts(facts.code_dir, c.mounts):
+        raise ConfigError(
+            "container.code_dir",
+            f"this checkout ({facts.code_dir}) is not inside any container mount: put it on a mounted "
+            "file system (e.g. /fsx) or set container.code_dir=/workspace/launcher (the image's copy)",
+        )
