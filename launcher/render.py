@@ -46,7 +46,7 @@ def sbatch_directives(plan: Plan, job: JobSpec) -> list[str]:
         flags.append(flag("partition", res.partition))
     if job.array:
         flags.append(flag("array", job.array.spec()))
-    return sorted(flags + [q(arg) for arg in job.sbatch_args])
+    return sorted(flags + [flag(name, value) for name, value in job.sbatch_args])
 
 
 def container_flags(container: Container | None) -> list[str]:

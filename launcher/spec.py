@@ -65,8 +65,8 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     array: Array | None = None
     depends_on: tuple[Dependency, ...] = ()
-    # Raw sbatch flags from the cluster config (account, qos, requeue, signal...), kept in order.
-    sbatch_args: tuple[str, ...] = ()
+    # More sbatch options as (name, value or None for a bare flag): account, qos, requeue...
+    sbatch_args: tuple[tuple[str, str | None], ...] = ()
     srun_args: tuple[str, ...] = ()
     # Shell lines run once in the batch step before srun (already-rendered, quoted commands).
     prologue: tuple[str, ...] = ()

@@ -65,11 +65,17 @@ def container(ctx: Context, names_in_env: tuple[str, ...]) -> Container | None:
     )
 
 
-def cluster_sbatch_args(ctx: Context) -> tuple[str, ...]:
+def option(word: str) -> tuple[str, str | None]:
+    """`--name=value` or `--name` as written in YAML -> (name, value)."""
+    name, sep, value = word.removeprefix("--").partition("=")
+    return name, value if sep else None
+
+
+def cluster_sbatch_args(ctx: Context) -> tuple[tuple[str, str | None], ...]:
     cl = ctx.cfg.cluster
-    args = [f"--account={cl.account}"] if cl.account else []
-    args += [f"--qos={cl.qos}"] if cl.qos else []
-    return (*args, *cl.sbatch_extra_args)
+    named = {"account": cl.account, "qos": cl.qos}
+    args = [(name, value) for name, value in named.items() if value]
+    return (*args, *(option(word) for word in cl.sbatch_extra_args))
 
 
 def make_job(
@@ -81,7 +87,7 @@ def make_job(
     resources: Resources,
     array: Array | None = None,
     depends_on: tuple[Dependency, ...] = (),
-    sbatch_args: tuple[str, ...] = (),
+    sbatch_args: tuple[tuple[str, str | None], ...] = (),
     prologue: tuple[str, ...] = (),
     secret_files: tuple[tuple[str, str], ...] = (),
     singleton: bool = False,

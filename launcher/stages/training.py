@@ -53,10 +53,12 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     config = nemo_config.config_path(ctx)
     argv = (ctx.python, "-u", run.script, "--config-path", str(config.parent),
             "--config-name", config.name)  # fmt: skip
-    sbatch_args: tuple[str, ...] = (f"--signal={REQUEUE_SIGNAL}@{run.signal_before_limit_s}",
-                                    "--open-mode=append")  # fmt: skip
+    sbatch_args: tuple[tuple[str, str | None], ...] = (
+        ("signal", f"{REQUEUE_SIGNAL}@{run.signal_before_limit_s}"),
+        ("open-mode", "append"),
+    )
     if run.requeue:
-        sbatch_args += ("--requeue",)
+        sbatch_args += (("requeue", None),)
     jobs: list[JobSpec] = []
     for part in range(run.chain):
         name = run.name if run.chain == 1 else f"{run.name}_part{part}"

