@@ -1,0 +1,46 @@
+"""The local backend runs the very same rendered scripts, in dependency order, with arrays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from toy_pipeline import max_concurrency, toy_plan
+
+from launcher import manifest
+from launcher.backends import prepare
+from launcher.backends.local import LocalBackend
+from launcher.errors import LauncherError
+from launcher.watch import status
+
+
+def test_arrays_throttle_and_order(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = toy_plan(tmp_path / "run", out, throttle=2)
+    ids = LocalBackend(parallelism=4).schedule(prepare(plan))
+    assert (out / "first.txt").read_text() == "it is 'quoted' & fine\n"
+    assert sorted(p.name for p in out.glob("end_*")) == [f"end_{i}" for i in range(4)]
+    assert max_concurrency(out) == 2
+    assert (out / "last.txt").read_text().strip() == "4"
+    logs = sorted((tmp_path / "run/toy/logs").glob("fan_*.out"))
+    assert [p.name for p in logs] == [f"fan_{ids['fan']}_{i}.out" for i in range(4)]
+    assert "task 2/4 on local" in logs[2].read_text()
+    states = {s.record.name: s.summary() for s in status(tmp_path / "run")}
+    assert states == {"first": "COMPLETED 1", "fan": "COMPLETED 4", "last": "COMPLETED 1"}
+
+
+def test_failed_array_task_stops_its_dependents(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = toy_plan(tmp_path / "run", out, fail_task=1)
+    with pytest.raises(LauncherError, match="fan, last"):
+        LocalBackend(parallelism=2).schedule(prepare(plan))
+    assert not (out / "last.txt").exists()
+    fan = json.loads((tmp_path / "run/toy/fan.state.json").read_text())
+    assert fan["state"] == "FAILED" and fan["exit_codes"] == [0, 3, 0, 0]
+    last = json.loads((tmp_path / "run/toy/last.state.json").read_text())
+    assert last == {"state": "CANCELLED", "exit_codes": [], "seconds": last["seconds"], "blocked_by": ["fan"]}
+    records = {r.name: r for r in manifest.load(tmp_path / "run")}
+    assert records["last"].depends_on == ["afterok:fan"]
