@@ -1,6 +1,9 @@
 """Entry point: compose conf/ with Hydra, validate, plan, then submit, run locally, or dry-run.
 
     python launcher/main.py stages=[data_preparation,training] cluster=aws_p5 dry_run=true
+
+Arguments are Hydra overrides (key=value, group=option, +new.key=value). `--cfg` prints the
+composed config and exits; `--help` lists the config groups.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import hydra  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from launcher import backends, manifest, report  # noqa: E402
@@ -46,14 +50,42 @@ def launch(composed: DictConfig) -> Path:
     return run_dir
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(composed: DictConfig) -> None:
+CONF = REPO / "conf"
+# `${cwd:}` in conf/: the folder the launcher was started from.
+OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The conf/ tree composed once (hydra.main would compose it twice per start)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _help() -> str:
+    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+    lines = [__doc__ or "", "config groups (group=option):"]
+    for group in groups:
+        options = sorted(str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml"))
+        lines.append(f"  {group}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(_help())
+        return 0
+    overrides = [arg for arg in argv if arg != "--cfg"]
     try:
+        composed = compose_config(overrides)
+        if "--cfg" in argv:
+            print(OmegaConf.to_yaml(composed))
+            return 0
         launch(composed)
-    except LauncherError as error:
+    except (HydraException, LauncherError) as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

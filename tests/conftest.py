@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -15,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from launcher.config import RootConfig  # noqa: E402
 from launcher.stages.common import Facts  # noqa: E402
+from launcher.main import compose_config as _compose  # noqa: E402
 from launcher.validate import to_schema  # noqa: E402
 
 # Facts fixed so that rendered scripts do not depend on this machine.
@@ -27,8 +27,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The real conf/ tree composed by Hydra, as `python launcher/main.py <overrides>` would."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    return _compose(overrides)
 
 
 @pytest.fixture
