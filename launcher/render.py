@@ -49,18 +49,23 @@ def sbatch_directives(plan: Plan, job: JobSpec) -> list[str]:
     return sorted(flags + [flag(name, value) for name, value in job.sbatch_args])
 
 
-def container_flags(container: Container | None) -> list[str]:
+def container_options(container: Container | None) -> list[tuple[str, str | None]]:
+    """pyxis options as (name, value or None), in the order a person expects to read them."""
     if container is None:
         return []
-    flags = [flag("container-image", container.image)]
+    options: list[tuple[str, str | None]] = [("container-image", container.image)]
     if container.mounts:
-        flags.append(flag("container-mounts", ",".join(container.mounts)))
+        options.append(("container-mounts", ",".join(container.mounts)))
     if container.workdir:
-        flags.append(flag("container-workdir", container.workdir))
-    flags.append(flag("container-mount-home" if container.mount_home else "no-container-mount-home"))
+        options.append(("container-workdir", container.workdir))
+    options.append(("container-mount-home" if container.mount_home else "no-container-mount-home", None))
     if container.env_names:
-        flags.append(flag("container-env", ",".join(container.env_names)))
-    return flags
+        options.append(("container-env", ",".join(container.env_names)))
+    return options
+
+
+def container_flags(container: Container | None) -> list[str]:
+    return [flag(name, value) for name, value in container_options(container)]
 
 
 def dependency_flags(plan: Plan, job: JobSpec, job_ids: dict[str, str]) -> list[str]:
