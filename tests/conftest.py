@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+pytest_plugins = ["slurm_cluster"]
 
 from launcher.config import RootConfig  # noqa: E402
 from launcher.stages.common import Facts  # noqa: E402

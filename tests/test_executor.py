@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from slurm_cluster import slurm_cluster  # noqa: F401
 
 from launcher.executor import make_executor
 
@@ -20,7 +19,7 @@ KEYS = ("PYXIS_STANDIN_CONTAINER_IMAGE", "PYXIS_STANDIN_CONTAINER_MOUNTS", "PYXI
         "FI_PROVIDER", "NCCL_SOCKET_IFNAME")
 
 
-def test_function_runs_with_the_presets_pyxis_flags_and_env(slurm_cluster, monkeypatch) -> None:  # noqa: F811
+def test_function_runs_with_the_presets_pyxis_flags_and_env(slurm_cluster, monkeypatch) -> None:
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
     with tempfile.TemporaryDirectory(prefix="submitit-", dir="/tmp") as tmp:

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 from toy_pipeline import max_concurrency, toy_plan
 
 from launcher import manifest
@@ -30,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def cluster_env(slurm_cluster, monkeypatch: pytest.MonkeyPatch):  # noqa: F811
+def cluster_env(slurm_cluster, monkeypatch: pytest.MonkeyPatch):
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
     return slurm_cluster

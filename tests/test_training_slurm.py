@@ -1,0 +1,75 @@
+"""The real training sbatch script on the real Slurm test cluster (2 nodes x 8 fake GPUs), with
+NeMo's sd_train.py replaced by tests/standin_sd_train.py (a STAND-IN that trains nothing) and
+pyxis by the SPANK stand-in that runs NO container."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+
+from launcher import manifest
+from launcher.main import launch
+
+pytestmark = pytest.mark.slow
+STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
+SECRET = "wandb-secret-value-123"
+
+
+@pytest.fixture
+def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    with tempfile.TemporaryDirectory(prefix="train-", dir="/tmp") as tmp:
+        (Path(tmp) / "wandb_key").write_text(SECRET)
+        yield Path(tmp)
+
+
+def _launch(shared: Path, *overrides: str) -> dict[str, str]:
+    launch(compose_config([
+        "cluster=slurm", "container=pyxis", "stages=[training]", "data_check.enable=false",
+        f"cluster.shared_dir={shared}", f"container.mounts=[{shared}:{shared}]",
+        f"container.image={shared}/nemo.sqsh", f"container.python={sys.executable}",
+        f"container.code_dir={shared}", f"training.run.script={STANDIN}",
+        "training.trainer.num_nodes=2", "training.model.micro_batch_size=4",
+        "training.model.global_batch_size=64", "cluster.gpu_job_mem=1G",
+        f"training.run.wandb_api_key_file={shared}/wandb_key", *overrides,
+    ]))  # fmt: skip
+    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
+
+
+def _log(shared: Path, name: str, job_id: str) -> str:
+    return (shared / f"results/sd_pretrain/training/logs/{name}_{job_id}.out").read_text()
+
+
+def test_sixteen_ranks_on_two_nodes_and_chained_jobs(slurm_cluster, shared: Path) -> None:
+    ids = _launch(shared, "training.run.chain=3", "training.trainer.max_steps=2")
+    states = [slurm_cluster.wait_job(ids[f"sd_860m_res_256_part{k}"], timeout=120) for k in range(3)]
+    assert [s.state for s in states] == ["COMPLETED"] * 3
+    first = _log(shared, "sd_860m_res_256_part0", ids["sd_860m_res_256_part0"])
+    ranks = [line for line in first.splitlines() if line.startswith("standin rank")]
+    assert sorted(int(r.split("SLURM_PROCID=")[1].split()[0]) for r in ranks) == list(range(16))
+    assert {r.split("SLURM_NODEID=")[1].split()[0] for r in ranks} == {"0", "1"}
+    assert all("CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in r and "WANDB_API_KEY=set" in r for r in ranks)
+    assert f"PYXIS_STANDIN_CONTAINER_IMAGE={shared}/nemo.sqsh" in ranks[0]
+    assert "standin starting from scratch" in first
+    second = _log(shared, "sd_860m_res_256_part1", ids["sd_860m_res_256_part1"])
+    assert "standin resumed from step=1" in second
+    third = _log(shared, "sd_860m_res_256_part2", ids["sd_860m_res_256_part2"])
+    assert "max_steps=2 already reached" in third and "standin rank" not in third
+    for path in (shared / "results").rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), f"secret leaked into {path}"
+
+
+def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -> None:
+    ids = _launch(shared, "+env.STANDIN_REQUEUE_ONCE=1", "training.trainer.max_steps=5")
+    job = slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=240)
+    assert job.state == "COMPLETED"
+    log = _log(shared, "sd_860m_res_256", ids["sd_860m_res_256"])
+    assert "standin starting from scratch" in log and "standin resumed from step=1" in log
+    assert "SLURM_RESTART_COUNT=1" in log
