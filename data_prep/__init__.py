@@ -1,0 +1,1 @@
+"""Scripts that run inside the data-preparation Slurm jobs."""

@@ -1,0 +1,310 @@
+"""Step 2 of data preparation: one parquet partition -> webdataset tars of resized JPEGs (img2dataset).
+
+    python -m data_prep.download_images --parquet-dir DATA/parquet --output-dir DATA/tarfiles_raw \
+        [--partition I]   # default: $SLURM_ARRAY_TASK_ID
+
+Reads `part-%05d.parquet` (columns url, caption) and writes `<output-dir>/part-%05d/` (00000.tar,
+00000_stats.json, ...) with img2dataset 1.47.0: webdataset output, .jpg + .txt members (the only
+ones NeMo reads), incremental mode. When every shard's stats file is there, it writes
+`<output-dir>/part-%05d.done.json` (successes, failures, successes per shard). The marker sits
+beside the folder because any other *.json inside it crashes img2dataset's resume scan.
+
+Reruns: a marker written with the same image options -> nothing to do; a folder without a marker
+(a killed task) -> img2dataset resumes, skipping shards whose stats file exists. img2dataset can
+exit 0 after failures, so the outcome is checked from its stats files: a missing one, a crash or
+zero images downloaded exits non-zero with the reason.
+
+Why 256x256 center crops by default: training runs at resolution 256 and NeMo's loader resizes the
+smallest side to 256 and center-crops. NVIDIA's preset (resize_mode no) stores originals, so every
+epoch decodes full-size images; storing the crops makes the data ~10x smaller and decoding cheap.
+(In YAML quote "no": unquoted it is the boolean false.)
+
+URLs of the form `${NAME}/path` are expanded from the environment (the offline demo's server
+exports DEMO_BASE_URL; see data_prep.serve). Web URLs never start with `${`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from data_prep.progress import log, read_json, write_json_atomic
+
+STEP = "download_images"
+RESIZE_MODES = ("center_crop", "no", "border", "keep_ratio", "keep_ratio_largest")
+PLACEHOLDER = r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}"  # RE2 syntax, for pyarrow
+THREADS_PER_PROCESS = 64  # downloads wait on the network, not the CPU: many per process
+
+
+class DownloadError(Exception):
+    """The step did not produce a complete partition; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """The options that shape the output: a marker made with others is not this partition's."""
+
+    image_size: int = 256
+    resize_mode: str = "center_crop"
+    encode_quality: int = 95
+    samples_per_shard: int = 1000
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    parquet_dir: Path
+    output_dir: Path
+    partition: int
+    image: ImageOptions
+    processes: int
+    threads: int
+    timeout: int = 10
+    retries: int = 0
+
+
+def slurm_cpus() -> int:
+    """CPUs of this task: SLURM_CPUS_PER_TASK inside a Slurm job, else the machine's."""
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
+
+
+def expand_placeholders(table: pa.Table) -> tuple[pa.Table, list[str]]:
+    """Replace a leading `${NAME}` in url with $NAME; returns the table and the names expanded."""
+    urls = table.column("url")
+    names = pc.unique(pc.struct_field(pc.extract_regex(urls, PLACEHOLDER), "name"))
+    found = sorted(n for n in names.to_pylist() if n)
+    for name in found:
+        if name not in os.environ:
+            raise DownloadError(
+                f"URLs start with ${{{name}}} but {name} is not set: run this step under "
+                f"`python -m data_prep.serve --root <images> -- ...`, which exports it"
+            )
+        value = os.environ[name].rstrip("/").replace("\\", "\\\\")  # RE2 replacement: escape backslashes
+        urls = pc.replace_substring_regex(urls, r"^\$\{" + name + r"\}", value)
+    return table.set_column(table.schema.get_field_index("url"), "url", urls), found
+
+
+def shard_stats(folder: Path, num_shards: int) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Parsed `<shard>_stats.json` of every expected shard, and the names of the missing ones."""
+    stats, missing = {}, []
+    for shard in range(num_shards):
+        name = f"{shard:05d}"
+        data = read_json(folder / f"{name}_stats.json")
+        if isinstance(data, dict) and "successes" in data:
+            stats[name] = data
+        else:
+            missing.append(name)
+    return stats, missing
+
+
+def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions) -> None:
+    """img2dataset's Python API; its SIGINT handler calls sys.exit(0), which must not read as success."""
+    os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # else it calls PyPI at import
+    from img2dataset import download  # heavy import, only where used
+
+    try:
+        download(
+            url_list=str(url_list),
+            output_folder=str(folder),
+            input_format="parquet",
+            url_col="url",
+            caption_col="caption",
+            output_format="webdataset",
+            encode_format="jpg",
+            image_size=opts.image.image_size,
+            resize_mode=opts.image.resize_mode,
+            encode_quality=opts.image.encode_quality,
+            number_sample_per_shard=opts.image.samples_per_shard,
+            processes_count=opts.processes,
+            thread_count=opts.threads,
+            timeout=opts.timeout,
+            retries=opts.retries,
+            incremental_mode="incremental",
+            enable_wandb=False,
+        )
+    except SystemExit as exc:
+        raise DownloadError(f"img2dataset stopped early (exit {exc.code}); rerun to resume") from None
+    except Exception as exc:  # img2dataset raises anything; report it and let a rerun resume
+        raise DownloadError(f"img2dataset failed: {type(exc).__name__}: {exc}; rerun to resume") from exc
+
+
+def summarize(
+    partition: int, rows: int, stats: dict[str, dict[str, Any]], image: ImageOptions
+) -> dict[str, Any]:
+    return {
+        "partition": partition,
+        "rows": rows,
+        "successes": sum(s["successes"] for s in stats.values()),
+        "failed_to_download": sum(s["failed_to_download"] for s in stats.values()),
+        "failed_to_resize": sum(s["failed_to_resize"] for s in stats.values()),
+        "shards": {name: s["successes"] for name, s in sorted(stats.items())},
+        "options": asdict(image),
+    }
+
+
+def done_marker(marker: Path, image: ImageOptions) -> dict[str, Any] | None:
+    """The marker's content when the partition is done with these options; an error if with others."""
+    done = read_json(marker)
+    if not isinstance(done, dict):
+        return None
+    if done.get("options") != asdict(image):
+        raise DownloadError(
+            f"{marker} was written with options {done.get('options')}, not {asdict(image)}: "
+            f"delete it and the folder {marker.name.removesuffix('.done.json')}/ to download again"
+        )
+    return done
+
+
+def prepare_url_list(source: Path, work_dir: Path) -> tuple[Path, int]:
+    """The partition as img2dataset should read it (placeholders expanded) and its row count."""
+    table = pq.read_table(source, columns=["url", "caption"])
+    expanded, names = expand_placeholders(table)
+    if not names:
+        return source, table.num_rows
+    resolved = work_dir / source.name
+    pq.write_table(expanded, resolved)
+    log(STEP, "expanded " + ", ".join("${" + name + "}" for name in names) + " in URLs from the environment")
+    return resolved, table.num_rows
+
+
+def run(opts: RunOptions) -> dict[str, Any]:
+    """Download one partition (or find it done); returns the done marker's content."""
+    name = f"part-{opts.partition:05d}"
+    source, folder = opts.parquet_dir / f"{name}.parquet", opts.output_dir / name
+    marker = opts.output_dir / f"{name}.done.json"
+    done = done_marker(marker, opts.image)
+    if done is not None:
+        log(STEP, f"{marker} exists: partition {opts.partition} is done")
+        return done
+    if not source.is_file():
+        raise DownloadError(
+            f"--partition {opts.partition}: no {source}; download_parquet writes part-00000 .. part-<N-1>, "
+            "so the array must have exactly its --num-partitions tasks"
+        )
+    opts.output_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{STEP}-") as work_dir:
+        url_list, rows = prepare_url_list(source, Path(work_dir))
+        num_shards = math.ceil(rows / opts.image.samples_per_shard)
+        done_before = shard_stats(folder, num_shards)[0] if folder.is_dir() else {}
+        log(STEP, f"partition {opts.partition}: {rows:,} rows -> {num_shards} shard(s) in {folder} "
+                  f"({len(done_before)} already done), {opts.processes} process(es) x {opts.threads} threads, "
+                  f"{opts.image.resize_mode} {opts.image.image_size}")  # fmt: skip
+        started = time.monotonic()
+        if len(done_before) < num_shards:
+            run_img2dataset(url_list, folder, opts)
+    seconds = time.monotonic() - started
+    stats, missing = shard_stats(folder, num_shards)
+    if missing:
+        raise DownloadError(
+            f"partition {opts.partition}: img2dataset left shard(s) {', '.join(missing[:10])} without a "
+            f"stats file in {folder} (crashed or killed); rerun to resume the missing shards"
+        )
+    summary = summarize(opts.partition, rows, stats, opts.image)
+    if rows and summary["successes"] == 0:
+        raise DownloadError(
+            f"partition {opts.partition}: none of {rows:,} images could be downloaded "
+            f"({summary['failed_to_download']:,} failed to download, {summary['failed_to_resize']:,} to resize): "
+            "check the URLs and network access from the compute nodes"
+        )
+    processed = sum(s["count"] for shard, s in stats.items() if shard not in done_before)
+    summary["seconds"] = round(seconds, 3)
+    write_json_atomic(marker, summary)
+    log(STEP, f"partition {opts.partition} done: {summary['successes']:,} of {rows:,} images "
+              f"({summary['failed_to_download']:,} failed to download, {summary['failed_to_resize']:,} to resize); "
+              f"{processed:,} rows in {seconds:.1f} s ({processed / max(seconds, 1e-9):,.0f} images/s) -> {marker}")  # fmt: skip
+    return summary
+
+
+def resize_mode(value: str) -> str:
+    if value in RESIZE_MODES:
+        return value
+    hint = (
+        ' (YAML reads an unquoted no as false: write "no")' if value.lower() in ("false", "0", "none") else ""
+    )
+    raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(RESIZE_MODES)}{hint}")
+
+
+def default_partition() -> int | None:
+    value = os.environ.get("SLURM_ARRAY_TASK_ID")
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high], with a message that says so."""
+
+    def parse(text: str) -> int:
+        value = int(text) if text.lstrip("-").isdigit() else None
+        if value is None or value < low or (high is not None and value > high):
+            allowed = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be an integer {allowed}, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m data_prep.{STEP}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )  # fmt: skip
+    add = parser.add_argument
+    add("--parquet-dir", required=True, type=Path, help="download_parquet's output")
+    add("--output-dir", required=True, type=Path, help="gets part-%%05d/ and part-%%05d.done.json")
+    add(
+        "--partition", type=int_at_least(0), default=default_partition(), help="default: $SLURM_ARRAY_TASK_ID"
+    )
+    add("--image-size", type=int_at_least(1), default=256, help="side of the stored images (training res)")
+    add("--resize-mode", type=resize_mode, default="center_crop",
+        help="center_crop (default: what training does anyway, ~10x less data) or no, border, "
+             "keep_ratio, keep_ratio_largest")  # fmt: skip
+    add("--encode-quality", type=int_at_least(1, 100), default=95, help="JPEG quality 1..100")
+    add("--processes", type=int_at_least(1), help="default: $SLURM_CPUS_PER_TASK or all CPUs")
+    add("--threads", type=int_at_least(1), default=THREADS_PER_PROCESS, help="download threads per process")
+    add("--samples-per-shard", type=int_at_least(1), default=1000)
+    add("--timeout", type=int_at_least(1), default=10, help="seconds per download")
+    add("--retries", type=int_at_least(0), default=0, help="extra tries per failed download")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> RunOptions:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.partition is None:
+        parser.error(
+            "--partition: give a partition index >= 0 or run as a Slurm array task (SLURM_ARRAY_TASK_ID)"
+        )
+    image = ImageOptions(args.image_size, args.resize_mode, args.encode_quality, args.samples_per_shard)
+    return RunOptions(
+        parquet_dir=args.parquet_dir,
+        output_dir=args.output_dir,
+        partition=args.partition,
+        image=image,
+        processes=args.processes or slurm_cpus(),
+        threads=args.threads,
+        timeout=args.timeout,
+        retries=args.retries,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run(parse_args(argv))
+    except DownloadError as exc:
+        print(f"{STEP}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

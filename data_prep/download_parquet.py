@@ -1,0 +1,400 @@
+"""Step 1 of data preparation: source parquet (HF Hub, any fsspec URL, local) -> N balanced partitions.
+
+    python -m data_prep.download_parquet --source laion/laion-art --output-dir DATA/parquet \
+        --num-partitions 64 [--min-width 256 --max-punsafe 0.5 ...]
+
+Writes `part-00000.parquet` ... `part-<N-1>.parquet` (columns `url`, `caption`, as img2dataset reads
+them; row counts differ by at most 1) and then `manifest.json`, the completion marker. A rerun with
+the same source listing and options finds a matching manifest and does nothing.
+
+Design:
+- Two streaming passes over record batches, never a whole table in memory. Pass 1 counts the rows
+  that survive the filters (from parquet metadata alone when there is no filter; otherwise it reads
+  only the filter columns). Knowing the total, pass 2 gives partition i the contiguous rows
+  [start_i, start_i + size_i): deterministic, source order kept, one open writer at a time.
+- Column names match case-insensitively (laion/laion-art has URL, TEXT, WIDTH, HEIGHT, similarity,
+  LANGUAGE, hash, pwatermark, punsafe, aesthetic; other LAION subsets name the last AESTHETIC_SCORE).
+- A filter drops rows whose value is null. Rows with a null URL are kept: img2dataset counts them
+  as failed downloads, and detecting them here would mean reading the largest column twice.
+- The token (HF_TOKEN or --hf-token-file) goes to the filesystem object only, never to output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from fsspec.spec import AbstractFileSystem
+
+from data_prep.progress import Progress, log, read_json, temp_path_beside, write_json_atomic
+
+STEP = "download_parquet"
+BATCH_ROWS = 65_536
+OUTPUT_SCHEMA = pa.schema([("url", pa.string()), ("caption", pa.string())])
+PART_NAME = re.compile(r"^part-(\d{5})\.parquet$")
+
+# option name -> (column names tried in order, comparison keeping a row)
+FILTERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "min_width": (("WIDTH",), ">="),
+    "min_height": (("HEIGHT",), ">="),
+    "max_punsafe": (("punsafe",), "<="),
+    "max_pwatermark": (("pwatermark",), "<="),
+    "min_aesthetic": (("aesthetic", "AESTHETIC_SCORE"), ">="),
+}
+
+
+class DataPrepError(Exception):
+    """Bad input or source: the message names the option and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Options:
+    source: str
+    output_dir: Path
+    num_partitions: int
+    pattern: str = "*.parquet"
+    url_col: str = "URL"
+    caption_col: str = "TEXT"
+    filters: dict[str, float] = field(default_factory=dict)
+    hf_token_file: str | None = None
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """One source file with its resolved column names."""
+
+    path: str
+    size: int
+    url: str = ""
+    caption: str = ""
+    filter_cols: tuple[tuple[str, str], ...] = ()  # (filter name, column)
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def source_url(source: str) -> str:
+    """A local path or fsspec URL as given; `namespace/name` means an HF dataset repo."""
+    if "://" in source or Path(source).exists():
+        return source if "://" in source else str(Path(source).resolve())
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
+        return f"hf://datasets/{source}"
+    raise DataPrepError(
+        f"--source {source!r}: expected an existing local path, an fsspec URL (hf://, s3://, ...) "
+        "or a Hugging Face dataset repo id such as laion/laion-art"
+    )
+
+
+def read_token(token_file: str | None) -> str | None:
+    """--hf-token-file wins over HF_TOKEN; the value is returned, never printed."""
+    if token_file is None:
+        return os.environ.get("HF_TOKEN") or None
+    try:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise DataPrepError(f"--hf-token-file {token_file}: cannot read it ({exc.strerror})") from None
+    if not token:
+        raise DataPrepError(f"--hf-token-file {token_file}: the file is empty")
+    return token
+
+
+def open_source(url: str, token: str | None) -> tuple[AbstractFileSystem, str]:
+    options: dict[str, Any] = {}
+    if url.startswith("hf://"):
+        # A fresh instance: fsspec caches listings per instance, and a rerun must see new files.
+        options = {"token": token, "skip_instance_cache": True}
+        if os.environ.get("HF_ENDPOINT"):  # read now: huggingface_hub reads it only at import
+            options["endpoint"] = os.environ["HF_ENDPOINT"]
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    return fs, str(root)
+
+
+def list_files(fs: AbstractFileSystem, root: str, pattern: str) -> list[FilePlan]:
+    """Files under `root` whose path relative to it matches `pattern` (`*` also matches `/`)."""
+    try:
+        found = {root: fs.info(root)} if fs.isfile(root) else fs.find(root, detail=True)
+    except Exception as exc:  # any fsspec backend's error: say which source failed and why
+        raise DataPrepError(f"--source: cannot list {root}: {type(exc).__name__}: {exc}") from exc
+    plans = []
+    for path, info in sorted(found.items()):
+        rel = path[len(root) :].lstrip("/") or Path(path).name
+        if info.get("type", "file") == "file" and fnmatch(rel, pattern):
+            plans.append(FilePlan(path=path, size=int(info.get("size") or 0)))
+    if not plans:
+        raise DataPrepError(f"--source {root}: no file matches --pattern {pattern!r}")
+    return plans
+
+
+def match_column(names: list[str], wanted: tuple[str, ...], option: str, path: str) -> str:
+    by_lower = {name.lower(): name for name in names}
+    for name in wanted:
+        if name.lower() in by_lower:
+            return by_lower[name.lower()]
+    raise DataPrepError(
+        f"{option}: no column {' or '.join(wanted)} in {path}; available columns: {', '.join(names)}"
+    )
+
+
+def resolve_columns(plan: FilePlan, names: list[str], opts: Options) -> FilePlan:
+    filter_cols = tuple(
+        (name, match_column(names, FILTERS[name][0], "--" + name.replace("_", "-"), plan.path))
+        for name in opts.filters
+    )
+    return FilePlan(
+        path=plan.path,
+        size=plan.size,
+        url=match_column(names, (opts.url_col,), "--url-col", plan.path),
+        caption=match_column(names, (opts.caption_col,), "--caption-col", plan.path),
+        filter_cols=filter_cols,
+    )
+
+
+def keep_mask(
+    batch: pa.RecordBatch, plan: FilePlan, opts: Options, dropped: Counter[str] | None
+) -> pa.BooleanArray:
+    """Rows passing every filter; `dropped` credits each removed row to the first filter failing it."""
+    alive = pa.array([True] * batch.num_rows)
+    for name, column in plan.filter_cols:
+        value = opts.filters[name]
+        values = batch.column(column)
+        passed = pc.greater_equal(values, value) if FILTERS[name][1] == ">=" else pc.less_equal(values, value)
+        passed = pc.fill_null(passed, False)
+        if dropped is not None:
+            dropped[name] += pc.sum(pc.and_(alive, pc.invert(passed))).as_py() or 0
+        alive = pc.and_(alive, passed)
+    return alive
+
+
+def iter_batches(fs: AbstractFileSystem, plan: FilePlan, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    with fs.open(plan.path, "rb") as f:
+        yield from pq.ParquetFile(f).iter_batches(batch_size=BATCH_ROWS, columns=columns)
+
+
+def schema_names(fs: AbstractFileSystem, path: str) -> tuple[list[str], int]:
+    with fs.open(path, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        return parquet.schema_arrow.names, parquet.metadata.num_rows
+
+
+def count_pass(
+    fs: AbstractFileSystem, plans: list[FilePlan], opts: Options
+) -> tuple[list[FilePlan], int, int, Counter[str]]:
+    """Pass 1: resolve columns of every file and count rows read and kept."""
+    resolved: list[FilePlan] = []
+    rows_read = rows_kept = 0
+    dropped: Counter[str] = Counter({name: 0 for name in opts.filters})
+    progress = Progress(STEP, "rows")
+    for i, plan in enumerate(plans, start=1):
+        names, num_rows = schema_names(fs, plan.path)
+        plan = resolve_columns(plan, names, opts)
+        resolved.append(plan)
+        if not plan.filter_cols:  # no filter: the footer alone gives the count
+            rows_read += num_rows
+            rows_kept += num_rows
+            progress.add(num_rows, f"counting, file {i}/{len(plans)}")
+            continue
+        for batch in iter_batches(fs, plan, [column for _, column in plan.filter_cols]):
+            rows_read += batch.num_rows
+            rows_kept += pc.sum(keep_mask(batch, plan, opts, dropped)).as_py() or 0
+            progress.add(batch.num_rows, f"counting, file {i}/{len(plans)}")
+    log(STEP, progress.summary("pass 1/2 (count)"))
+    return resolved, rows_read, rows_kept, dropped
+
+
+def partition_sizes(total: int, n: int) -> list[int]:
+    """`n` sizes summing to `total`, the first `total % n` one larger."""
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+
+class PartitionWriter:
+    """Fills partitions in order; each is written under a temp name and renamed when full."""
+
+    def __init__(self, out_dir: Path, sizes: list[int]) -> None:
+        self.out_dir = out_dir
+        self.sizes = sizes
+        self.index = 0
+        self.filled = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp: Path | None = None
+
+    def write(self, table: pa.Table) -> None:
+        offset = 0
+        while offset < table.num_rows:
+            if self.index >= len(self.sizes):
+                raise DataPrepError("--source changed while reading: more rows than counted in pass 1")
+            if self._writer is None:
+                self._tmp = temp_path_beside(self.out_dir / part_name(self.index))
+                # URLs and captions are nearly all distinct: dictionary encoding only costs time.
+                self._writer = pq.ParquetWriter(self._tmp, OUTPUT_SCHEMA, use_dictionary=False)
+            take = min(self.sizes[self.index] - self.filled, table.num_rows - offset)
+            self._writer.write_table(table.slice(offset, take))
+            offset += take
+            self.filled += take
+            if self.filled == self.sizes[self.index]:
+                self._finish_current()
+
+    def _finish_current(self) -> None:
+        assert self._writer is not None and self._tmp is not None
+        self._writer.close()
+        os.replace(self._tmp, self.out_dir / part_name(self.index))
+        self._writer, self._tmp = None, None
+        self.index += 1
+        self.filled = 0
+
+    def abort(self) -> None:
+        if self._writer is not None and self._tmp is not None:
+            self._writer.close()
+            self._tmp.unlink(missing_ok=True)
+
+
+def to_output(batch: pa.RecordBatch, plan: FilePlan, mask: pa.BooleanArray) -> pa.Table:
+    kept = batch.filter(mask)
+    url = pc.cast(kept.column(plan.url), pa.string())
+    caption = pc.fill_null(pc.cast(kept.column(plan.caption), pa.string()), "")
+    return pa.Table.from_arrays([url, caption], schema=OUTPUT_SCHEMA)
+
+
+def write_pass(fs: AbstractFileSystem, plans: list[FilePlan], opts: Options, total: int) -> list[int]:
+    """Pass 2: stream url/caption (plus filter columns) into the partitions."""
+    sizes = partition_sizes(total, opts.num_partitions)
+    writer = PartitionWriter(opts.output_dir, sizes)
+    progress = Progress(STEP, "rows")
+    try:
+        for i, plan in enumerate(plans, start=1):
+            columns = list(dict.fromkeys([plan.url, plan.caption, *(c for _, c in plan.filter_cols)]))
+            for batch in iter_batches(fs, plan, columns):
+                writer.write(to_output(batch, plan, keep_mask(batch, plan, opts, None)))
+                progress.add(batch.num_rows, f"writing partition {writer.index + 1}/{len(sizes)}, file {i}")
+    except BaseException:
+        writer.abort()
+        raise
+    if writer.index != len(sizes):
+        writer.abort()
+        raise DataPrepError("--source changed while reading: fewer rows than counted in pass 1")
+    log(STEP, progress.summary("pass 2/2 (write)"))
+    return sizes
+
+
+def inputs_record(opts: Options, url: str, plans: list[FilePlan]) -> dict[str, Any]:
+    """Everything the output depends on: a rerun with an equal record has nothing to do."""
+    return {
+        "source": url,
+        "files": [{"path": p.path, "size": p.size} for p in plans],
+        "pattern": opts.pattern,
+        "url_col": opts.url_col,
+        "caption_col": opts.caption_col,
+        "filters": dict(sorted(opts.filters.items())),
+        "num_partitions": opts.num_partitions,
+    }
+
+
+def matching_manifest(out_dir: Path, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest when a previous run with equal inputs completed, else None."""
+    manifest = read_json(out_dir / "manifest.json")
+    if not isinstance(manifest, dict) or manifest.get("inputs") != inputs:
+        return None
+    complete = all((out_dir / p["file"]).is_file() for p in manifest.get("partitions", []))
+    return manifest if complete else None
+
+
+def clean_output_dir(out_dir: Path, keep: int) -> None:
+    """Drop leftovers of interrupted runs and partitions beyond the new count."""
+    for path in out_dir.iterdir():
+        match = PART_NAME.match(path.name)
+        stale_part = match is not None and int(match[1]) >= keep
+        if stale_part or (path.name.startswith(".") and path.name.endswith(".tmp")):
+            path.unlink()
+
+
+def run(opts: Options) -> dict[str, Any]:
+    """Do the step (or find it done); returns the manifest."""
+    url = source_url(opts.source)
+    fs, root = open_source(url, read_token(opts.hf_token_file))
+    plans = list_files(fs, root, opts.pattern)
+    inputs = inputs_record(opts, url, plans)
+    opts.output_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = opts.output_dir / "manifest.json"
+    done = matching_manifest(opts.output_dir, inputs)
+    if done is not None:
+        log(STEP, f"{manifest_path} matches the source and options: nothing to do")
+        return done
+    manifest_path.unlink(missing_ok=True)  # partitions are about to change: no stale marker
+    log(STEP, f"{len(plans)} file(s) from {url} -> {opts.num_partitions} partitions in {opts.output_dir}")
+    started = time.monotonic()
+    plans, rows_read, rows_kept, dropped = count_pass(fs, plans, opts)
+    if rows_kept < opts.num_partitions:
+        raise DataPrepError(
+            f"--num-partitions {opts.num_partitions}: only {rows_kept} row(s) pass the filters; "
+            "use at most that many partitions or loosen the filters"
+        )
+    sizes = write_pass(fs, plans, opts, rows_kept)
+    clean_output_dir(opts.output_dir, keep=opts.num_partitions)
+    seconds = time.monotonic() - started
+    manifest = {
+        "inputs": inputs,
+        "columns": {"url": plans[0].url, "caption": plans[0].caption, "filters": dict(plans[0].filter_cols)},
+        "rows_read": rows_read,
+        "rows_kept": rows_kept,
+        "rows_dropped": dict(dropped),
+        "partitions": [{"file": part_name(i), "rows": n} for i, n in enumerate(sizes)],
+        "seconds": round(seconds, 3),
+    }
+    write_json_atomic(manifest_path, manifest)
+    rate = f"{rows_read / max(seconds, 1e-9):,.0f} rows/s"
+    log(
+        STEP, f"done: kept {rows_kept:,} of {rows_read:,} rows in {seconds:.1f} s ({rate}) -> {manifest_path}"
+    )
+    return manifest
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m data_prep.{STEP}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--source", required=True, help="HF dataset repo id, fsspec URL or folder")
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--num-partitions", required=True, type=int, help="part-*.parquet files (>= 1)")
+    parser.add_argument("--pattern", default="*.parquet", help="glob on paths relative to --source")
+    parser.add_argument("--url-col", default="URL", help="source URL column (case-insensitive)")
+    parser.add_argument("--caption-col", default="TEXT", help="source caption column (case-insensitive)")
+    for name, (columns, op) in FILTERS.items():
+        kind = int if name in ("min_width", "min_height") else float
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=kind, help=f"keep rows with {columns[0]} {op} this"
+        )
+    parser.add_argument("--hf-token-file", help="file holding an HF token (default: env HF_TOKEN)")
+    args = parser.parse_args(argv)
+    if args.num_partitions < 1:
+        parser.error(f"--num-partitions must be >= 1, got {args.num_partitions}")
+    filters = {name: getattr(args, name) for name in FILTERS if getattr(args, name) is not None}
+    plain = ("source", "output_dir", "num_partitions", "pattern", "url_col", "caption_col", "hf_token_file")
+    return Options(filters=filters, **{name: getattr(args, name) for name in plain})
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run(parse_args(argv))
+    except DataPrepError as exc:
+        print(f"{STEP}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

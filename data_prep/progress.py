@@ -1,0 +1,87 @@
+"""Shared by the data-prep steps: rate-limited progress lines and atomic file writes.
+
+Both live here because every step needs them and a job log is the only place a person follows
+a Slurm task: one line every few seconds with a count and a rate, never a redrawn bar.
+
+Example:
+    >>> p = Progress("download_parquet", "rows", interval_s=0)
+    >>> p.add(10)  # doctest: +SKIP
+    [download_parquet] 10 rows (1,234 rows/s)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def log(step: str, message: str) -> None:
+    """One line to stdout, flushed so Slurm log files show it at once."""
+    print(f"[{step}] {message}", file=sys.stdout, flush=True)
+
+
+class Progress:
+    """Counts work items and prints `count (rate/s)` at most every `interval_s` seconds."""
+
+    def __init__(self, step: str, unit: str, interval_s: float = 5.0) -> None:
+        self.step = step
+        self.unit = unit
+        self.interval_s = interval_s
+        self.count = 0
+        self.started = time.monotonic()
+        self._last_print = self.started
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def rate(self) -> float:
+        return self.count / max(self.elapsed_s, 1e-9)
+
+    def add(self, n: int, detail: str = "") -> None:
+        self.count += n
+        now = time.monotonic()
+        if now - self._last_print >= self.interval_s:
+            self._last_print = now
+            self.report(detail)
+
+    def report(self, detail: str = "") -> None:
+        suffix = f", {detail}" if detail else ""
+        log(self.step, f"{self.count:,} {self.unit} ({self.rate:,.0f} {self.unit}/s){suffix}")
+
+    def summary(self, what: str) -> str:
+        return (
+            f"{what}: {self.count:,} {self.unit} in {self.elapsed_s:.1f} s ({self.rate:,.0f} {self.unit}/s)"
+        )
+
+
+def temp_path_beside(final: Path, suffix: str = "") -> Path:
+    """A fresh name in the same folder as `final`, so os.replace onto it is atomic."""
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f"{suffix}.tmp", dir=final.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON under a temporary name, then rename: readers never see a half-written file."""
+    tmp = temp_path_beside(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any | None:
+    """The parsed file, or None when it is missing or not valid JSON (treated as not done)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

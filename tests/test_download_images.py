@@ -1,0 +1,226 @@
+"""download_images: real img2dataset against real servers on 127.0.0.1, real webdataset tars."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from data_prep import demo
+from data_prep import download_images as di
+from data_prep import download_parquet as dp
+from data_prep.serve import ENV_NAME
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARD = 10
+FAST_ARGS = ("--processes", "1", "--threads", "8", "--samples-per-shard", str(SHARD), "--timeout", "5")
+
+
+def download_cmd(parquet_dir: Path, out: Path, partition: int, serve_root: Path | None) -> list[str]:
+    cmd = [sys.executable, "-m", "data_prep.download_images", "--parquet-dir", str(parquet_dir),
+           "--output-dir", str(out), "--partition", str(partition), *FAST_ARGS]  # fmt: skip
+    if serve_root is None:
+        return cmd
+    return [sys.executable, "-m", "data_prep.serve", "--root", str(serve_root), "--", *cmd]
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Demo source -> 2 parquet partitions -> both downloaded at once, each with its own server."""
+    root = tmp_path_factory.mktemp("pipeline")
+    demo.generate(root / "demo", num_images=60, seed=1)
+    dp.run(dp.Options(source=str(root / "demo" / "source"), output_dir=root / "parquet", num_partitions=2))
+    procs = []
+    for i in range(2):
+        cmd = download_cmd(root / "parquet", root / "raw", i, root / "demo" / "images")
+        procs.append(
+            subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    for proc in procs:
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, output
+    return {
+        "root": root,
+        "parquet": root / "parquet",
+        "raw": root / "raw",
+        "images": root / "demo" / "images",
+    }
+
+
+def kinds_by_url(root: Path) -> dict[str, str]:
+    return {r["url"]: r["kind"] for r in json.loads((root / "demo" / "demo.json").read_text())["rows"]}
+
+
+def tar_samples(folder: Path) -> dict[str, dict[str, bytes]]:
+    samples: dict[str, dict[str, bytes]] = defaultdict(dict)
+    for tar_path in sorted(folder.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for member in tar.getmembers():
+                key, ext = member.name.split(".", 1)
+                samples[f"{tar_path.stem}/{key}"][ext] = tar.extractfile(member).read()  # type: ignore[union-attr]
+    return samples
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partition", [0, 1])
+def test_counts_recorded_match_what_the_server_offered(pipeline: dict[str, Path], partition: int) -> None:
+    urls = pq.read_table(pipeline["parquet"] / dp.part_name(partition)).column("url").to_pylist()
+    kinds = Counter(kinds_by_url(pipeline["root"])[u] for u in urls)
+    done = json.loads((pipeline["raw"] / f"part-{partition:05d}.done.json").read_text())
+    assert done["rows"] == len(urls)
+    assert done["successes"] == kinds["ok"]
+    assert done["failed_to_download"] == kinds["not_found"]
+    assert done["failed_to_resize"] == kinds["not_image"] + kinds["truncated"]
+    assert len(done["shards"]) == -(-len(urls) // SHARD)
+    assert sum(done["shards"].values()) == done["successes"]
+    folder = pipeline["raw"] / f"part-{partition:05d}"
+    assert sorted(p.name for p in folder.glob("*.json")) == [
+        f"{s}_stats.json" for s in sorted(done["shards"])
+    ]
+
+
+@pytest.mark.slow
+def test_tars_hold_256px_jpg_and_the_parquet_captions(pipeline: dict[str, Path]) -> None:
+    kinds = kinds_by_url(pipeline["root"])
+    for partition in range(2):
+        rows = pq.read_table(pipeline["parquet"] / dp.part_name(partition)).to_pylist()
+        samples = tar_samples(pipeline["raw"] / f"part-{partition:05d}")
+        expected = sorted(r["caption"] for r in rows if kinds[r["url"]] == "ok")
+        assert sorted(s["txt"].decode() for s in samples.values()) == expected
+        for sample in samples.values():
+            assert {"jpg", "txt"} <= set(sample)
+            with Image.open(io.BytesIO(sample["jpg"])) as image:
+                assert (image.format, image.size) == ("JPEG", (256, 256))
+
+
+@pytest.mark.slow
+def test_rerun_with_marker_does_nothing(pipeline: dict[str, Path]) -> None:
+    folder = pipeline["raw"] / "part-00000"
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    result = run(download_cmd(pipeline["parquet"], pipeline["raw"], 0, None))
+    assert result.returncode == 0 and "partition 0 is done" in result.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+    changed = run([*download_cmd(pipeline["parquet"], pipeline["raw"], 0, None), "--image-size", "128"])
+    assert changed.returncode == 1 and "was written with options" in changed.stderr
+
+
+@pytest.mark.slow
+def test_partition_missing_a_shard_resumes_only_that_shard(pipeline: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "raw"
+    shutil.copytree(pipeline["raw"] / "part-00001", out / "part-00001")
+    original = json.loads((pipeline["raw"] / "part-00001.done.json").read_text())
+    (out / "part-00001" / "00001_stats.json").unlink()  # as if killed while writing shard 00001
+    (out / "part-00001" / "00001.tar").unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "part-00001").glob("0000[02]*")}
+    result = run(download_cmd(pipeline["parquet"], out, 1, pipeline["images"]))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(2 already done)" in result.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "part-00001").glob("0000[02]*")} == kept
+    resumed = json.loads((out / "part-00001.done.json").read_text())
+    fields = ("successes", "failed_to_download", "failed_to_resize", "shards")
+    assert {k: resumed[k] for k in fields} == {k: original[k] for k in fields}
+
+
+def write_partition(parquet_dir: Path, urls: list[str]) -> None:
+    parquet_dir.mkdir(parents=True)
+    table = pa.table({"url": urls, "caption": [f"caption {i}" for i in range(len(urls))]})
+    pq.write_table(table, parquet_dir / dp.part_name(0))
+
+
+@pytest.mark.slow
+def test_interrupted_download_fails_then_resumes(pipeline: dict[str, Path], tmp_path: Path) -> None:
+    """SIGINT makes img2dataset call sys.exit(0); the step must still fail, then a rerun completes."""
+    names = sorted(p.name for p in pipeline["images"].glob("*.jpg"))[:15]
+    write_partition(tmp_path / "parquet", [f"${{{ENV_NAME}}}/{n}" for n in names])
+    with socket.socket() as silent:  # accepts connections (backlog) and never answers: downloads hang
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        env = {ENV_NAME: f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        proc = subprocess.Popen(
+            download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, None), cwd=REPO_ROOT,
+            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until img2dataset is downloading
+            if "Downloading starting now" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        output = line + proc.communicate(timeout=60)[0]
+    assert proc.returncode == 1, output
+    assert "img2dataset stopped early" in output
+    assert not (tmp_path / "raw" / "part-00000.done.json").exists()
+    result = run(download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, pipeline["images"]))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads((tmp_path / "raw" / "part-00000.done.json").read_text())["successes"] == 15
+
+
+@pytest.mark.slow
+def test_nothing_downloaded_is_an_error(pipeline: dict[str, Path], tmp_path: Path) -> None:
+    write_partition(tmp_path / "parquet", [f"${{{ENV_NAME}}}/gone-{i}.jpg.404" for i in range(3)])
+    result = run(download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, pipeline["images"]))
+    assert result.returncode == 1
+    assert "none of 3 images could be downloaded (3 failed to download" in result.stderr
+    assert not (tmp_path / "raw" / "part-00000.done.json").exists()
+
+
+def test_placeholder_without_its_variable_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DEMO_BASE_URL_UNSET", raising=False)
+    write_partition(tmp_path / "parquet", ["${DEMO_BASE_URL_UNSET}/a.jpg", "http://example.invalid/b.jpg"])
+    with pytest.raises(di.DownloadError, match=r"DEMO_BASE_URL_UNSET is not set.*data_prep.serve"):
+        di.run(di.parse_args(["--parquet-dir", str(tmp_path / "parquet"), "--output-dir", str(tmp_path / "raw"),
+                              "--partition", "0"]))  # fmt: skip
+
+
+def test_placeholders_expand_only_at_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SRV", "http://127.0.0.1:9/")
+    table = pa.table({"url": ["${SRV}/a.jpg", "http://x/${SRV}/b.jpg", None], "caption": ["a", "b", "c"]})
+    expanded, names = di.expand_placeholders(table)
+    assert names == ["SRV"]
+    assert expanded.column("url").to_pylist() == ["http://127.0.0.1:9/a.jpg", "http://x/${SRV}/b.jpg", None]
+
+
+def test_options_defaults_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "5")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    opts = di.parse_args(["--parquet-dir", "p", "--output-dir", "o"])
+    assert (opts.partition, opts.processes, opts.image.resize_mode, opts.image.image_size) == (
+        5,
+        3,
+        "center_crop",
+        256,
+    )
+    with pytest.raises(di.DownloadError, match="--partition 5: no p/part-00005.parquet"):
+        di.run(opts)
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
+    for args, message in ((["--resize-mode", "False"], 'YAML reads an unquoted no as false: write "no"'),
+                          ([], "--partition: give a partition index")):  # fmt: skip
+        result = run([sys.executable, "-m", "data_prep.download_images", "--parquet-dir", "p", "--output-dir", "o",
+                      *args])  # fmt: skip
+        assert result.returncode == 2 and message in result.stderr

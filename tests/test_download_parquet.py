@@ -1,0 +1,195 @@
+"""download_parquet on real parquet files: a local folder and hf:// through a fake Hub on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hf_fake_hub import FakeHub
+
+from data_prep import download_parquet as dp
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FILE_ROWS = (500, 333, 71)  # uneven on purpose
+
+
+def laion_like(rows: int, offset: int) -> pa.Table:
+    """Columns named as in laion/laion-art; some null values in filter columns."""
+    idx = range(offset, offset + rows)
+    return pa.table({
+        "URL": [f"http://example.invalid/{i}.jpg" for i in idx],
+        "TEXT": [None if i % 17 == 0 else f"caption {i}" for i in idx],
+        "WIDTH": [None if i % 23 == 0 else (i * 37) % 800 for i in idx],
+        "HEIGHT": [(i * 11) % 700 for i in idx],
+        "punsafe": [((i * 7) % 100) / 100 for i in idx],
+        "aesthetic": [4 + (i % 40) / 10 for i in idx],
+    })  # fmt: skip
+
+
+@pytest.fixture()
+def source(tmp_path: Path) -> Path:
+    folder = tmp_path / "source"
+    (folder / "data").mkdir(parents=True)
+    offset = 0
+    for n, rows in enumerate(FILE_ROWS):
+        pq.write_table(
+            laion_like(rows, offset), folder / "data" / f"train-{n:05d}.parquet", row_group_size=100
+        )
+        offset += rows
+    (folder / "README.md").write_text("not parquet\n")
+    return folder
+
+
+def all_rows(folder: Path) -> pa.Table:
+    return pa.concat_tables(pq.read_table(p) for p in sorted(folder.rglob("*.parquet")))
+
+
+def read_parts(out: Path) -> list[pa.Table]:
+    return [pq.read_table(p) for p in sorted(out.glob("part-*.parquet"))]
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO_ROOT
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "data_prep.download_parquet", *args],
+        env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_local_folder_balanced_partitions_keep_every_row_in_order(source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "parquet"
+    manifest = dp.run(dp.Options(source=str(source), output_dir=out, num_partitions=7))
+    parts = read_parts(out)
+    sizes = [t.num_rows for t in parts]
+    assert len(parts) == 7 and max(sizes) - min(sizes) <= 1
+    assert [p["rows"] for p in manifest["partitions"]] == sizes
+    merged = pa.concat_tables(parts)
+    src = all_rows(source)
+    assert merged.column_names == ["url", "caption"]
+    assert merged.column("url").to_pylist() == src.column("URL").to_pylist()
+    expected_captions = [c if c is not None else "" for c in src.column("TEXT").to_pylist()]
+    assert merged.column("caption").to_pylist() == expected_captions
+    assert manifest["rows_read"] == manifest["rows_kept"] == sum(FILE_ROWS)
+    assert len(manifest["inputs"]["files"]) == len(FILE_ROWS)  # README.md not matched by *.parquet
+
+
+def test_filters_drop_rows_and_count_them_per_filter(source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "parquet"
+    manifest = dp.run(
+        dp.Options(source=str(source), output_dir=out, num_partitions=3,
+                   filters={"min_width": 200, "max_punsafe": 0.5})
+    )  # fmt: skip
+    src = all_rows(source).to_pylist()
+    wide = [r for r in src if r["WIDTH"] is not None and r["WIDTH"] >= 200]
+    kept = [r for r in wide if r["punsafe"] <= 0.5]
+    merged = pa.concat_tables(read_parts(out))
+    assert merged.column("url").to_pylist() == [r["URL"] for r in kept]
+    assert manifest["rows_dropped"] == {
+        "min_width": len(src) - len(wide),
+        "max_punsafe": len(wide) - len(kept),
+    }
+    assert manifest["rows_kept"] == len(kept)
+    assert (
+        max(manifest["partitions"], key=lambda p: p["rows"])["rows"]
+        - min(p["rows"] for p in manifest["partitions"])
+        <= 1
+    )
+
+
+def test_column_names_match_case_insensitively(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"url": ["http://a/1", "http://a/2"], "text": ["one", "two"]}), src / "x.parquet")
+    dp.run(dp.Options(source=str(src), output_dir=tmp_path / "out", num_partitions=2))
+    assert [t.column("caption").to_pylist() for t in read_parts(tmp_path / "out")] == [["one"], ["two"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--min-aesthetic", "5", "--max-pwatermark", "0.5"], "--max-pwatermark: no column pwatermark"),
+        (["--caption-col", "caption_text"], "--caption-col: no column caption_text"),
+    ],
+)
+def test_missing_column_is_a_clear_error(source: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    result = run_cli(
+        "--source", str(source), "--output-dir", str(tmp_path / "o"), "--num-partitions", "2", *args
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "available columns: URL, TEXT, WIDTH, HEIGHT, punsafe, aesthetic" in result.stderr
+
+
+def test_bad_inputs_name_the_option(source: Path, tmp_path: Path) -> None:
+    few = run_cli("--source", str(source), "--output-dir", str(tmp_path / "o"), "--num-partitions", "5000",
+                  "--min-width", "790")  # fmt: skip
+    assert few.returncode == 2 and "--num-partitions 5000: only" in few.stderr
+    bad_source = run_cli(
+        "--source", "not a repo", "--output-dir", str(tmp_path / "o"), "--num-partitions", "1"
+    )
+    assert bad_source.returncode == 2 and "--source 'not a repo'" in bad_source.stderr
+    nothing = run_cli("--source", str(source), "--output-dir", str(tmp_path / "o"), "--num-partitions", "1",
+                      "--pattern", "*.csv")  # fmt: skip
+    assert nothing.returncode == 2 and "no file matches --pattern '*.csv'" in nothing.stderr
+
+
+def test_rerun_skips_and_changed_args_rewrite(source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "parquet"
+    args = ["--source", str(source), "--output-dir", str(out)]
+    assert run_cli(*args, "--num-partitions", "5").returncode == 0
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = run_cli(*args, "--num-partitions", "5")
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    fewer = run_cli(*args, "--num-partitions", "3")
+    assert fewer.returncode == 0 and "nothing to do" not in fewer.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + [dp.part_name(i) for i in range(3)]
+    assert sum(t.num_rows for t in read_parts(out)) == sum(FILE_ROWS)
+
+
+def test_hf_repo_id_through_fake_hub_with_token_file(source: Path, tmp_path: Path) -> None:
+    token = "hf_test_secret_value_123"
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    out = tmp_path / "parquet"
+    with FakeHub({"laion/laion-art": source}) as hub:
+        result = run_cli(
+            "--source", "laion/laion-art", "--output-dir", str(out), "--num-partitions", "4",
+            "--pattern", "data/*.parquet", "--hf-token-file", str(token_file), "--min-aesthetic", "6",
+            env={"HF_ENDPOINT": hub.url, "HF_TOKEN": ""}, cwd=tmp_path,
+        )  # fmt: skip
+        requests = list(hub.requests)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"]["source"] == "hf://datasets/laion/laion-art"
+    assert [Path(f["path"]).name for f in manifest["inputs"]["files"]] == [
+        f"train-{n:05d}.parquet" for n in range(3)
+    ]
+    expected = [r["URL"] for r in all_rows(source).to_pylist() if r["aesthetic"] >= 6]
+    assert pa.concat_tables(read_parts(out)).column("url").to_pylist() == expected
+    assert any(path.startswith("/datasets/laion/laion-art/resolve/") for _, path, _ in requests)
+    # Every dataset route carries the token (huggingface_hub may also ask for unrelated public routes).
+    assert {auth for _, path, auth in requests if "/laion/" in path} == {f"Bearer {token}"}
+    assert token not in result.stdout + result.stderr + (out / "manifest.json").read_text()
+
+
+def test_hf_url_with_env_token_and_unknown_repo(source: Path, tmp_path: Path) -> None:
+    with FakeHub({"laion/laion-art": source}) as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_env_token"}
+        ok = run_cli("--source", "hf://datasets/laion/laion-art/data", "--output-dir", str(tmp_path / "a"),
+                     "--num-partitions", "2", env=env)  # fmt: skip
+        missing = run_cli("--source", "hf://datasets/laion/nope", "--output-dir", str(tmp_path / "b"),
+                          "--num-partitions", "2", env=env)  # fmt: skip
+        auths = {auth for _, path, auth in hub.requests if "/laion/laion-art" in path}
+    assert ok.returncode == 0, ok.stderr
+    assert sum(t.num_rows for t in read_parts(tmp_path / "a")) == sum(FILE_ROWS)
+    assert auths == {"Bearer hf_env_token"}
+    assert missing.returncode == 2 and "cannot list datasets/laion/nope" in missing.stderr
