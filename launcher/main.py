@@ -46,7 +46,7 @@ def launch(composed: DictConfig) -> Path:
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     report.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)
-    report.submitted(request, job_ids, backend_name)
+    report.submitted(request, job_ids, backend_name, cfg.data_dir)
     return run_dir
 
 

@@ -49,7 +49,12 @@ def starting(request: Request, backend: str) -> None:
     print(f"{verb}: {len(request.scripts)} job(s) into {request.plan.run_dir}", flush=True)
 
 
-def submitted(request: Request, job_ids: dict[str, str], backend: str) -> None:
+def submitted(request: Request, job_ids: dict[str, str], backend: str, data_dir: str) -> None:
     title = "finished on the local backend" if backend == "local" else "submitted to Slurm"
     _table(request, job_ids, title)
+    if backend == "local":
+        from launcher.data_status import data_counts
+
+        for step, summary in data_counts(data_dir):
+            print(f"{step}: {summary}")
     _notes_and_commands(request)

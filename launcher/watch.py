@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import manifest
+from launcher.data_status import data_counts
 from launcher.manifest import JobRecord
 
 
@@ -121,9 +122,31 @@ def _print_status(run_dir: Path) -> int:
         codes = ", ".join(f"{code} x{n}" for code, n in sorted(st.exit_codes.items()))
         log = newest_log(st.record)
         table.add_row(st.record.stage, st.record.name, st.record.job_id or "-", st.summary(), codes,
-                      str(log) if log else "")  # fmt: skip
-    Console().print(table)
+                      str(log.relative_to(run_dir)) if log and log.is_relative_to(run_dir) else str(log or ""))  # fmt: skip
+    console = Console()
+    console.print(table)
+    _print_data(console, run_dir)
     return 0
+
+
+def _print_data(console: object, run_dir: Path) -> None:
+    """Counts of data preparation, when this run has it (data_dir from the saved config)."""
+    from omegaconf import OmegaConf
+    from rich.table import Table
+
+    saved = run_dir / "config.yaml"
+    if not saved.exists():
+        return
+    cfg = OmegaConf.load(saved)
+    rows = data_counts(str(cfg.data_dir))
+    if not rows:
+        return
+    table = Table(title=f"data under {cfg.data_dir}", title_justify="left")
+    table.add_column("step")
+    table.add_column("on disk", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)  # type: ignore[attr-defined]
 
 
 def _logs(run_dir: Path, job: str, follow: bool, lines: int) -> int:
