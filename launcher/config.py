@@ -146,6 +146,9 @@ class DataPreparationConfig:
 @dataclass
 class DataCheckConfig:
     enable: bool = True
+    # Interpreter with NeMo; null = training.run.python in a container, else the NeMo venv
+    # (.venv-nemo beside this checkout, see requirements-nemo.txt) or this launcher's own.
+    python: Optional[str] = None
     batches: int = 4
     num_workers: int = 1
     micro_batch_size: int = 4
@@ -159,6 +162,8 @@ class TrainingRunConfig:
     # Jobs submitted one after the other (afterany + singleton): K x time_limit of training.
     chain: int = 1
     script: str = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py"
+    # NeMo's interpreter (inside the container); null = the job interpreter.
+    python: Optional[str] = "python3"
     # Seconds before the time limit at which Slurm signals the job so that it checkpoints.
     signal_before_limit_s: int = 300
     requeue: bool = True

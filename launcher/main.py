@@ -31,7 +31,9 @@ from launcher.validate import check_facts, to_schema  # noqa: E402
 def launch(composed: DictConfig) -> Path:
     """Everything after composition; returns the run folder."""
     cfg = to_schema(composed)
-    facts = Facts(python=sys.executable, code_dir=str(REPO), cpu_count=os.cpu_count() or 1)
+    nemo = REPO / ".venv-nemo" / "bin" / "python"
+    facts = Facts(python=sys.executable, code_dir=str(REPO), cpu_count=os.cpu_count() or 1,
+                  nemo_python=str(nemo) if nemo.exists() else None)  # fmt: skip
     check_facts(cfg, facts)
     plan = build_plan(cfg, facts)
     request = backends.prepare(plan)

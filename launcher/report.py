@@ -49,6 +49,18 @@ def starting(request: Request, backend: str) -> None:
     print(f"{verb}: {len(request.scripts)} job(s) into {request.plan.run_dir}", flush=True)
 
 
+def _data_check_summary(request: Request) -> None:
+    import json
+
+    path = request.plan.run_dir / "data_check" / "report.json"
+    if not any(job.stage == "data_check" for job in request.plan.jobs) or not path.exists():
+        return
+    found = json.loads(path.read_text())
+    loader = found.get("loader") or {}
+    print(f"data_check: {'passed' if found['ok'] else 'FAILED'}: {found['wdinfo']['total_key_count']:,} samples, "
+          f"batch images {loader.get('images')}, {loader.get('images_per_s')} images/s on this CPU ({path})")
+
+
 def submitted(request: Request, job_ids: dict[str, str], backend: str, data_dir: str) -> None:
     title = "finished on the local backend" if backend == "local" else "submitted to Slurm"
     _table(request, job_ids, title)
@@ -57,4 +69,5 @@ def submitted(request: Request, job_ids: dict[str, str], backend: str, data_dir:
 
         for step, summary in data_counts(data_dir):
             print(f"{step}: {summary}")
+        _data_check_summary(request)
     _notes_and_commands(request)

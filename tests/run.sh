@@ -16,7 +16,8 @@ if [ -f tests/install_nemo.sh ]; then
 fi
 
 # CI must exercise the real cluster and the real tools, never skip them.
-export REQUIRE_SLURM=1 REQUIRE_TOOLS=1
+export REQUIRE_SLURM=1 REQUIRE_TOOLS=1 REQUIRE_NEMO=1
+export NEMO_PYTHON="$PWD/.venv-nemo/bin/python"
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 if [ "$status" -eq 5 ]; then

@@ -34,7 +34,7 @@ def _launch(shared: Path, *overrides: str) -> dict[str, str]:
         "cluster=slurm", "container=pyxis", "stages=[training]", "data_check.enable=false",
         f"cluster.shared_dir={shared}", f"container.mounts=[{shared}:{shared}]",
         f"container.image={shared}/nemo.sqsh", f"container.python={sys.executable}",
-        f"container.code_dir={shared}", f"training.run.script={STANDIN}",
+        f"container.code_dir={shared}", f"training.run.script={STANDIN}", f"training.run.python={sys.executable}",
         "training.trainer.num_nodes=2", "training.model.micro_batch_size=4",
         "training.model.global_batch_size=64", "cluster.gpu_job_mem=1G",
         f"training.run.wandb_api_key_file={shared}/wandb_key", *overrides,
@@ -73,3 +73,13 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -
     log = _log(shared, "sd_860m_res_256", ids["sd_860m_res_256"])
     assert "standin starting from scratch" in log and "standin resumed from step=1" in log
     assert "SLURM_RESTART_COUNT=1" in log
+
+
+def test_failing_data_check_cancels_training(slurm_cluster, shared: Path) -> None:
+    """No data was prepared: data_check fails on the missing wdinfo and training never starts."""
+    ids = _launch(shared, "data_check.enable=true", "stages=[data_check,training]",
+                  f"data_check.python={sys.executable}")  # fmt: skip
+    assert slurm_cluster.wait_job(ids["data_check"], timeout=60).state == "FAILED"
+    assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=30).state == "CANCELLED"
+    log = (shared / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
+    assert "wdinfo" in log

@@ -17,6 +17,8 @@ class Facts:
     python: str
     code_dir: str
     cpu_count: int = 2
+    # An interpreter with NeMo on this host (for data_check without a container), if any.
+    nemo_python: str | None = None
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def _secret_files(ctx: Context) -> tuple[tuple[str, str], ...]:
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     run = ctx.cfg.training.run
     config = nemo_config.config_path(ctx)
-    argv = (ctx.python, "-u", run.script, "--config-path", str(config.parent),
+    argv = (run.python or ctx.python, "-u", run.script, "--config-path", str(config.parent),
             "--config-name", config.name)  # fmt: skip
     sbatch_args: tuple[tuple[str, str | None], ...] = (
         ("signal", f"{REQUEUE_SIGNAL}@{run.signal_before_limit_s}"),
