@@ -126,7 +126,34 @@ def _print_status(run_dir: Path) -> int:
     console = Console()
     console.print(table)
     _print_data(console, run_dir)
+    for line in training_progress(run_dir):
+        print(line)
     return 0
+
+
+def training_progress(run_dir: Path) -> list[str]:
+    """Step, consumed samples, loss and samples/s of each training job, from its newest log."""
+    from omegaconf import OmegaConf
+
+    from launcher.throughput import read_training_progress
+
+    lines = []
+    for record in manifest.load(run_dir):
+        config = Path(record.script).with_suffix(".yaml")
+        log = newest_log(record)
+        if record.stage != "training" or log is None or not config.exists():
+            continue
+        nemo = OmegaConf.load(config)
+        gpus = int(nemo.trainer.num_nodes) * int(nemo.trainer.devices)
+        p = read_training_progress(log, int(nemo.model.global_batch_size), gpus)
+        if p is None:
+            lines.append(f"{record.name}: no training step logged yet ({log.name})")
+            continue
+        rate = (f"{p.samples_per_s:,.0f} samples/s ({p.samples_per_s_per_gpu:,.1f} per GPU, {gpus} GPUs)"
+                if p.samples_per_s and p.samples_per_s_per_gpu else "samples/s unknown")  # fmt: skip
+        lines.append(f"{record.name}: step {p.last_step}/{p.total_steps or '?'}, consumed ~{p.consumed_samples}, "
+                     f"loss {p.loss}, {rate}")  # fmt: skip
+    return lines
 
 
 def _print_data(console: object, run_dir: Path) -> None:

@@ -149,3 +149,23 @@ def test_real_nemo_progress_bar_is_parsed(tmp_path: Path) -> None:
     assert progress.lr == pytest.approx(8.192e-5, rel=0.01)
     assert progress.loss is not None and progress.step_time_s is not None and progress.step_time_s > 0
     assert progress.samples_per_s == pytest.approx(gbs / progress.step_time_s)
+
+
+def test_status_shows_training_progress_from_the_log(tmp_path: Path) -> None:
+    """`python -m launcher status` reads the training job's newest log with the saved NeMo config."""
+    from launcher import manifest as run_manifest
+    from launcher.watch import training_progress
+
+    run = tmp_path / "run"
+    logs = run / "training" / "logs"
+    logs.mkdir(parents=True)
+    (run / "training" / "sd.yaml").write_text(
+        "trainer: {num_nodes: 8, devices: 8}\nmodel: {global_batch_size: 8192}\n"
+    )
+    (logs / "sd_77.out").write_bytes((Path(__file__).parent / "data" / "nemo_train_log.txt").read_bytes())
+    record = run_manifest.JobRecord(stage="training", name="sd", job_id="77", array=None,
+                                    script=str(run / "training" / "sd.sbatch"),
+                                    log_pattern=str(logs / "sd_%j.out"), depends_on=[], backend="slurm")  # fmt: skip
+    run_manifest.save(run, [record])
+    [line] = training_progress(run)
+    assert line.startswith("sd: step ") and "samples/s" in line and "64 GPUs" in line
