@@ -21,11 +21,28 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from launcher import backends, manifest, report  # noqa: E402
+from pathlib import PurePosixPath  # noqa: E402
+
+from launcher import backends, manifest, preflight, report  # noqa: E402
+from launcher.config import RootConfig  # noqa: E402
+from launcher.layout import DataLayout  # noqa: E402
+from launcher.spec import Plan  # noqa: E402
+from launcher.stages import nemo_config  # noqa: E402
 from launcher.errors import LauncherError  # noqa: E402
 from launcher.pipeline import build_plan  # noqa: E402
 from launcher.stages.common import Facts  # noqa: E402
 from launcher.validate import check_facts, to_schema  # noqa: E402
+
+
+def _preflight(cfg: RootConfig, plan: Plan) -> None:
+    world = nemo_config.shape_or_none(cfg, plan)
+    found = preflight.check(cfg, Path(DataLayout(PurePosixPath(cfg.data_dir)).wdinfo), world)
+    for note in found.notes:
+        print(f"preflight: {note}")
+    if found.problems and not cfg.dry_run:
+        raise LauncherError("preflight failed:\n  " + "\n  ".join(found.problems))
+    for problem in found.problems:
+        print(f"preflight warning (dry run): {problem}", file=sys.stderr)
 
 
 def launch(composed: DictConfig) -> Path:
@@ -36,6 +53,7 @@ def launch(composed: DictConfig) -> Path:
                   nemo_python=str(nemo) if nemo.exists() else None)  # fmt: skip
     check_facts(cfg, facts)
     plan = build_plan(cfg, facts)
+    _preflight(cfg, plan)
     request = backends.prepare(plan)
     run_dir = plan.run_dir
     manifest.write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(composed, resolve=True))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
+
+import pytest
 
 from conftest import compose_config
 from omegaconf import OmegaConf
 
+from launcher.errors import LauncherError
 from launcher.main import launch
 
 # Every key of NeMo's examples/.../stable_diffusion/conf/sd_train.yaml (NeMo 2.4), read from
@@ -74,3 +78,33 @@ def test_every_key_nemo_reads_is_set(tmp_path: Path) -> None:
     assert missing == []
     assert list(cfg.model.data.train.augmentations) == ["resize_smallest_side", "center_crop_h_w", "horizontal_flip"]
     assert cfg.model.cond_stage_config.version == "openai/clip-vit-large-patch14"
+
+
+def _training_only(tmp_path: Path, tars: int, *extra: str) -> None:
+    wdinfo = tmp_path / "data/tarfiles_reorganized/wdinfo.pkl"
+    wdinfo.parent.mkdir(parents=True, exist_ok=True)
+    wdinfo.write_bytes(pickle.dumps({"tar_files": [f"{i:06d}.tar" for i in range(tars)], "chunk_size": 1000,
+                                     "total_key_count": tars * 1000}))  # fmt: skip
+    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
+    launch(compose_config([
+        "cluster=aws_p5", "stages=[training]", "training.trainer.num_nodes=2", f"cluster.shared_dir={tmp_path}",
+        f"container.mounts=[{tmp_path}:{tmp_path}]", f"container.image={tmp_path}/nemo.sqsh", *extra,
+    ]))  # fmt: skip
+
+
+def test_preflight_refuses_fewer_tars_than_ranks(tmp_path: Path) -> None:
+    with pytest.raises(LauncherError, match="lists 15 tars but training has 16 ranks"):
+        _training_only(tmp_path, 15)
+    assert not (tmp_path / "results").exists()
+
+
+def test_preflight_refuses_a_missing_image(tmp_path: Path) -> None:
+    with pytest.raises(LauncherError, match="container.image: /nowhere/x.sqsh does not exist"):
+        _training_only(tmp_path, 40, "container.image=/nowhere/x.sqsh")
+
+
+def test_preflight_reports_the_shard_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _training_only(tmp_path, 40, "dry_run=true")
+    out = capsys.readouterr().out
+    assert "40 tars for 16 ranks: 2 tars per rank, 8 left out of every epoch" in out
+    assert "14 of 16 workers per rank idle" in out

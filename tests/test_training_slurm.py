@@ -4,6 +4,7 @@ pyxis by the SPANK stand-in that runs NO container."""
 
 from __future__ import annotations
 
+import pickle
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,12 @@ def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         monkeypatch.setenv(key, value)
     with tempfile.TemporaryDirectory(prefix="train-", dir="/tmp") as tmp:
         (Path(tmp) / "wandb_key").write_text(SECRET)
+        (Path(tmp) / "nemo.sqsh").write_bytes(b"hsqs")  # preflight checks that the image exists
+        wdinfo = Path(tmp) / "data/tarfiles_reorganized/wdinfo.pkl"
+        wdinfo.parent.mkdir(parents=True)
+        # 16 tars for 16 ranks, which the stand-in never reads (and data_check finds missing).
+        tars = [f"{i:06d}.tar" for i in range(16)]
+        wdinfo.write_bytes(pickle.dumps({"tar_files": tars, "chunk_size": 4, "total_key_count": 64}))
         yield Path(tmp)
 
 
@@ -76,10 +83,10 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -
 
 
 def test_failing_data_check_cancels_training(slurm_cluster, shared: Path) -> None:
-    """No data was prepared: data_check fails on the missing wdinfo and training never starts."""
+    """The wdinfo lists tars that are not there: data_check fails and training never starts."""
     ids = _launch(shared, "data_check.enable=true", "stages=[data_check,training]",
                   f"data_check.python={sys.executable}")  # fmt: skip
     assert slurm_cluster.wait_job(ids["data_check"], timeout=60).state == "FAILED"
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=30).state == "CANCELLED"
     log = (shared / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
-    assert "wdinfo" in log
+    assert "000000.tar" in log

@@ -13,7 +13,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.stages.common import Context
+from launcher.config import RootConfig
+from launcher.spec import Plan
+from launcher.stages.common import Context, Facts
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,14 @@ class TrainingShape:
     @property
     def accumulated_micro_batches(self) -> int:
         return self.global_batch_size // (self.micro_batch_size * self.world_size)
+
+
+def shape_or_none(cfg: RootConfig, plan: Plan) -> int:
+    """Data-parallel ranks of the planned training (1 without GPUs)."""
+    if cfg.cluster.gpus_per_node < 1:
+        return 1
+    ctx = Context(cfg=cfg, facts=Facts(python="", code_dir=""), run_dir=plan.run_dir)
+    return shape(ctx).world_size
 
 
 def config_path(ctx: Context) -> Path:

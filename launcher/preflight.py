@@ -1,0 +1,56 @@
+"""Checks of the submitting host's files before anything is submitted (read-only).
+
+Problems are errors on submission and warnings in a dry run (which may be rendered on a laptop
+that does not see /fsx). Notes say what the planned world does with the data.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.config import RootConfig, Runtime, Stage
+from launcher.pipeline import stages_in_order
+
+
+@dataclass
+class Findings:
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _shard_plan(tars: int, world: int, workers: int) -> str:
+    per_rank, left_out = divmod(tars, world)
+    idle = max(workers - per_rank, 0)
+    return (f"wdinfo lists {tars} tars for {world} ranks: {per_rank} tars per rank, {left_out} left out of "
+            f"every epoch, {per_rank / max(workers, 1):.1f} tars per loader worker"
+            + (f", {idle} of {workers} workers per rank idle" if idle else ""))  # fmt: skip
+
+
+def check(cfg: RootConfig, wdinfo: Path, world_size: int) -> Findings:
+    found = Findings()
+    stages = stages_in_order(cfg)
+    if Stage.training not in stages:
+        return found
+    image = cfg.container.image or ""
+    if cfg.container.runtime is Runtime.pyxis and image.startswith("/") and not Path(image).exists():
+        found.problems.append(f"container.image: {image} does not exist on this host; build it with "
+                              "enroot/import.sh or fix the path")  # fmt: skip
+    if Stage.data_preparation in stages:
+        return found
+    if cfg.training.model.get("data", {}).get("synthetic_data"):
+        return found
+    if not wdinfo.exists():
+        found.problems.append(f"data_dir: no {wdinfo}; run data preparation first (stages=[data_preparation,"
+                              "training]) or point data_dir at prepared data")  # fmt: skip
+        return found
+    with wdinfo.open("rb") as handle:
+        tars = len(pickle.load(handle)["tar_files"])
+    workers = int(cfg.training.model.get("data", {}).get("num_workers", 1))
+    if tars < world_size:
+        found.problems.append(f"data_dir: {wdinfo} lists {tars} tars but training has {world_size} ranks: NeMo's "
+                              "sampler gives a rank no data; use fewer nodes or a smaller tar_chunk_size")  # fmt: skip
+    else:
+        found.notes.append(_shard_plan(tars, world_size, workers))
+    return found
