@@ -88,3 +88,19 @@ def test_demo_on_the_real_slurm_cluster(slurm_cluster, slurm_shared: Path) -> No
     assert by_name["download_images"].depends_on == ["afterok:download_parquet"]
     assert by_name["download_images"].array == "0-1%2"
     _check_dataset(slurm_shared / "data")
+
+
+def test_demo_then_data_check_with_nemo_on_the_local_backend(tmp_path: Path) -> None:
+    """Issue acceptance: stages=[data_preparation,data_check] passes offline and reports the real
+    sample count and batch shape, read by NeMo's own loader (needs the NeMo venv)."""
+    nemo = os.environ.get("NEMO_PYTHON") or str(Path(__file__).resolve().parent.parent / ".venv-nemo/bin/python")
+    if not Path(nemo).exists():
+        if os.environ.get("REQUIRE_NEMO"):
+            pytest.fail(f"REQUIRE_NEMO is set but there is no NeMo interpreter at {nemo}")
+        pytest.skip(f"no NeMo interpreter at {nemo} (tests/install_nemo.sh)")
+    data = _run(tmp_path, "cluster=local", "stages=[data_preparation,data_check]", f"data_check.python={nemo}")
+    report = json.loads((tmp_path / "results/sd_pretrain/data_check/report.json").read_text())
+    with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
+        total = pickle.load(handle)["total_key_count"]
+    assert report["ok"] and report["wdinfo"]["total_key_count"] == total
+    assert report["loader"]["images"] == [4, 256, 256, 3]
