@@ -17,6 +17,7 @@ also carries the shard's size and mtime (a changed shard is re-indexed).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import posixpath
@@ -38,8 +39,10 @@ _CHKSUM = slice(148, 156)
 _ADLER_MOD = 65521
 _ZERO_BLOCK = bytes(BLOCK)
 _KNOWN = _REGULAR | _SKIPPED
+_EXTENSIONS = frozenset(b"xLK")  # pax extended header, GNU long name, GNU long link
 INDEX_VERSION = 1  # bump when the index format or the sample rules change
-IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)  # buffers per os.writev call
+# copy_file_range errors meaning "not between these files": fall back to sendfile
+_NO_COPY_RANGE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
 
 
 class TarFormatError(ValueError):
@@ -80,11 +83,10 @@ def _number(field: bytes, offset: int) -> int:
 
 
 def _header_name(block: bytes) -> str:
-    name = block[0:100].split(b"\0", 1)[0]
-    if block[257:262] == b"ustar":  # POSIX ustar keeps long paths split into prefix + name
-        prefix = block[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
+    end = block.find(b"\0", 0, 100)
+    name = block[: end if end >= 0 else 100]
+    if block[345] and block[257:262] == b"ustar":  # POSIX ustar keeps long paths split into prefix + name
+        name = block[345:500].split(b"\0", 1)[0] + b"/" + name
     return name.decode("utf-8", "surrogateescape")
 
 
@@ -105,7 +107,10 @@ def _pax_records(data: bytes, offset: int) -> dict[str, str]:
 
 
 def _check_block(block: bytes, offset: int) -> None:
-    stored = _number(block[_CHKSUM], offset)
+    try:  # fast path: 6 octal digits, NUL, space (what tarfile and GNU tar write)
+        stored = int(block[148:154], 8)
+    except ValueError:
+        stored = _number(block[_CHKSUM], offset)
     # The checksum is the byte sum with its own field counted as 8 spaces (0x20 * 8 = 256). Adler-32's
     # low half is (1 + byte sum) mod 65521 and runs in C (~10x faster than sum()); a header's true
     # sum is below 2 * 65521, so comparing modulo 65521 misses only sums off by exactly 65521.
@@ -114,76 +119,77 @@ def _check_block(block: bytes, offset: int) -> None:
         raise TarFormatError(f"header checksum mismatch at offset {offset} (corrupt or not a tar)")
 
 
-class _Walker:
-    """State of one pass over a tar: pending long-name / pax overrides, names seen, members."""
-
-    def __init__(self, buf: Sequence[int] | bytes, length: int) -> None:
-        self.buf = buf
-        self.length = length
-        self.members: list[Member] = []
-        self.seen: set[str] = set()
-        self.long_name: str | None = None
-        self.pax: dict[str, str] = {}
-
-    def step(self, offset: int) -> int | None:
-        """Handle the header at `offset`; the next header's offset, or None at end-of-archive."""
-        if offset + BLOCK > self.length:
-            raise TarFormatError(f"truncated: no end-of-archive marker (file ends at {self.length})")
-        block = bytes(self.buf[offset : offset + BLOCK])
-        if block == _ZERO_BLOCK:
-            return None
-        _check_block(block, offset)
-        kind = block[156]
-        size = _number(block[124:136], offset)
-        if kind not in b"xLK" and "size" in self.pax:  # a pax size overrides the next real member's
+def _extension(kind: int, data: bytes, offset: int, names: dict[int, str]) -> int | None:
+    """Read a pax 'x' or GNU 'L' header into `names` (key 0: name override); a pax size, if any."""
+    if kind == ord("L"):
+        names[0] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    elif kind == ord("x") and (b" path=" in data or b" size=" in data):  # else only mtime etc.: dropped
+        records = _pax_records(data, offset)
+        if "path" in records:
+            names[0] = records["path"]
+        if "size" in records:
             try:
-                size = int(self.pax["size"])
+                return int(records["size"])
             except ValueError:
-                raise TarFormatError(f"bad pax size before header at offset {offset}") from None
-        data_offset = offset + BLOCK
-        if data_offset + size > self.length:
-            raise TarFormatError(f"truncated: member at offset {offset} needs {size} bytes past the end")
-        if kind in b"xLK":
-            self._extension(kind, bytes(self.buf[data_offset : data_offset + size]), offset)
-            return data_offset + padded(size)
-        if kind not in _KNOWN:
-            raise TarFormatError(f"unsupported tar member type {chr(kind)!r} at offset {offset}")
-        name = self.pax.get("path") or self.long_name or _header_name(block)
-        self.long_name, self.pax = None, {}
-        if kind in _REGULAR:
-            if name in self.seen:
-                raise TarFormatError(f"duplicate member {name!r} at offset {offset}")
-            self.seen.add(name)
-            self.members.append(Member(name, data_offset, size))
-        return data_offset + padded(size)
-
-    def _extension(self, kind: int, data: bytes, offset: int) -> None:
-        if kind == ord("x"):
-            if b" path=" in data or b" size=" in data:  # the only keys that change what is copied
-                self.pax.update(_pax_records(data, offset))
-        elif kind == ord("L"):
-            self.long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        # 'K' (GNU long link target) only matters for links, which are skipped.
+                raise TarFormatError(f"bad pax size in header at offset {offset}") from None
+    return None  # 'K' (GNU long link target) only matters for links, which are skipped
 
 
 def scan_members(buf: Sequence[int] | bytes, length: int) -> tuple[list[Member], str | None]:
     """Regular-file members of a tar in file order, and the error that stopped the walk (or None).
 
     On corruption or truncation the members fully before the bad spot are still returned: the
-    caller decides what to keep. `buf` is anything sliceable into bytes (an mmap, bytes).
+    caller decides what to keep. `buf` is anything sliceable into bytes (an mmap, bytes). This loop
+    runs once per header (img2dataset writes a pax header before every member), so it is kept flat.
     """
-    walker = _Walker(buf, length)
-    offset: int | None = 0
+    members: list[Member] = []
+    seen: set[str] = set()
+    names: dict[int, str] = {}  # a long name / pax path for the next member
+    pax_size: int | None = None
+    here = 0
     try:
-        while offset is not None:
-            offset = walker.step(offset)
+        while True:
+            if here + BLOCK > length:
+                raise TarFormatError(f"truncated: no end-of-archive marker (file ends at {length})")
+            block = bytes(buf[here : here + BLOCK])
+            if block == _ZERO_BLOCK:
+                break
+            _check_block(block, here)
+            kind = block[156]
+            try:  # fast path: 11 octal digits then NUL or space
+                size = int(block[124:135], 8)
+            except ValueError:
+                size = _number(block[124:136], here)
+            if pax_size is not None and kind not in _EXTENSIONS:
+                size, pax_size = pax_size, None
+            data_offset = here + BLOCK
+            if size < 0:  # int() accepts a sign: a negative size would walk backwards forever
+                raise TarFormatError(f"negative member size {size} in header at offset {here}")
+            if data_offset + size > length:
+                raise TarFormatError(f"truncated: member at offset {here} needs {size} bytes past the end")
+            if kind in _EXTENSIONS:
+                extended = _extension(kind, bytes(buf[data_offset : data_offset + size]), here, names)
+                pax_size = pax_size if extended is None else extended
+            elif kind not in _KNOWN:
+                raise TarFormatError(f"unsupported tar member type {chr(kind)!r} at offset {here}")
+            else:
+                name = names.pop(0) if names else _header_name(block)
+                if kind in _REGULAR:
+                    if name in seen:
+                        raise TarFormatError(f"duplicate member {name!r} at offset {here}")
+                    seen.add(name)
+                    members.append(Member(name, data_offset, size))
+            here = data_offset + (size + BLOCK - 1) // BLOCK * BLOCK
     except TarFormatError as err:
-        return walker.members, str(err)
-    return walker.members, None
+        return members, str(err)
+    return members, None
 
 
 def split_key(name: str) -> tuple[str, str]:
     """webdataset's rule: the key is the path up to the first dot of the basename, the rest is the extension."""
+    if "/" not in name:  # fast path: img2dataset names are flat
+        stem, dot, ext = name.partition(".")
+        return stem, ext if dot else ""
     folder, base = posixpath.split(name)
     stem, dot, ext = base.partition(".")
     return posixpath.join(folder, stem) if folder else stem, ext if dot else ""
@@ -195,11 +201,12 @@ def index_samples(members: list[Member], extensions: Sequence[str]) -> SampleInd
     found: dict[str, list[Member | None]] = {}
     for member in members:
         key, ext = split_key(member.name)
+        parts = found.get(key)
+        if parts is None:
+            parts = found[key] = [None] * len(wanted)
         slot = wanted.get(ext)
         if slot is not None:
-            found.setdefault(key, [None] * len(extensions))[slot] = member
-        else:
-            found.setdefault(key, [None] * len(extensions))
+            parts[slot] = member
     keys: list[str] = []
     extents = array("q")
     for key in sorted(found):
@@ -249,15 +256,57 @@ def end_of_archive(written: int) -> bytes:
     return ZEROS[: 2 * BLOCK + (-total) % RECORD]
 
 
-def write_all(fd: int, bufs: list[Any]) -> int:
-    """os.writev, finishing any short write; returns the bytes written."""
-    total = sum(len(b) for b in bufs)
-    done = os.writev(fd, bufs)
-    if done < total:  # rare (signals, full disk): write the rest plainly
-        rest = b"".join(bytes(b) for b in bufs)[done:]
-        while rest:
-            rest = rest[os.write(fd, rest):]
-    return total
+def _write_full(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a short write is rare (signals, full disk) but must not lose bytes
+        view = view[os.write(fd, view):]
+
+
+class TarAppender:
+    """Appends members to an output tar: a rebuilt header written, the data copied inside the kernel.
+
+    os.copy_file_range moves the data without passing it through Python: on this project's 2-core
+    test machine (tmpfs) it copied 1.5 GB of members in 0.78 s against 1.5 s for pread + writev,
+    near `cat` (0.59 s, which uses it too). Each member's zero padding goes out with the next
+    header, so a member costs one write and one copy call. Where the kernel refuses it (input and
+    output on different filesystems: EXDEV; some network filesystems) os.sendfile does the copy.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.written = 0  # member bytes (headers + padded data) appended so far
+        self._pending = b""  # the last member's padding, written with the next header
+        self._kernel_copy = hasattr(os, "copy_file_range")
+
+    def add(self, name: bytes, src: int, offset: int, size: int) -> None:
+        """Append `size` bytes at `offset` of the open file `src` as member `name`."""
+        _write_full(self.fd, self._pending + build_header(name, size))
+        end = offset + size
+        while offset < end:
+            offset += self._copy(src, offset, end - offset)
+        self._pending = ZEROS[: padded(size) - size]
+        self.written += BLOCK + padded(size)
+
+    def _copy(self, src: int, offset: int, count: int) -> int:
+        try:
+            if self._kernel_copy:
+                done = os.copy_file_range(src, self.fd, count, offset)
+            else:
+                done = os.sendfile(self.fd, src, offset, count)
+        except OSError as err:
+            if not self._kernel_copy or err.errno not in _NO_COPY_RANGE:
+                raise
+            self._kernel_copy = False  # nothing was copied by the failed call: retry with sendfile
+            return 0
+        if done == 0:
+            raise TarFormatError(f"input ended before offset {offset + count} (shard changed while copied?)")
+        return done
+
+    def finish(self) -> int:
+        """Write the last padding and the end-of-archive blocks; the tar's total size."""
+        end = end_of_archive(self.written)
+        _write_full(self.fd, self._pending + end)
+        return self.written + len(end)
 
 
 @dataclass(frozen=True)

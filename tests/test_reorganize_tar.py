@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,16 @@ def test_bad_options_name_the_option(tmp_path: Path, capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit) as exc:
         reorganize_tar.main(["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "o"), *args])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cross_filesystem_copy_falls_back_to_sendfile(tmp_path: Path) -> None:
+    """copy_file_range refuses input and output on different filesystems (EXDEV): the bytes must not change."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on a filesystem other than the test's tmp_path")
+    with tempfile.TemporaryDirectory(dir=shm) as other_fs:
+        make_raw(Path(other_fs) / "raw")
+        assert run(Path(other_fs) / "raw", Path(other_fs) / "same_fs", 6) == 0
+        assert run(Path(other_fs) / "raw", tmp_path / "cross_fs", 6) == 0
+        same = tar_bytes(Path(other_fs) / "same_fs")
+    assert same and tar_bytes(tmp_path / "cross_fs") == same
