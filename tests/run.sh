@@ -6,14 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash tests/slurm/install.sh
-if ! python3 -m venv --help > /dev/null 2>&1; then
-  apt-get install -y -qq --no-install-recommends python3-venv
+# Debian splits ensurepip (which `python3 -m venv` needs) into python3-venv.
+if ! python3 -c 'import ensurepip' > /dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q -e '.[test]'
-if [ -f tests/install_nemo.sh ]; then
-  bash tests/install_nemo.sh
-fi
+bash tests/install_nemo.sh
 
 # CI must exercise the real cluster and the real tools, never skip them.
 export REQUIRE_SLURM=1 REQUIRE_TOOLS=1 REQUIRE_NEMO=1
