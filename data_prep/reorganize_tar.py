@@ -14,8 +14,9 @@ Design (why each task can own a disjoint range of outputs and the bytes never de
    [j*chunk, (j+1)*chunk) of that order, renamed to global keys; task t owns tars
    [t*n//T, (t+1)*n//T). The plan is a pure function of the input bytes, hence so is every tar.
 3. Copy. Member data is copied raw inside the kernel (tario.TarAppender: os.copy_file_range, else
-   os.sendfile; no decode, no pass through Python); headers are rebuilt canonically (name, size; mode/uid/gid/mtime/user names fixed), so two
-   downloads of the same data give byte-identical tars whatever their member order or mtimes.
+   os.sendfile; no decode, no pass through Python); headers are rebuilt canonically (name, size;
+   mode/uid/gid/mtime/user names fixed), so two downloads of the same data give byte-identical tars
+   whatever their member order or mtimes.
    A tar is written under a hidden temporary name, renamed, and only then is its count record
    `_counts/<n>.json` written: a record is the commit marker that generate_wdinfo reads, and a rerun
    skips every tar whose record matches the current plan.

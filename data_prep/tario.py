@@ -35,9 +35,11 @@ RECORD = 20 * BLOCK  # POSIX blocking factor 20: tar files are padded to a whole
 ZEROS = bytes(RECORD)
 _REGULAR = frozenset(b"07\0")  # regular file, contiguous file, old-style regular file
 _SKIPPED = frozenset(b"123456")  # links, devices, directories, fifos: no sample data
+_SIZE = slice(124, 136)
 _CHKSUM = slice(148, 156)
 _ADLER_MOD = 65521
 _ZERO_BLOCK = bytes(BLOCK)
+_TERMINATORS = frozenset(b"\0 ")
 _KNOWN = _REGULAR | _SKIPPED
 _EXTENSIONS = frozenset(b"xLK")  # pax extended header, GNU long name, GNU long link
 INDEX_VERSION = 1  # bump when the index format or the sample rules change
@@ -82,6 +84,18 @@ def _number(field: bytes, offset: int) -> int:
         raise TarFormatError(f"bad numeric field {field!r} in header at offset {offset}") from None
 
 
+def _octal_field(block: bytes, field: slice, digits_end: int, offset: int) -> int:
+    """A numeric header field. Fast path for its usual shape, octal digits up to `digits_end` then a
+    NUL or space (what tarfile and GNU tar write); anything else (more digits, spaces, base-256) goes
+    to _number. Runs twice per header: plain ints, no slice arithmetic."""
+    if block[digits_end] in _TERMINATORS:
+        try:
+            return int(block[field.start : digits_end], 8)
+        except ValueError:
+            pass
+    return _number(block[field], offset)
+
+
 def _header_name(block: bytes) -> str:
     end = block.find(b"\0", 0, 100)
     name = block[: end if end >= 0 else 100]
@@ -107,10 +121,7 @@ def _pax_records(data: bytes, offset: int) -> dict[str, str]:
 
 
 def _check_block(block: bytes, offset: int) -> None:
-    try:  # fast path: 6 octal digits, NUL, space (what tarfile and GNU tar write)
-        stored = int(block[148:154], 8)
-    except ValueError:
-        stored = _number(block[_CHKSUM], offset)
+    stored = _octal_field(block, _CHKSUM, 154, offset)
     # The checksum is the byte sum with its own field counted as 8 spaces (0x20 * 8 = 256). Adler-32's
     # low half is (1 + byte sum) mod 65521 and runs in C (~10x faster than sum()); a header's true
     # sum is below 2 * 65521, so comparing modulo 65521 misses only sums off by exactly 65521.
@@ -119,20 +130,18 @@ def _check_block(block: bytes, offset: int) -> None:
         raise TarFormatError(f"header checksum mismatch at offset {offset} (corrupt or not a tar)")
 
 
-def _extension(kind: int, data: bytes, offset: int, names: dict[int, str]) -> int | None:
-    """Read a pax 'x' or GNU 'L' header into `names` (key 0: name override); a pax size, if any."""
+def _extension(kind: int, data: bytes, offset: int) -> tuple[str | None, int | None]:
+    """What a pax 'x' or GNU 'L' header overrides for the next member: (name, size), None where nothing."""
     if kind == ord("L"):
-        names[0] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-    elif kind == ord("x") and (b" path=" in data or b" size=" in data):  # else only mtime etc.: dropped
+        return data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape"), None
+    if kind == ord("x") and (b" path=" in data or b" size=" in data):  # else only mtime etc.: dropped
         records = _pax_records(data, offset)
-        if "path" in records:
-            names[0] = records["path"]
-        if "size" in records:
-            try:
-                return int(records["size"])
-            except ValueError:
-                raise TarFormatError(f"bad pax size in header at offset {offset}") from None
-    return None  # 'K' (GNU long link target) only matters for links, which are skipped
+        try:
+            size = int(records["size"]) if "size" in records else None
+        except ValueError:
+            raise TarFormatError(f"bad pax size in header at offset {offset}") from None
+        return records.get("path"), size
+    return None, None  # 'K' (GNU long link target) only matters for links, which are skipped
 
 
 def scan_members(buf: Sequence[int] | bytes, length: int) -> tuple[list[Member], str | None]:
@@ -144,7 +153,7 @@ def scan_members(buf: Sequence[int] | bytes, length: int) -> tuple[list[Member],
     """
     members: list[Member] = []
     seen: set[str] = set()
-    names: dict[int, str] = {}  # a long name / pax path for the next member
+    long_name: str | None = None  # a GNU long name / pax path for the next member
     pax_size: int | None = None
     here = 0
     try:
@@ -156,10 +165,7 @@ def scan_members(buf: Sequence[int] | bytes, length: int) -> tuple[list[Member],
                 break
             _check_block(block, here)
             kind = block[156]
-            try:  # fast path: 11 octal digits then NUL or space
-                size = int(block[124:135], 8)
-            except ValueError:
-                size = _number(block[124:136], here)
+            size = _octal_field(block, _SIZE, 135, here)
             if pax_size is not None and kind not in _EXTENSIONS:
                 size, pax_size = pax_size, None
             data_offset = here + BLOCK
@@ -168,18 +174,20 @@ def scan_members(buf: Sequence[int] | bytes, length: int) -> tuple[list[Member],
             if data_offset + size > length:
                 raise TarFormatError(f"truncated: member at offset {here} needs {size} bytes past the end")
             if kind in _EXTENSIONS:
-                extended = _extension(kind, bytes(buf[data_offset : data_offset + size]), here, names)
-                pax_size = pax_size if extended is None else extended
+                override, extended_size = _extension(kind, bytes(buf[data_offset : data_offset + size]), here)
+                long_name = long_name if override is None else override
+                pax_size = pax_size if extended_size is None else extended_size
             elif kind not in _KNOWN:
                 raise TarFormatError(f"unsupported tar member type {chr(kind)!r} at offset {here}")
             else:
-                name = names.pop(0) if names else _header_name(block)
+                name = _header_name(block) if long_name is None else long_name
+                long_name = None
                 if kind in _REGULAR:
                     if name in seen:
                         raise TarFormatError(f"duplicate member {name!r} at offset {here}")
                     seen.add(name)
                     members.append(Member(name, data_offset, size))
-            here = data_offset + (size + BLOCK - 1) // BLOCK * BLOCK
+            here = data_offset + padded(size)
     except TarFormatError as err:
         return members, str(err)
     return members, None
@@ -243,7 +251,7 @@ def build_header(name: bytes, size: int) -> bytearray:
         raise TarFormatError(f"member {name!r} of {size} bytes too large for a ustar header")
     block = bytearray(_TEMPLATE)
     block[0 : len(name)] = name
-    block[124:136] = b"%011o\0" % size
+    block[_SIZE] = b"%011o\0" % size
     # Byte sum (below 65521 for any 100-byte name, so Adler-32's low half is exact) plus 256 for the
     # checksum field counted as spaces.
     block[148:156] = b"%06o\0 " % ((zlib.adler32(block) & 0xFFFF) - 1 + 256)

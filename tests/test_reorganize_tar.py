@@ -224,3 +224,21 @@ def test_cross_filesystem_copy_falls_back_to_sendfile(tmp_path: Path) -> None:
         assert run(Path(other_fs) / "raw", tmp_path / "cross_fs", 6) == 0
         same = tar_bytes(Path(other_fs) / "same_fs")
     assert same and tar_bytes(tmp_path / "cross_fs") == same
+
+
+def test_numeric_fields_without_the_usual_padding_are_read_like_tarfile() -> None:
+    """A 7-digit checksum and a 12-digit size with no terminator are valid octal fields: tarfile reads them."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("k.txt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"hello"))
+    header = bytearray(raw.getvalue()[:512])
+    header[124:136] = b"%012o" % 5
+    header[148:156] = b" " * 8
+    header[148:156] = b"%07o\0" % sum(header)
+    data = bytes(header) + raw.getvalue()[512:]
+    with tarfile.open(fileobj=io.BytesIO(data)) as reference:
+        assert [(m.name, m.size) for m in reference.getmembers()] == [("k.txt", 5)]
+    members, error = scan_members(data, len(data))
+    assert error is None and [(m.name, m.data_offset, m.size) for m in members] == [("k.txt", 512, 5)]
