@@ -181,6 +181,24 @@ class TrainingConfig:
 
 
 @dataclass
+class PretrainedAsset:
+    repo_id: str = MISSING
+    revision: str = MISSING
+    files: list[str] = field(default_factory=list)
+    local_dir: str = MISSING
+
+
+@dataclass
+class AssetsConfig:
+    enable: bool = True
+    dir: str = MISSING
+    hf_token_file: Optional[str] = None
+    text_encoder: PretrainedAsset = field(default_factory=PretrainedAsset)
+    vae: PretrainedAsset = field(default_factory=PretrainedAsset)
+    resources: JobResources = field(default_factory=JobResources)
+
+
+@dataclass
 class RootConfig:
     stages: list[Stage] = field(default_factory=lambda: [Stage.data_preparation])
     run_name: str = "sd_pretrain"
@@ -193,4 +211,5 @@ class RootConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     data_preparation: DataPreparationConfig = field(default_factory=DataPreparationConfig)
     data_check: DataCheckConfig = field(default_factory=DataCheckConfig)
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
