@@ -164,8 +164,10 @@ class TrainingRunConfig:
     script: str = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py"
     # NeMo's interpreter (inside the container); null = the job interpreter.
     python: Optional[str] = "python3"
-    # Seconds before the time limit at which Slurm signals the job so that it checkpoints.
-    signal_before_limit_s: int = 300
+    # NeMo stops and checkpoints this long before the job's time limit (exp_manager.max_time_per_run
+    # is derived from it); it also covers container start and model build, which NeMo's timer does not count.
+    stop_before_limit_s: int = 1200
+    # Slurm may requeue the job after a node failure or preemption; it resumes from its checkpoint.
     requeue: bool = True
     # Secrets are read inside the job from these files; never written into scripts or configs.
     wandb_api_key_file: Optional[str] = None

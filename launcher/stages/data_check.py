@@ -38,4 +38,5 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         "--report", str(ctx.run_dir / STAGE / "report.json"),
     )  # fmt: skip
     resources: Resources = cpu_resources(ctx, dc.resources)
-    return (make_job(ctx, stage=STAGE, name="data_check", argv=argv, resources=resources),)
+    return (make_job(ctx, stage=STAGE, name="data_check", argv=argv, resources=resources,
+                     env=nemo_config.OFFLINE_HUB_ENV),)
