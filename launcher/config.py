@@ -150,6 +150,8 @@ class DataCheckConfig:
     # (.venv-nemo beside this checkout, see requirements-nemo.txt) or this launcher's own.
     python: Optional[str] = None
     batches: int = 4
+    # Also build NeMo's UNet, VAE (staged weights, every key) and text encoder on CPU.
+    model_check: bool = True
     num_workers: int = 1
     micro_batch_size: int = 4
     resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=4, mem="16G"))

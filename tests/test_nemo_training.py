@@ -8,12 +8,15 @@ as the assets job lays them out. Only sizes, asset paths and the device differ f
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from launcher.throughput import read_training_progress
-from nemo_cpu.harness import prepare_demo_data, render_training, run_sd_train, write_tiny_assets
+from nemo_cpu.harness import REPO, prepare_demo_data, render_training, run_sd_train, write_tiny_assets
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +70,46 @@ def test_nemo_rejects_the_keys_the_old_preset_had(shared: Path, nemo_python: str
     proc = run_sd_train(nemo_python, config, shared / "bad.log")
     assert proc.returncode != 0
     assert nemo_says in proc.stdout + proc.stderr
+
+
+def _data_check(nemo_python: str, config: Path) -> tuple[int, dict]:
+    report = config.parent / "report.json"
+    proc = subprocess.run(
+        [nemo_python, "-m", "data_prep.data_check", "--training-config", str(config), "--model-check",
+         "--batches", "1", "--report", str(report)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return proc.returncode, json.loads(report.read_text())
+
+
+def test_model_check_builds_the_three_modules_from_the_staged_assets(shared: Path, nemo_python: str) -> None:
+    code, report = _data_check(nemo_python, render_training(shared, "check"))
+    assert code == 0, report["errors"]
+    models = report["models"]
+    assert models["unet"]["parameters"] > 0
+    assert models["vae"]["file"] == str(shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors")
+    assert models["text_encoder"]["embedding_shape"] == [1, 80, 32]  # 77 tokens padded to a multiple of 8
+
+
+def _vae_with_renamed_key(nemo_python: str, shared: Path) -> Path:
+    bad = shared / "models/bad-vae/diffusion_pytorch_model.safetensors"
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    code = ("import sys; from safetensors.torch import load_file, save_file; s = load_file(sys.argv[1]); "
+            "s['encoder.conv_in.weight_renamed'] = s.pop('encoder.conv_in.weight'); save_file(s, sys.argv[2])")
+    good = shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
+    subprocess.run([nemo_python, "-c", code, str(good), str(bad)], check=True, timeout=120)
+    return bad
+
+
+def test_model_check_fails_where_nemo_would_only_print(shared: Path, nemo_python: str) -> None:
+    bad_vae = _vae_with_renamed_key(nemo_python, shared)
+    config = render_training(shared, "check_bad", f"training.model.first_stage_config.from_pretrained={bad_vae}",
+                             "+training.model.unet_config.enable_amp_o2_fp16=false",
+                             "training.model.unet_config.context_dim=64")  # fmt: skip
+    code, report = _data_check(nemo_python, config)
+    assert code == 1 and "models" in report
+    errors = "\n".join(report["errors"])
+    assert "model.unet_config: NeMo cannot build it" in errors and "enable_amp_o2_fp16" in errors
+    assert "1 missing (e.g. encoder.conv_in.weight)" in errors
+    assert "1 unexpected (e.g. encoder.conv_in.weight_renamed)" in errors
+    assert "32-wide embeddings but model.unet_config.context_dim is 64" in errors
