@@ -4,6 +4,7 @@ pyxis by the SPANK stand-in that runs NO container."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import sys
 import tempfile
@@ -15,6 +16,9 @@ from conftest import compose_config
 
 from launcher import manifest
 from launcher.main import launch
+from nemo_cpu.harness import write_tiny_assets
+from nemo_cpu.tiny import TINY_OVERRIDES
+from test_data_check import make_dataset
 
 pytestmark = pytest.mark.slow
 STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
@@ -74,6 +78,7 @@ def test_sixteen_ranks_on_two_nodes_and_chained_jobs(slurm_cluster, shared: Path
 
 
 def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -> None:
+    """A job Slurm requeues (node failure, preemption) resumes from its checkpoint."""
     ids = _launch(shared, "+env.STANDIN_REQUEUE_ONCE=1", "training.trainer.max_steps=5")
     job = slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=240)
     assert job.state == "COMPLETED"
@@ -90,3 +95,38 @@ def test_failing_data_check_cancels_training(slurm_cluster, shared: Path) -> Non
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=30).state == "CANCELLED"
     log = (shared / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
     assert "000000.tar" in log
+
+
+@pytest.fixture
+def real_data(shared: Path, nemo_python: str) -> Path:
+    """16 real jpg/txt tars (one per rank) and tiny CLIP/VAE where the assets job puts them."""
+    wdinfo = make_dataset(shared / "made", tars=16, per_tar=2)
+    tars = shared / "data/tarfiles_reorganized"
+    for tar in (shared / "made/shards").glob("*.tar"):
+        tar.rename(tars / tar.name)
+    (tars / "wdinfo.pkl").write_bytes(wdinfo.read_bytes())
+    write_tiny_assets(nemo_python, shared)
+    return shared
+
+
+def _model_checked_training(shared: Path, nemo_python: str, *overrides: str) -> dict[str, str]:
+    tiny = [o for o in TINY_OVERRIDES if ".accelerator=" not in o and "_batch_size=" not in o]
+    return _launch(shared, "stages=[data_check,training]", "data_check.enable=true", f"data_check.python={nemo_python}",
+                   "training.model.micro_batch_size=2", "training.model.global_batch_size=32", *tiny,
+                   "training.trainer.max_steps=1", *overrides)  # fmt: skip
+
+
+def test_model_check_passes_then_training_runs(slurm_cluster, real_data: Path, nemo_python: str) -> None:
+    ids = _model_checked_training(real_data, nemo_python)
+    assert slurm_cluster.wait_job(ids["data_check"], timeout=300).state == "COMPLETED"
+    assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=120).state == "COMPLETED"
+    report = json.loads((real_data / "results/sd_pretrain/data_check/report.json").read_text())
+    assert report["ok"] and set(report["models"]) == {"unet", "vae", "text_encoder"}
+
+
+def test_failing_model_check_cancels_training(slurm_cluster, real_data: Path, nemo_python: str) -> None:
+    ids = _model_checked_training(real_data, nemo_python, "+training.model.unet_config.enable_amp_o2_fp16=false")
+    assert slurm_cluster.wait_job(ids["data_check"], timeout=300).state == "FAILED"
+    assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=60).state == "CANCELLED"
+    log = (real_data / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
+    assert "model.unet_config: NeMo cannot build it" in log and "enable_amp_o2_fp16" in log
