@@ -39,6 +39,7 @@ def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def _launch(shared: Path, *overrides: str) -> dict[str, str]:
     launch(compose_config([
         "cluster=slurm", "container=pyxis", "stages=[training]", "data_check.enable=false",
+        "assets.enable=false",  # no Hub here: tests/test_assets_stage.py runs the assets job
         f"cluster.shared_dir={shared}", f"container.mounts=[{shared}:{shared}]",
         f"container.image={shared}/nemo.sqsh", f"container.python={sys.executable}",
         f"container.code_dir={shared}", f"training.run.script={STANDIN}", f"training.run.python={sys.executable}",
