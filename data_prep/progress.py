@@ -1,4 +1,4 @@
-"""Shared by the data-prep steps: rate-limited progress lines and atomic file writes.
+"""Shared by the data-prep steps: rate-limited progress lines, atomic file writes, the task's CPUs.
 
 Both live here because every step needs them and a job log is the only place a person follows
 a Slurm task: one line every few seconds with a count and a rate, never a redrawn bar.
@@ -59,6 +59,13 @@ class Progress:
         return (
             f"{what}: {self.count:,} {self.unit} in {self.elapsed_s:.1f} s ({self.rate:,.0f} {self.unit}/s)"
         )
+
+
+def task_cpus() -> int:
+    """CPUs of this task: SLURM_CPUS_PER_TASK inside a Slurm job (the local backend sets it too), else
+    the machine's."""
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
 
 
 def temp_path_beside(final: Path, suffix: str = "") -> Path:
