@@ -171,8 +171,8 @@ def count_pass(
                 break
     log(STEP, progress.summary("pass 1/2 (count)"))
     if opts.max_rows is not None and rows_kept >= limit:
-        log(STEP, f"--max-rows {opts.max_rows:,}: keeping the first {opts.max_rows:,} rows that pass the filters "
-                  f"(read {len(resolved)} of {len(plans)} file(s))")  # fmt: skip
+        log(STEP, f"--max-rows {opts.max_rows:,}: keeping the first {opts.max_rows:,} rows that pass the "
+                  f"filters (read {len(resolved)} of {len(plans)} file(s))")  # fmt: skip
     return resolved, rows_read, int(min(rows_kept, limit)), dropped
 
 

@@ -60,7 +60,9 @@ def _copy(fs: AbstractFileSystem, src: SourceFile, dest: Path) -> str:
     return "copied"
 
 
-def place_all(fs: AbstractFileSystem, files: list[SourceFile], folder: Path, local: bool, threads: int) -> dict[str, int]:
+def place_all(
+    fs: AbstractFileSystem, files: list[SourceFile], folder: Path, local: bool, threads: int
+) -> dict[str, int]:
     """Link or copy every file to folder/NNNNNN.tar; counts by what was done."""
     folder.mkdir(parents=True, exist_ok=True)
     expected = {tar_name(i) for i in range(len(files))}
@@ -109,14 +111,14 @@ def run(source: str, output_dir: Path, pattern: str, token_file: str | None, thr
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m data_prep.{STEP}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--source", required=True, help="absolute folder or fsspec URL holding the tars")
-    parser.add_argument("--output-dir", required=True, type=Path, help="gets tars/NNNNNN.tar and tars.done.json")
-    parser.add_argument("--pattern", default="*.tar", help="glob on paths relative to --source (default *.tar)")
-    parser.add_argument("--hf-token-file", help="file holding an HF token (default: env HF_TOKEN)")
-    parser.add_argument("--threads", type=int, default=None, help="parallel copies (default: the task's CPUs x 4)")
+    parser = argparse.ArgumentParser(prog=f"python -m data_prep.{STEP}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add = parser.add_argument
+    add("--source", required=True, help="absolute folder or fsspec URL holding the tars")
+    add("--output-dir", required=True, type=Path, help="gets tars/NNNNNN.tar and tars.done.json")
+    add("--pattern", default="*.tar", help="glob on paths relative to --source (default *.tar)")
+    add("--hf-token-file", help="file holding an HF token (default: env HF_TOKEN)")
+    add("--threads", type=int, default=None, help="parallel copies (default: the task's CPUs x 4)")
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")

@@ -30,8 +30,9 @@ def partition_rates(raw_tar_dir: Path) -> list[tuple[str, str]]:
         if done:
             failed = done["failed_to_download"] + done["failed_to_resize"]
             top = next(iter(done.get("errors") or {}), None)
-            rows.append((folder.name, f"{_rate(done['successes'], done['rows'])} ok: {done['successes']:,} of "
-                                      f"{done['rows']:,}, {failed:,} failed" + (f" (most: {top})" if top else "")))
+            most = f" (most: {top})" if top else ""
+            rate = _rate(done["successes"], done["rows"])
+            rows.append((folder.name, f"{rate} ok: {done['successes']:,} of {done['rows']:,}, {failed:,} failed{most}"))
             continue
         stats = [s for p in sorted(folder.glob("*_stats.json")) if (s := _json(p))]
         ok, tried = sum(s["successes"] for s in stats), sum(s["count"] for s in stats)
@@ -70,7 +71,8 @@ def data_counts(data_dir: str) -> list[tuple[str, str]]:
     own = _json(Path(layout.source_tar_dir / "tars.done.json"))
     if own:
         how = f"{own['linked']} linked, {own['copied']} copied, {own['kept']} kept"
-        rows.append(("fetch_tars", f"{len(own['files'])} tars ({own['bytes'] / 1e9:,.2f} GB) from {own['source']}: {how}"))
+        size = f"{own['bytes'] / 1e9:,.2f} GB"
+        rows.append(("fetch_tars", f"{len(own['files'])} tars ({size}) from {own['source']}: {how}"))
     reorganized = _reorganized(Path(layout.tar_dir))
     if reorganized:
         rows.append(("reorganize_tar", reorganized))

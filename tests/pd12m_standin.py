@@ -28,7 +28,8 @@ from data_prep.serve import ENV_NAME
 REPO = Path(__file__).resolve().parents[1]
 PD12M_REPO = "Spawning/PD12M"
 COLUMNS = ("id", "url", "caption", "width", "height", "mime_type", "hash", "license", "source")
-LICENSES = ("https://creativecommons.org/publicdomain/zero/1.0/", "https://creativecommons.org/publicdomain/mark/1.0/")
+LICENSES = ("https://creativecommons.org/publicdomain/zero/1.0/",
+            "https://creativecommons.org/publicdomain/mark/1.0/")  # fmt: skip
 SOURCES = ("Example Museum of Art", "Example National Library")
 
 

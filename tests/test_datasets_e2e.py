@@ -26,7 +26,9 @@ from conftest import compose_config
 from hf_fake_hub import FakeHub
 from pd12m_standin import PD12M_REPO, pd12m_revision, write_repo
 from PIL import Image
+from slurm.cluster import SlurmCluster
 from test_data_check import nemo_python  # noqa: F401 (a fixture: the NeMo venv, or skip/fail)
+from test_data_prep_e2e import slurm_shared  # noqa: F401 (a fixture: a folder the cluster's jobs can use)
 
 from data_prep import demo
 from data_prep.serve import serve_folder
@@ -127,17 +129,8 @@ def test_max_rows_end_to_end_downloads_only_the_first_rows(pd12m: Pd12mHost, tmp
     assert parts == [16, 15]
 
 
-@pytest.fixture
-def slurm_shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:  # type: ignore[no-untyped-def]
-    for key, value in slurm_cluster.env.items():
-        monkeypatch.setenv(key, value)
-    with tempfile.TemporaryDirectory(prefix="datasets-", dir="/tmp") as tmp:
-        os.chmod(tmp, 0o755)
-        yield Path(tmp)
-
-
 def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
-    slurm_cluster, slurm_shared: Path, pd12m: Pd12mHost, nemo_python: str  # type: ignore[no-untyped-def] # noqa: F811
+    slurm_cluster: SlurmCluster, slurm_shared: Path, pd12m: Pd12mHost, nemo_python: str  # noqa: F811
 ) -> None:
     # gpus_per_node=0: data_check plans a data-parallel world of one (5 tars cannot feed 8 ranks).
     data = _launch(slurm_shared, "cluster=slurm", "container=none", "cluster.gpus_per_node=0",

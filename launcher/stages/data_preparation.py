@@ -117,13 +117,13 @@ def check(dp: DataPreparationConfig) -> None:
         raise ConfigError(f"{key}.tars.source", "required with tars.enable: a folder or fsspec URL of tars")
     if "://" not in dp.tars.source and not dp.tars.source.startswith("/"):
         raise ConfigError(f"{key}.tars.source", f"{dp.tars.source!r}: give an absolute folder (jobs start "
-                                                "elsewhere) or an fsspec URL such as s3://bucket/tars/")  # fmt: skip
+                          "elsewhere) or an fsspec URL such as s3://bucket/tars/")
     steps = {"download_parquet": dp.download_parquet.enable, "download_images": dp.download_images.enable,
              "demo": dp.demo.enable}
     enabled = [name for name, on in steps.items() if on]
     if enabled:
         raise ConfigError(f"{key}.tars.enable", f"your own tars replace the downloads, but {', '.join(enabled)} "
-                                                "enabled too: use data_preparation=webdataset_tars (it disables them)")
+                          "enabled too: use data_preparation=webdataset_tars (it disables them)")
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
