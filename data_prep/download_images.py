@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_prep.progress import log, read_json, task_cpus, write_json_atomic
+from data_prep.progress import exit_status, log, read_json, task_cpus, write_json_atomic
 
 STEP = "download_images"
 RESIZE_MODES = ("center_crop", "no", "border", "keep_ratio", "keep_ratio_largest")
@@ -343,12 +343,7 @@ def parse_args(argv: list[str] | None = None) -> RunOptions:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run(parse_args(argv))
-    except DownloadError as exc:
-        print(f"{STEP}: error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return exit_status(STEP, lambda: run(parse_args(argv)), DownloadError, 1)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
-from data_prep.progress import Progress, log, read_json, temp_path_beside, write_json_atomic
+from data_prep.progress import Progress, exit_status, log, read_json, temp_path_beside, write_json_atomic
 from data_prep.source import DataPrepError, list_files, open_source, read_token, source_url
 
 STEP = "download_parquet"
@@ -364,12 +364,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run(parse_args(argv))
-    except DataPrepError as exc:
-        print(f"{STEP}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return exit_status(STEP, lambda: run(parse_args(argv)), DataPrepError, 2)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 
 from fsspec.spec import AbstractFileSystem
 
-from data_prep.progress import log, read_json, task_cpus, temp_path_beside, write_json_atomic
+from data_prep.progress import exit_status, log, read_json, task_cpus, temp_path_beside, write_json_atomic
 from data_prep.source import DataPrepError, SourceFile, list_files, open_source, read_token, source_url
 
 STEP = "fetch_tars"
@@ -129,12 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        run(args.source, args.output_dir, args.pattern, args.hf_token_file, args.threads)
-    except DataPrepError as exc:
-        print(f"{STEP}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return exit_status(STEP, lambda: run(args.source, args.output_dir, args.pattern, args.hf_token_file,
+                                         args.threads), DataPrepError, 2)  # fmt: skip
 
 
 if __name__ == "__main__":
