@@ -92,11 +92,14 @@ def test_own_tars_skip_the_downloads() -> None:
         (["data_preparation.tars.enable=true", "data_preparation.tars.source=/fsx/t"],
          "tars.enable: your own tars replace the downloads, but download_parquet, download_images, demo"),
         (["data_preparation.download_parquet.max_rows=0"], "download_parquet.max_rows: must be at least 1"),
+        (["cluster=aws_p5", "data_preparation=webdataset_tars", "data_preparation.tars.source=/data/tars"],
+         "/data/tars is not inside any container mount"),
     ],
 )
 def test_bad_dataset_settings_are_refused_before_anything_is_written(
     overrides: list[str], message: str, tmp_path: Path
 ) -> None:
+    mounts = [f"container.mounts=[{tmp_path}:{tmp_path}]"] if "cluster=aws_p5" in overrides else []
     with pytest.raises(ConfigError, match=message):
-        launch(compose_config([f"cluster.shared_dir={tmp_path}", *overrides]))
+        launch(compose_config([f"cluster.shared_dir={tmp_path}", *overrides, *mounts]))
     assert list(tmp_path.iterdir()) == []

@@ -7,10 +7,11 @@ generate_wdinfo; the two download steps must then be disabled (the preset does i
 
 from __future__ import annotations
 
-from launcher.config import DataPreparationConfig
+from launcher.config import DataPreparationConfig, RootConfig, Runtime
 from launcher.errors import ConfigError
 from launcher.spec import Array, JobSpec
 from launcher.stages.common import Context, after, cpu_resources, make_job
+from launcher.validate import inside_mounts
 
 STAGE = "data_preparation"
 
@@ -105,9 +106,9 @@ def _wdinfo_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def check(dp: DataPreparationConfig) -> None:
+def check(cfg: RootConfig) -> None:
     """Rules between the data sources' settings (the schema checks types)."""
-    key = "data_preparation"
+    dp, key = cfg.data_preparation, "data_preparation"
     if dp.download_parquet.max_rows is not None and dp.download_parquet.max_rows < 1:
         raise ConfigError(f"{key}.download_parquet.max_rows", f"must be at least 1 (or null), got "
                                                               f"{dp.download_parquet.max_rows}")  # fmt: skip
@@ -118,6 +119,12 @@ def check(dp: DataPreparationConfig) -> None:
     if "://" not in dp.tars.source and not dp.tars.source.startswith("/"):
         raise ConfigError(f"{key}.tars.source", f"{dp.tars.source!r}: give an absolute folder (jobs start "
                           "elsewhere) or an fsspec URL such as s3://bucket/tars/")
+    mounts = cfg.container.mounts
+    local = "://" not in dp.tars.source
+    if cfg.container.runtime is Runtime.pyxis and local and not inside_mounts(dp.tars.source, mounts):
+        raise ConfigError(f"{key}.tars.source", f"{dp.tars.source} is not inside any container mount "
+                          f"({', '.join(mounts) or 'none'}): the jobs read it through links; add it to "
+                          "container.mounts")
     steps = {"download_parquet": dp.download_parquet.enable, "download_images": dp.download_images.enable,
              "demo": dp.demo.enable}
     enabled = [name for name, on in steps.items() if on]
@@ -128,7 +135,7 @@ def check(dp: DataPreparationConfig) -> None:
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     dp = ctx.cfg.data_preparation
-    check(dp)
+    check(ctx.cfg)
     steps: list[tuple[str, bool, tuple[str, ...], object, Array | None]] = [
         ("make_demo_source", dp.demo.enable,
          ctx.module("data_prep.demo", "--output-dir", ctx.layout.demo_dir,
