@@ -26,6 +26,8 @@ CASES = {
     "slurm_no_container_demo": ["cluster=slurm", "data_preparation=demo", "cluster.partition=cpu",
                                 "cluster.account=team a", "container.python=python3"],
     "local_demo": ["cluster=local", "stages=[data_preparation,data_check]", "container.python=python3"],
+    "slurm_own_tars": ["cluster=slurm", "data_preparation=webdataset_tars", "container.python=python3",
+                       "data_preparation.tars.source='s3://bucket/my tars/'"],
 }
 
 
