@@ -7,7 +7,9 @@ ConfigError that names the key and what is allowed.
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import fields, is_dataclass
+from enum import Enum
 from pathlib import PurePosixPath
 from typing import Any, cast
 
@@ -16,9 +18,11 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from launcher.config import Backend, RootConfig, Runtime, Stage
 from launcher.errors import ConfigError
+from launcher.rules import RULE, Problem, Rule, slurm_time_seconds
+from launcher.pipeline import stages_in_order
 from launcher.stages.common import Facts
+from launcher.stages.data_check import MAKE_NEMO_VENV
 
-RESIZE_MODES = ("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 
 
@@ -35,6 +39,14 @@ def _schema_at(path: str) -> Any:
     return node
 
 
+def _rule_at(key: str) -> Rule | None:
+    """The rule declared on the schema field at the dotted `key`, if any."""
+    parent, _, name = key.rpartition(".")
+    schema = _schema_at(parent)
+    found = [f for f in fields(schema) if f.name == name] if schema and is_dataclass(schema) else []
+    return found[0].metadata.get(RULE) if found else None
+
+
 def _explain(error: OmegaConfBaseException) -> ConfigError:
     key = str(getattr(error, "full_key", "") or "config")
     if isinstance(error, ConfigKeyError):
@@ -44,7 +56,30 @@ def _explain(error: OmegaConfBaseException) -> ConfigError:
         where = parent or "the top level"
         return ConfigError(key, f"unknown key; allowed keys in {where}: {allowed}")
     message = str(error).splitlines()[0]
-    return ConfigError(key, message)
+    rule = _rule_at(key)
+    return ConfigError(key, f"{message}; allowed: {rule.allowed}" if rule else message)
+
+
+def first_problem(node: Any, prefix: str = "") -> Problem | None:
+    """The first value of the (merged, typed) config that breaks the rule declared on its field.
+
+    Walks every dataclass field; None is the "unset" of an Optional field and is not checked.
+    """
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            found = first_problem(value, f"{key}.")
+        else:
+            rule = f.metadata.get(RULE)
+            found = rule.first_problem(key, value) if rule is not None and value is not None else None
+        if found:
+            return found
+    return None
+
+
+def _show(value: Any) -> str:
+    return repr(value.value if isinstance(value, Enum) else value)
 
 
 def to_schema(composed: DictConfig) -> RootConfig:
@@ -101,29 +136,22 @@ def inside_mounts(path: str, mounts: list[str]) -> bool:
     return False
 
 
-def _check_positive(cfg: RootConfig) -> None:
-    dp = cfg.data_preparation
-    values = {
-        "data_preparation.num_partitions": dp.num_partitions,
-        "data_preparation.reorganize_tar.num_tasks": dp.reorganize_tar.num_tasks,
-        "data_preparation.reorganize_tar.tar_chunk_size": dp.reorganize_tar.tar_chunk_size,
-        "data_preparation.download_images.image_size": dp.download_images.image_size,
-        "training.run.chain": cfg.training.run.chain,
-    }
-    for key, value in values.items():
-        if value < 1:
-            raise ConfigError(key, f"must be at least 1, got {value}")
+def _check_signal_time(cfg: RootConfig) -> None:
+    run = cfg.training.run
+    key = "training.run.time_limit" if run.time_limit else "cluster.time_limit"
+    limit = slurm_time_seconds(run.time_limit or cfg.cluster.time_limit) or 0
+    if run.signal_before_limit_s >= limit:
+        raise ConfigError(
+            "training.run.signal_before_limit_s",
+            f"{run.signal_before_limit_s} s is not before the end of the training time limit ({key} = {limit} s); "
+            "allowed: fewer seconds than the time limit",
+        )
 
 
 def check(cfg: RootConfig) -> None:
-    if not cfg.stages:
-        raise ConfigError("stages", f"choose at least one of {[s.value for s in Stage]}")
-    mode = cfg.data_preparation.download_images.resize_mode
-    if mode not in RESIZE_MODES:
-        hint = " (YAML reads a bare no as false: write \"no\")" if mode in ("False", "false") else ""
-        raise ConfigError(
-            "data_preparation.download_images.resize_mode", f"{mode!r} is not one of {RESIZE_MODES}{hint}"
-        )
+    found = first_problem(cfg)
+    if found:
+        raise ConfigError(found.key, f"{_show(found.value)} {found.reason}; allowed: {found.allowed}")
     for name in {**cfg.env, **cfg.cluster.env}:
         if SECRET_NAME.search(name):
             raise ConfigError(
@@ -131,12 +159,21 @@ def check(cfg: RootConfig) -> None:
                 "secrets are never written into scripts: name a file instead "
                 "(training.run.wandb_api_key_file, hf_token_file) or export it before submitting",
             )
-    _check_positive(cfg)
+    if Stage.training in cfg.stages:
+        _check_signal_time(cfg)
     _check_container(cfg)
 
 
 def check_facts(cfg: RootConfig, facts: Facts) -> None:
-    """Rules that need the submitting host's facts (where this checkout lives)."""
+    """Rules that need the submitting host's facts (where this checkout lives, what it has)."""
+    python = cfg.data_check.python
+    local = cfg.cluster.backend is Backend.local and cfg.container.runtime is Runtime.none
+    if python and local and Stage.data_check in stages_in_order(cfg) and shutil.which(python) is None:
+        raise ConfigError(
+            "data_check.python",
+            f"{python!r} is no interpreter on this machine, where the local backend runs data_check; allowed: "
+            f"a Python with NeMo, e.g. .venv-nemo/bin/python made by `{MAKE_NEMO_VENV}`",
+        )
     c = cfg.container
     if c.runtime is Runtime.pyxis and c.code_dir is None and not inside_mounts(facts.code_dir, c.mounts):
         raise ConfigError(

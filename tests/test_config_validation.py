@@ -57,7 +57,7 @@ def test_cli_reports_the_error_and_exits_2(tmp_path: Path) -> None:
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "data_preparation.num_partitions: must be at least 1, got -1" in done.stderr
+    assert done.stderr == "error: data_preparation.num_partitions: -1 is too small; allowed: an integer, at least 1\n"
     assert "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
 

@@ -24,7 +24,8 @@ CASES = {
                              "training.run.chain=2", "training.run.wandb_api_key_file=/fsx/secrets/wandb"],
     "slurm_no_container_demo": ["cluster=slurm", "data_preparation=demo", "cluster.partition=cpu",
                                 "cluster.account=team a", "container.python=python3"],
-    "local_demo": ["cluster=local", "stages=[data_preparation,data_check]", "container.python=python3"],
+    "local_demo": ["cluster=local", "stages=[data_preparation,data_check]", "container.python=python3",
+                   "data_check.python=/opt/venv-nemo/bin/python"],
 }
 
 
