@@ -234,16 +234,19 @@ class Each(Rule):
 
 @dataclass(frozen=True)
 class Keys(Rule):
-    """A mapping whose keys each meet `key_rule` (values are free: e.g. environment values)."""
+    """A mapping of strings whose keys each meet `key_rule` (values may be any string, "" too:
+    environment variables)."""
 
     key_rule: Rule
 
     @property
     def allowed(self) -> str:  # type: ignore[override]
-        return f"a mapping whose keys are each {self.key_rule.allowed}"
+        return f"a mapping of strings whose keys are each {self.key_rule.allowed}"
 
     def problem(self, value: Any) -> str | None:
-        return None if isinstance(value, Mapping) else "is not a mapping"
+        if not isinstance(value, Mapping):
+            return "is not a mapping"
+        return None if all(isinstance(v, str) for v in value.values()) else "has a value that is not a string"
 
     def first_problem(self, key: str, value: Any) -> Problem | None:
         found = super().first_problem(key, value)

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import re
 import shutil
+import typing
 from dataclasses import fields, is_dataclass
 from enum import Enum
 from pathlib import PurePosixPath
 from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from launcher.config import Backend, RootConfig, Runtime, Stage
 from launcher.errors import ConfigError
-from launcher.rules import RULE, Problem, Rule, slurm_time_seconds
+from launcher.rules import RULE, Each, Problem, slurm_time_seconds
 from launcher.pipeline import stages_in_order
 from launcher.stages.common import Facts
 from launcher.stages.data_check import MAKE_NEMO_VENV
@@ -39,16 +40,44 @@ def _schema_at(path: str) -> Any:
     return node
 
 
-def _rule_at(key: str) -> Rule | None:
-    """The rule declared on the schema field at the dotted `key`, if any."""
-    parent, _, name = key.rpartition(".")
+def _allowed_at(key: str) -> str | None:
+    """What the schema allows at `key` (a field, or an item `field[i]`): its rule's words, or for
+    booleans and enums their type's."""
+    field_key, _, item = key.partition("[")
+    parent, _, name = field_key.rpartition(".")
     schema = _schema_at(parent)
     found = [f for f in fields(schema) if f.name == name] if schema and is_dataclass(schema) else []
-    return found[0].metadata.get(RULE) if found else None
+    if not found:
+        return None
+    rule = found[0].metadata.get(RULE)
+    if rule is not None:
+        return rule.item.allowed if item and isinstance(rule, Each) and rule.item else rule.allowed
+    kind = typing.get_type_hints(schema)[name]
+    kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)  # Optional[X] -> X
+    if kind is bool:
+        return "true or false"
+    return "one of " + ", ".join(m.value for m in kind) if isinstance(kind, type) and issubclass(kind, Enum) else None
 
 
-def _explain(error: OmegaConfBaseException) -> ConfigError:
-    key = str(getattr(error, "full_key", "") or "config")
+def _shape_mismatch(schema: Any, given: Any, prefix: str = "") -> str | None:
+    """The first key where the YAML has a mapping and the schema a list, or the other way round
+    (OmegaConf's merge error names no key then)."""
+    for key, value in given.items() if isinstance(given, dict) else ():
+        expected = schema.get(key) if isinstance(schema, dict) else None
+        if isinstance(expected, dict) and isinstance(value, dict):
+            found = _shape_mismatch(expected, value, f"{prefix}{key}.")
+            if found:
+                return found
+        elif {type(expected), type(value)} == {dict, list}:
+            return f"{prefix}{key}"
+    return None
+
+
+def _explain(error: OmegaConfBaseException, composed: DictConfig) -> ConfigError:
+    key = str(getattr(error, "full_key", "") or "")
+    if not key:
+        plain = OmegaConf.to_container(composed)
+        key = _shape_mismatch(OmegaConf.to_container(OmegaConf.structured(RootConfig)), plain) or "config"
     if isinstance(error, ConfigKeyError):
         parent = key.rpartition(".")[0]
         schema = _schema_at(parent)
@@ -56,8 +85,8 @@ def _explain(error: OmegaConfBaseException) -> ConfigError:
         where = parent or "the top level"
         return ConfigError(key, f"unknown key; allowed keys in {where}: {allowed}")
     message = str(error).splitlines()[0]
-    rule = _rule_at(key)
-    return ConfigError(key, f"{message}; allowed: {rule.allowed}" if rule else message)
+    allowed = _allowed_at(key)
+    return ConfigError(key, f"{message}; allowed: {allowed}" if allowed else message)
 
 
 def first_problem(node: Any, prefix: str = "") -> Problem | None:
@@ -91,10 +120,8 @@ def to_schema(composed: DictConfig) -> RootConfig:
             raise ConfigError(missing[0], "a value is required (set it in conf/ or on the command line)")
         OmegaConf.resolve(merged)
         cfg = cast(RootConfig, OmegaConf.to_object(merged))
-    except (ValidationError, ConfigKeyError, MissingMandatoryValue) as error:
-        raise _explain(error) from None
     except OmegaConfBaseException as error:
-        raise _explain(error) from None
+        raise _explain(error, composed) from None
     check(cfg)
     return cfg
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,3 +39,16 @@ def make_config(tmp_path: Path) -> Callable[..., RootConfig]:
         return to_schema(compose_config(base + list(overrides)))
 
     return make
+
+
+@pytest.fixture
+def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `sbatch` first on PATH that records each call in the returned file and answers a job id,
+    so that a test sees whether anything was submitted."""
+    folder = tmp_path_factory.mktemp("sbatch_stub")
+    calls = folder / "calls.txt"
+    stub = folder / "sbatch"
+    stub.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nwc -l < {calls}\n')
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    return calls
