@@ -28,12 +28,14 @@ NEMO_OPTIMIZERS: tuple[str, ...] = (
 )  # fmt: skip
 APEX_OPTIMIZERS: tuple[str, ...] = ("lamb", "fused_adam", "distributed_fused_adam", "megatron_fused_adam")
 
-# model.optim.sched.name: nemo/core/optim/lr_scheduler.py AVAILABLE_SCHEDULERS.
+# model.optim.sched.name: nemo/core/optim/lr_scheduler.py AVAILABLE_SCHEDULERS, plus
+# CosineAnnealingExp, which nemo/collections/nlp/parts/megatron_lr_schedulers.py registers when
+# sd_train.py imports nemo.collections.nlp.parts.
 NEMO_SCHEDULERS: tuple[str, ...] = (
     "WarmupPolicy", "WarmupHoldPolicy", "SquareAnnealing", "CosineAnnealing", "NoamAnnealing",
     "NoamHoldAnnealing", "WarmupAnnealing", "InverseSquareRootAnnealing", "T5InverseSquareRootAnnealing",
     "SquareRootAnnealing", "PolynomialDecayAnnealing", "PolynomialHoldDecayAnnealing", "StepLR",
-    "ExponentialLR", "ReduceLROnPlateau", "CyclicLR",
+    "ExponentialLR", "ReduceLROnPlateau", "CyclicLR", "CosineAnnealingExp",
 )  # fmt: skip
 
 # ddpm.py (same file as model.precision): DDPM.__init__ asserts parameterization in this list,
