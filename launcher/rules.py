@@ -45,7 +45,7 @@ class Rule:
 
 
 def ruled(rule: Rule, default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None) -> Any:
-    """A dataclass field with its rule: `ruled(Range(1), 64)`, `ruled(Each(EnvName()), factory=list)`."""
+    """A dataclass field with its rule: `ruled(Range(1), 64)`, `ruled(Each(ENV_NAME), factory=list)`."""
     if factory is not None:
         return field(default_factory=factory, metadata={RULE: rule})
     return field(default=default, metadata={RULE: rule})

@@ -34,6 +34,9 @@ BAD_INPUTS = [
     (["stages=[training]"], "cluster.gpus_per_node", "aws_p5"),
     (["cluster=aws_p5", "training.run.chain=0"], "training.run.chain", "at least 1"),
     (["+training.run.nodes=2"], "training.run.nodes", "allowed keys"),
+    (["cluster=aws_p5", "stages=[training]", "training.run.time_limit=4"], "training.run.signal_before_limit_s",
+     "300 s is not before the end of the training time limit (training.run.time_limit = 240 s)"),
+    (["++container.mounts={a: b}"], "container.mounts", "Cannot merge DictConfig with ListConfig; allowed: a list"),
 ]
 
 
