@@ -80,6 +80,7 @@ def data_counts(data_dir: str) -> list[tuple[str, str]]:
     if wdinfo.exists():
         with wdinfo.open("rb") as handle:
             info = pickle.load(handle)
-        rows.append(("generate_wdinfo", f"{wdinfo}: {len(info['tar_files'])} tars x {info['chunk_size']}, "
+        where = layout.wdinfo.relative_to(layout.data_dir)
+        rows.append(("generate_wdinfo", f"{where}: {len(info['tar_files'])} tars x {info['chunk_size']}, "
                                         f"total_key_count {info['total_key_count']:,}"))  # fmt: skip
     return rows

@@ -45,12 +45,17 @@ def _preflight(cfg: RootConfig, plan: Plan) -> None:
         print(f"preflight warning (dry run): {problem}", file=sys.stderr)
 
 
-def launch(composed: DictConfig) -> Path:
+def host_facts() -> Facts:
+    """This machine's facts, probed once here so that planning never probes."""
+    nemo = REPO / ".venv-nemo" / "bin" / "python"
+    return Facts(python=sys.executable, code_dir=str(REPO), cpu_count=os.cpu_count() or 1,
+                 nemo_python=str(nemo) if nemo.exists() else None)  # fmt: skip
+
+
+def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     """Everything after composition; returns the run folder."""
     cfg = to_schema(composed)
-    nemo = REPO / ".venv-nemo" / "bin" / "python"
-    facts = Facts(python=sys.executable, code_dir=str(REPO), cpu_count=os.cpu_count() or 1,
-                  nemo_python=str(nemo) if nemo.exists() else None)  # fmt: skip
+    facts = facts or host_facts()
     check_facts(cfg, facts)
     plan = build_plan(cfg, facts)
     _preflight(cfg, plan)

@@ -7,21 +7,23 @@ ConfigError that names the key and what is allowed.
 from __future__ import annotations
 
 import re
+import shutil
+import typing
 from dataclasses import fields, is_dataclass
-from pathlib import PurePosixPath
+from enum import Enum
 from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from launcher.config import Backend, RootConfig, Runtime, Stage
 from launcher.errors import ConfigError
+from launcher.rules import RULE, Each, Problem
 from launcher.pipeline import stages_in_order
 from launcher.stages import assets
 from launcher.stages.common import Facts, inside_mounts
+from launcher.stages.data_check import MAKE_NEMO_VENV
 
-COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
-RESIZE_MODES = ("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 
 
@@ -38,8 +40,44 @@ def _schema_at(path: str) -> Any:
     return node
 
 
-def _explain(error: OmegaConfBaseException) -> ConfigError:
-    key = str(getattr(error, "full_key", "") or "config")
+def _allowed_at(key: str) -> str | None:
+    """What the schema allows at `key` (a field, or an item `field[i]`): its rule's words, or for
+    booleans and enums their type's."""
+    field_key, _, item = key.partition("[")
+    parent, _, name = field_key.rpartition(".")
+    schema = _schema_at(parent)
+    found = [f for f in fields(schema) if f.name == name] if schema and is_dataclass(schema) else []
+    if not found:
+        return None
+    rule = found[0].metadata.get(RULE)
+    if rule is not None:
+        return rule.item.allowed if item and isinstance(rule, Each) and rule.item else rule.allowed
+    kind = typing.get_type_hints(schema)[name]
+    kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)  # Optional[X] -> X
+    if kind is bool:
+        return "true or false"
+    return "one of " + ", ".join(m.value for m in kind) if isinstance(kind, type) and issubclass(kind, Enum) else None
+
+
+def _shape_mismatch(schema: Any, given: Any, prefix: str = "") -> str | None:
+    """The first key where the YAML has a mapping and the schema a list, or the other way round
+    (OmegaConf's merge error names no key then)."""
+    for key, value in given.items() if isinstance(given, dict) else ():
+        expected = schema.get(key) if isinstance(schema, dict) else None
+        if isinstance(expected, dict) and isinstance(value, dict):
+            found = _shape_mismatch(expected, value, f"{prefix}{key}.")
+            if found:
+                return found
+        elif {type(expected), type(value)} == {dict, list}:
+            return f"{prefix}{key}"
+    return None
+
+
+def _explain(error: OmegaConfBaseException, composed: DictConfig) -> ConfigError:
+    key = str(getattr(error, "full_key", "") or "")
+    if not key:
+        plain = OmegaConf.to_container(composed)
+        key = _shape_mismatch(OmegaConf.to_container(OmegaConf.structured(RootConfig)), plain) or "config"
     if isinstance(error, ConfigKeyError):
         parent = key.rpartition(".")[0]
         schema = _schema_at(parent)
@@ -47,7 +85,30 @@ def _explain(error: OmegaConfBaseException) -> ConfigError:
         where = parent or "the top level"
         return ConfigError(key, f"unknown key; allowed keys in {where}: {allowed}")
     message = str(error).splitlines()[0]
-    return ConfigError(key, message)
+    allowed = _allowed_at(key)
+    return ConfigError(key, f"{message}; allowed: {allowed}" if allowed else message)
+
+
+def first_problem(node: Any, prefix: str = "") -> Problem | None:
+    """The first value of the (merged, typed) config that breaks the rule declared on its field.
+
+    Walks every dataclass field; None is the "unset" of an Optional field and is not checked.
+    """
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            found = first_problem(value, f"{key}.")
+        else:
+            rule = f.metadata.get(RULE)
+            found = rule.first_problem(key, value) if rule is not None and value is not None else None
+        if found:
+            return found
+    return None
+
+
+def _show(value: Any) -> str:
+    return repr(value.value if isinstance(value, Enum) else value)
 
 
 def to_schema(composed: DictConfig) -> RootConfig:
@@ -59,10 +120,8 @@ def to_schema(composed: DictConfig) -> RootConfig:
             raise ConfigError(missing[0], "a value is required (set it in conf/ or on the command line)")
         OmegaConf.resolve(merged)
         cfg = cast(RootConfig, OmegaConf.to_object(merged))
-    except (ValidationError, ConfigKeyError, MissingMandatoryValue) as error:
-        raise _explain(error) from None
     except OmegaConfBaseException as error:
-        raise _explain(error) from None
+        raise _explain(error, composed) from None
     check(cfg)
     return cfg
 
@@ -95,47 +154,20 @@ def _check_container(cfg: RootConfig) -> None:
 
 
 def _check_assets(cfg: RootConfig) -> None:
-    """Pinned commits and plain file names; the container must see the folders where training reads them."""
-    if Stage.assets not in stages_in_order(cfg):
+    """The container must see the folders where training reads the staged models."""
+    if Stage.assets not in stages_in_order(cfg) or cfg.container.runtime is not Runtime.pyxis:
         return
+    mounts = cfg.container.mounts
     for name, asset in assets.by_name(cfg).items():
-        key = f"assets.{name}"
-        if not COMMIT_SHA.fullmatch(asset.revision):
-            raise ConfigError(f"{key}.revision", f"{asset.revision!r} is not a 40-hex commit sha: pin one "
-                              f"(https://huggingface.co/{asset.repo_id}/commits/main)")  # fmt: skip
-        bad = [f for f in asset.files if f.startswith(("/", "-")) or ".." in PurePosixPath(f).parts]
-        if not asset.files or bad:
-            raise ConfigError(f"{key}.files", f"list the repo's file names to fetch (relative paths), "
-                              f"got {bad or '[]'}")  # fmt: skip
-        mounts = cfg.container.mounts
-        if cfg.container.runtime is Runtime.pyxis and not inside_mounts(asset.local_dir, mounts):
-            raise ConfigError(f"{key}.local_dir", f"{asset.local_dir} is not inside any container mount "
+        if not inside_mounts(asset.local_dir, mounts):
+            raise ConfigError(f"assets.{name}.local_dir", f"{asset.local_dir} is not inside any container mount "
                               f"({', '.join(mounts) or 'none'}); add it to container.mounts")  # fmt: skip
 
 
-def _check_positive(cfg: RootConfig) -> None:
-    dp = cfg.data_preparation
-    values = {
-        "data_preparation.num_partitions": dp.num_partitions,
-        "data_preparation.reorganize_tar.num_tasks": dp.reorganize_tar.num_tasks,
-        "data_preparation.reorganize_tar.tar_chunk_size": dp.reorganize_tar.tar_chunk_size,
-        "data_preparation.download_images.image_size": dp.download_images.image_size,
-        "training.run.chain": cfg.training.run.chain,
-    }
-    for key, value in values.items():
-        if value < 1:
-            raise ConfigError(key, f"must be at least 1, got {value}")
-
-
 def check(cfg: RootConfig) -> None:
-    if not cfg.stages:
-        raise ConfigError("stages", f"choose at least one of {[s.value for s in Stage]}")
-    mode = cfg.data_preparation.download_images.resize_mode
-    if mode not in RESIZE_MODES:
-        hint = " (YAML reads a bare no as false: write \"no\")" if mode in ("False", "false") else ""
-        raise ConfigError(
-            "data_preparation.download_images.resize_mode", f"{mode!r} is not one of {RESIZE_MODES}{hint}"
-        )
+    found = first_problem(cfg)
+    if found:
+        raise ConfigError(found.key, f"{_show(found.value)} {found.reason}; allowed: {found.allowed}")
     for name in {**cfg.env, **cfg.cluster.env}:
         if SECRET_NAME.search(name):
             raise ConfigError(
@@ -143,13 +175,20 @@ def check(cfg: RootConfig) -> None:
                 "secrets are never written into scripts: name a file instead "
                 "(training.run.wandb_api_key_file, hf_token_file) or export it before submitting",
             )
-    _check_positive(cfg)
     _check_container(cfg)
     _check_assets(cfg)
 
 
 def check_facts(cfg: RootConfig, facts: Facts) -> None:
-    """Rules that need the submitting host's facts (where this checkout lives)."""
+    """Rules that need the submitting host's facts (where this checkout lives, what it has)."""
+    python = cfg.data_check.python
+    local = cfg.cluster.backend is Backend.local and cfg.container.runtime is Runtime.none
+    if python and local and Stage.data_check in stages_in_order(cfg) and shutil.which(python) is None:
+        raise ConfigError(
+            "data_check.python",
+            f"{python!r} is no interpreter on this machine, where the local backend runs data_check; allowed: "
+            f"a Python with NeMo, e.g. .venv-nemo/bin/python made by `{MAKE_NEMO_VENV}`",
+        )
     c = cfg.container
     if c.runtime is Runtime.pyxis and c.code_dir is None and not inside_mounts(facts.code_dir, c.mounts):
         raise ConfigError(

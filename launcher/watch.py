@@ -1,6 +1,6 @@
 """Watch a run from its manifest: status, logs (like `tail -f`), cancel.
 
-    python -m launcher status <run_dir>
+    python -m launcher status <run_dir> [--watch [--interval SECONDS]]
     python -m launcher logs <run_dir> <job> [--follow]
     python -m launcher cancel <run_dir>
 """
@@ -8,18 +8,30 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from launcher import manifest
 from launcher.data_status import data_counts
 from launcher.manifest import JobRecord
+from launcher.quoting import join
+
+
+# Slurm job states from which a job still changes (squeue(1) JOB STATE CODES); anything else has
+# ended, UNKNOWN included (a job that left scontrol's memory on a cluster without accounting).
+ACTIVE_STATES = frozenset({
+    "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
+    "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED",
+})  # fmt: skip
 
 
 @dataclass
@@ -30,6 +42,10 @@ class JobStatus:
 
     def summary(self) -> str:
         return ", ".join(f"{state} {n}" for state, n in sorted(self.states.items())) or "UNKNOWN"
+
+    @property
+    def active(self) -> bool:
+        return any(state in ACTIVE_STATES for state in self.states)
 
 
 def _array_size(spec: str) -> int:
@@ -111,24 +127,95 @@ def newest_log(record: JobRecord) -> Path | None:
     return logs[-1] if logs else None
 
 
-def _print_status(run_dir: Path) -> int:
-    from rich.console import Console
+def _relative(path: Path, run_dir: Path) -> str:
+    """`path` as seen from the run folder (the manifest records absolute paths)."""
+    for base in (run_dir.absolute(), run_dir.resolve()):
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)
+
+
+def _shorten_left(text: str, width: int) -> str:
+    """Keep the end (the file name with its job and task ids) when a path must be cut."""
+    return text if len(text) <= width else "…" + text[-max(width - 1, 1):]
+
+
+def _exit_codes(st: JobStatus) -> str:
+    if len(st.exit_codes) == 1:
+        return next(iter(st.exit_codes))
+    return ", ".join(f"{code} x{n}" for code, n in sorted(st.exit_codes.items()))
+
+
+def jobs_table(run_dir: Path, statuses: list[JobStatus], width: int) -> Any:
+    """One line per job: the log path (relative to the run folder) gets what the other columns leave."""
     from rich.table import Table
 
-    table = Table(title=f"run {run_dir}", title_justify="left")
-    for column in ("stage", "job", "job id", "tasks by state", "exit codes", "newest log"):
-        table.add_column(column, overflow="fold")
-    for st in status(run_dir):
-        codes = ", ".join(f"{code} x{n}" for code, n in sorted(st.exit_codes.items()))
-        log = newest_log(st.record)
-        table.add_row(st.record.stage, st.record.name, st.record.job_id or "-", st.summary(), codes,
-                      str(log.relative_to(run_dir)) if log and log.is_relative_to(run_dir) else str(log or ""))  # fmt: skip
+    rows = [[st.record.name, st.record.job_id or "-", st.summary(), _exit_codes(st),
+             _relative(log, run_dir) if (log := newest_log(st.record)) else "-"] for st in statuses]  # fmt: skip
+    headers = ["job", "id", "tasks by state", "exit", "newest log"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
+    # No borders, no outer padding: the columns cost their widths plus 2 between each.
+    table = Table(title=f"run {run_dir}", title_justify="left", box=None, pad_edge=False, header_style="bold")
+    for header, min_width in zip(headers, [*widths, 10]):
+        table.add_column(header, no_wrap=True, min_width=min_width, overflow="ellipsis")
+    for row in rows:
+        table.add_row(*row[:-1], _shorten_left(row[-1], width - sum(w + 2 for w in widths)))
+    return table
+
+
+def tensorboard_lines(run_dir: Path) -> list[str]:
+    """Where training writes TensorBoard events and the command that opens them.
+
+    NeMo's exp_manager with `explicit_log_dir` and `create_tensorboard_logger` gives Lightning's
+    TensorBoardLogger that folder with an empty name and version (nemo/utils/exp_manager.py,
+    check_explicit_log_dir and configure_loggers), so the event files lie directly in it.
+    """
+    from omegaconf import OmegaConf
+
+    folders = []
+    for path in sorted((run_dir / "training").glob("*.yaml")):
+        exp = OmegaConf.load(path).get("exp_manager") or {}
+        if exp.get("create_tensorboard_logger") and exp.get("explicit_log_dir"):
+            folders.append(Path(exp["explicit_log_dir"]))
+    lines = []
+    for folder in dict.fromkeys(folders):
+        shown = run_dir / _relative(folder, run_dir)
+        events = len(list(folder.glob("events.out.tfevents.*")))
+        lines.append(f"TensorBoard events: {_relative(folder, run_dir)} ({events} event file(s) so far)")
+        lines.append(f"  open them: {join(['tensorboard', '--logdir', shown])}")
+    return lines
+
+
+def status_view(run_dir: Path, width: int) -> tuple[Any, bool]:
+    """Everything `status` shows, and whether every job has ended."""
+    from rich.console import Group
+
+    statuses = status(run_dir)
+    parts = [jobs_table(run_dir, statuses, width)]
+    parts += [item for table in _data_table(run_dir) for item in ("", table)]
+    notes = [*training_progress(run_dir), *tensorboard_lines(run_dir)]
+    parts += ["", *notes] if notes else []
+    return Group(*parts), not any(st.active for st in statuses)
+
+
+def _print_status(run_dir: Path, watch_s: float | None) -> int:
+    """Print the status once, or (watch_s) redraw it every watch_s seconds until every job has ended."""
+    from rich.console import Console
+    from rich.live import Live
+
     console = Console()
-    console.print(table)
-    _print_data(console, run_dir)
-    for line in training_progress(run_dir):
-        print(line)
-    return 0
+    # A terminal gets the view redrawn in place; a pipe or file gets each refresh in turn.
+    live = Live(console=console, auto_refresh=False) if watch_s and console.is_terminal else None
+    with live or contextlib.nullcontext():
+        while True:
+            view, ended = status_view(run_dir, console.width)
+            if live is not None:
+                live.update(view, refresh=True)
+            else:
+                console.print(view)
+            if watch_s is None or ended:
+                return 0
+            time.sleep(watch_s)
 
 
 def training_progress(run_dir: Path) -> list[str]:
@@ -156,24 +243,22 @@ def training_progress(run_dir: Path) -> list[str]:
     return lines
 
 
-def _print_data(console: object, run_dir: Path) -> None:
+def _data_table(run_dir: Path) -> list[Any]:
     """Counts of data preparation, when this run has it (data_dir from the saved config)."""
     from omegaconf import OmegaConf
     from rich.table import Table
 
     saved = run_dir / "config.yaml"
-    if not saved.exists():
-        return
-    cfg = OmegaConf.load(saved)
-    rows = data_counts(str(cfg.data_dir))
+    rows = data_counts(str(OmegaConf.load(saved).data_dir)) if saved.exists() else []
     if not rows:
-        return
-    table = Table(title=f"data under {cfg.data_dir}", title_justify="left")
-    table.add_column("step")
+        return []
+    table = Table(title=f"data under {OmegaConf.load(saved).data_dir}", title_justify="left", box=None,
+                  pad_edge=False, header_style="bold")  # fmt: skip
+    table.add_column("step", no_wrap=True)
     table.add_column("on disk", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    console.print(table)  # type: ignore[attr-defined]
+    return [table]
 
 
 def _logs(run_dir: Path, job: str, follow: bool, lines: int) -> int:
@@ -202,6 +287,13 @@ def _cancel(run_dir: Path) -> int:
     return done.returncode
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} is not from 0 (excluded) to 3600 seconds")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -209,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("status", "logs", "cancel"):
         p = sub.add_parser(name)
         p.add_argument("run_dir", type=Path, help="<base_results_dir>/<run_name>")
+        if name == "status":
+            p.add_argument("--watch", "-w", action="store_true", help="refresh until every job has ended")
+            p.add_argument("--interval", type=_seconds, default=30.0, help="seconds between refreshes (default 30)")
         if name == "logs":
             p.add_argument("job", help="job name as in the manifest, e.g. download_images")
             p.add_argument("--follow", "-f", action="store_true", help="keep printing, like tail -f")
@@ -216,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "status":
-            return _print_status(args.run_dir)
+            return _print_status(args.run_dir, args.interval if args.watch else None)
         if args.command == "logs":
             return _logs(args.run_dir, args.job, args.follow, args.lines)
         return _cancel(args.run_dir)

@@ -70,3 +70,16 @@ def nemo_python() -> str:
     if reason:
         pytest.skip(reason)
     return nemo_python_path()
+
+
+@pytest.fixture
+def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `sbatch` first on PATH that records each call in the returned file and answers a job id,
+    so that a test sees whether anything was submitted."""
+    folder = tmp_path_factory.mktemp("sbatch_stub")
+    calls = folder / "calls.txt"
+    stub = folder / "sbatch"
+    stub.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nwc -l < {calls}\n')
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    return calls

@@ -91,7 +91,7 @@ def test_own_tars_skip_the_downloads() -> None:
         (["data_preparation=webdataset_tars", "data_preparation.tars.source=my-tars"], "absolute folder"),
         (["data_preparation.tars.enable=true", "data_preparation.tars.source=/fsx/t"],
          "tars.enable: your own tars replace the downloads, but download_parquet, download_images, demo"),
-        (["data_preparation.download_parquet.max_rows=0"], "download_parquet.max_rows: must be at least 1"),
+        (["data_preparation.download_parquet.max_rows=0"], "download_parquet.max_rows: 0 is too small; allowed: an integer, at least 1"),
         (["cluster=aws_p5", "data_preparation=webdataset_tars", "data_preparation.tars.source=/data/tars"],
          "/data/tars is not inside any container mount"),
     ],

@@ -25,7 +25,8 @@ CASES = {
                              "assets.hf_token_file=/fsx/secrets/hf_token"],
     "slurm_no_container_demo": ["cluster=slurm", "data_preparation=demo", "cluster.partition=cpu",
                                 "cluster.account=team a", "container.python=python3"],
-    "local_demo": ["cluster=local", "stages=[data_preparation,data_check]", "container.python=python3"],
+    "local_demo": ["cluster=local", "stages=[data_preparation,data_check]", "container.python=python3",
+                   "data_check.python=/opt/venv-nemo/bin/python"],
     "slurm_own_tars": ["cluster=slurm", "data_preparation=webdataset_tars", "container.python=python3",
                        "data_preparation.tars.source='s3://bucket/my tars/'"],
 }

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from launcher.config import Runtime
+from launcher.errors import ConfigError
+from launcher.quoting import q
 from launcher.spec import JobSpec, Resources
 from launcher.stages import nemo_config
 from launcher.stages.common import Context, cpu_resources, make_job
 
 STAGE = "data_check"
+# What makes the NeMo interpreter that data_check needs without a container (README, requirements-nemo.txt).
+MAKE_NEMO_VENV = "python3 -m venv .venv-nemo && .venv-nemo/bin/pip install -r requirements-nemo.txt"
 
 
 def planned_world_size(ctx: Context) -> int:
@@ -23,7 +27,15 @@ def nemo_python(ctx: Context) -> str:
         return dc.python
     if ctx.cfg.container.runtime is Runtime.pyxis:
         return run.python or ctx.python
-    return ctx.facts.nemo_python or ctx.python
+    if ctx.facts.nemo_python:
+        return ctx.facts.nemo_python
+    # The job's own interpreter has no torch: the check would end in a traceback in its log.
+    raise ConfigError(
+        "data_check.python",
+        f"None and this checkout has no NeMo interpreter ({ctx.facts.code_dir}/.venv-nemo/bin/python) to run "
+        f"data_check without a container; allowed: create it with `cd {q(ctx.facts.code_dir)} && {MAKE_NEMO_VENV}`, "
+        "or set data_check.python to a Python with NeMo",
+    )
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:

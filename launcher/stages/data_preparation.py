@@ -108,9 +108,6 @@ def _wdinfo_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
 def check(cfg: RootConfig) -> None:
     """Rules between the data sources' settings (the schema checks types)."""
     dp, key = cfg.data_preparation, "data_preparation"
-    if dp.download_parquet.max_rows is not None and dp.download_parquet.max_rows < 1:
-        raise ConfigError(f"{key}.download_parquet.max_rows", f"must be at least 1 (or null), got "
-                                                              f"{dp.download_parquet.max_rows}")  # fmt: skip
     if not dp.tars.enable:
         return
     if not dp.tars.source:

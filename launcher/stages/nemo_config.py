@@ -12,9 +12,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher import slurm_time
 from launcher.errors import ConfigError
 from launcher.config import RootConfig
+from launcher.rules import slurm_time_seconds
 from launcher.spec import Plan
 from launcher.stages.common import Context, Facts
 
@@ -58,23 +58,30 @@ def time_limit(ctx: Context) -> str:
     return ctx.cfg.training.run.time_limit or ctx.cfg.cluster.time_limit
 
 
-def max_time_per_run(ctx: Context) -> str | None:
+def nemo_duration(total_seconds: int) -> str:
+    """NeMo's exp_manager.max_time_per_run format, DD:HH:MM:SS.
+
+    >>> nemo_duration(171000)
+    '01:23:30:00'
+    """
+    minutes, secs = divmod(total_seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    return f"{days:02d}:{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def max_time_per_run(ctx: Context) -> str:
     """NeMo's own clean stop (exp_manager.max_time_per_run): the job's limit less the margin."""
     run = ctx.cfg.training.run
     key = "training.run.time_limit" if run.time_limit else "cluster.time_limit"
-    try:
-        limit = slurm_time.seconds(time_limit(ctx))
-    except ValueError as error:
-        raise ConfigError(key, str(error)) from None
-    if limit is None:
-        return None
+    limit = slurm_time_seconds(time_limit(ctx)) or 0  # validated: a finite Slurm time
     if limit <= run.stop_before_limit_s:
         raise ConfigError(
             "training.run.stop_before_limit_s",
             f"{run.stop_before_limit_s} s leaves no training time in the job's limit {time_limit(ctx)} ({key}); "
             "lower it or raise the limit",
         )
-    return slurm_time.nemo_duration(limit - run.stop_before_limit_s)
+    return nemo_duration(limit - run.stop_before_limit_s)
 
 
 def check_pretrained(ctx: Context) -> None:

@@ -1,0 +1,48 @@
+"""Values that NeMo 2.0.0 (the `nvcr.io/nvidia/nemo:24.09` container) and its Lightning accept, for
+the keys of the training config that they restrict. Data only; each list names where it comes from.
+tests/test_nemo_values.py compares them with the installed NeMo/Lightning code.
+"""
+
+from __future__ import annotations
+
+# trainer.precision: NeMo's MegatronTrainerBuilder._plugins (nemo/collections/nlp/parts/
+# megatron_trainer_builder.py) turns 16/"16"/"16-mixed"/"bf16"/"bf16-mixed" into its own precision
+# plugin and hands any other value to Lightning's Trainer, which accepts exactly these
+# (lightning.fabric.connector._convert_precision_to_unified_args; lightning 2.4).
+LIGHTNING_PRECISION: tuple[object, ...] = (
+    "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
+    "32-true", "64-true", 64, 32, 16, "64", "32", "16", "bf16",
+)  # fmt: skip
+
+# model.precision: MegatronLatentDiffusion.__init__ raises ValueError for anything else
+# (nemo/collections/multimodal/models/text_to_image/stable_diffusion/ldm/ddpm.py).
+SD_MODEL_PRECISION: tuple[object, ...] = (32, "32", "32-true", "16-mixed", "16", 16, "bf16-mixed", "bf16")
+
+# model.optim.name: nemo/core/optim/optimizers.py AVAILABLE_OPTIMIZERS (lamb, fused_adam,
+# distributed_fused_adam and megatron_fused_adam are registered when Apex imports, as in the
+# container), plus mcore_distributed_optim, which ModelPT.setup_optimization handles itself
+# (nemo/core/classes/modelPT.py).
+NEMO_OPTIMIZERS: tuple[str, ...] = (
+    "sgd", "adam", "adamw", "adadelta", "adamax", "adagrad", "rmsprop", "rprop", "novograd", "adafactor",
+    "adan", "lamb", "fused_adam", "distributed_fused_adam", "megatron_fused_adam", "mcore_distributed_optim",
+)  # fmt: skip
+APEX_OPTIMIZERS: tuple[str, ...] = ("lamb", "fused_adam", "distributed_fused_adam", "megatron_fused_adam")
+
+# model.optim.sched.name: nemo/core/optim/lr_scheduler.py AVAILABLE_SCHEDULERS, plus
+# CosineAnnealingExp, which nemo/collections/nlp/parts/megatron_lr_schedulers.py registers when
+# sd_train.py imports nemo.collections.nlp.parts.
+NEMO_SCHEDULERS: tuple[str, ...] = (
+    "WarmupPolicy", "WarmupHoldPolicy", "SquareAnnealing", "CosineAnnealing", "NoamAnnealing",
+    "NoamHoldAnnealing", "WarmupAnnealing", "InverseSquareRootAnnealing", "T5InverseSquareRootAnnealing",
+    "SquareRootAnnealing", "PolynomialDecayAnnealing", "PolynomialHoldDecayAnnealing", "StepLR",
+    "ExponentialLR", "ReduceLROnPlateau", "CyclicLR", "CosineAnnealingExp",
+)  # fmt: skip
+
+# ddpm.py (same file as model.precision): DDPM.__init__ asserts parameterization in this list,
+# DDPM.get_loss raises NotImplementedError for other loss types, DiffusionWrapper asserts the
+# conditioning key; make_beta_schedule (modules/stable_diffusion/diffusionmodules/util.py) raises
+# ValueError for other schedules.
+SD_PARAMETERIZATIONS: tuple[str, ...] = ("eps", "x0", "v")
+SD_LOSS_TYPES: tuple[str, ...] = ("l1", "l2")
+SD_CONDITIONING_KEYS: tuple[object, ...] = (None, "concat", "crossattn", "hybrid", "adm")
+SD_BETA_SCHEDULES: tuple[str, ...] = ("linear", "cosine", "sqrt_linear", "sqrt")

@@ -1,0 +1,117 @@
+"""`python -m launcher status`: one line per job at 100 columns with paths relative to the run
+folder, `--watch` until every job has ended, and where training writes TensorBoard events (checked
+against NeMo's own exp_manager)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, compose_config
+from omegaconf import OmegaConf
+
+from launcher import manifest
+from launcher.backends import prepare
+from launcher.backends.slurm import SlurmBackend
+from launcher.main import launch
+from launcher.spec import JobSpec, Plan, Resources
+
+
+def run_status(run: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", "status", run, *args], cwd=cwd, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100", **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's default command, run for real on the local backend (about 10 s)."""
+    shared = tmp_path_factory.mktemp("demo")
+    launch(compose_config([f"cluster.shared_dir={shared}"]))
+    return shared
+
+
+def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_run: Path) -> None:
+    done = run_status("results/sd_pretrain", cwd=demo_run)
+    assert done.returncode == 0, done.stderr
+    lines = [line.rstrip() for line in done.stdout.splitlines()]
+    assert max(len(line) for line in lines) <= 100, done.stdout
+    title, header = lines.index("run results/sd_pretrain"), lines.index("run results/sd_pretrain") + 1
+    assert lines[header].split() == ["job", "id", "tasks", "by", "state", "exit", "newest", "log"]
+    rows = lines[header + 1 : lines.index("", title)]
+    jobs = [r.name for r in manifest.load(demo_run / "results/sd_pretrain")]
+    assert [row.split()[0] for row in rows] == jobs and len(jobs) == 5, done.stdout
+    for job, row in zip(jobs, rows):
+        assert row.split()[2:4] == ["COMPLETED", str(2 if job in ("download_images", "reorganize_tar") else 1)]
+        assert row.split()[-1].startswith(f"data_preparation/logs/{job}_"), row
+    assert "tarfiles_reorganized/wdinfo.pkl: 11 tars x 20" in done.stdout
+
+
+def test_watch_of_a_finished_run_prints_once_and_ends(demo_run: Path) -> None:
+    done = run_status(str(demo_run / "results/sd_pretrain"), "--watch", "--interval", "0.2", cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("make_demo_source ") == 1
+
+
+@pytest.mark.slow
+def test_watch_refreshes_until_the_running_job_ends(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    with tempfile.TemporaryDirectory(prefix="watch-", dir="/tmp") as tmp:  # readable by the Slurm daemons
+        run = Path(tmp) / "run"
+        sleeper = JobSpec(stage="toy", name="sleeper", argv=("sleep", "4"),
+                          resources=Resources(mem="100M", time="00:05:00"))  # fmt: skip
+        ids = SlurmBackend().schedule(prepare(Plan(run_dir=run, jobs=(sleeper,))))
+        done = run_status(str(run), "--watch", "--interval", "0.5", cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        frames = [line for line in done.stdout.splitlines() if line.startswith("sleeper ")]
+        assert len(frames) >= 2 and ("RUNNING" in frames[0] or "PENDING" in frames[0]), done.stdout
+        assert "COMPLETED 1" in frames[-1]
+        assert slurm_cluster.wait_job(ids["sleeper"], timeout=5).state == "COMPLETED"
+
+
+@pytest.fixture
+def planned_training(tmp_path: Path) -> Iterator[Path]:
+    launch(compose_config(["cluster=aws_p5", "stages=[data_preparation,training]", "dry_run=true",
+                           f"cluster.shared_dir={tmp_path}", f"container.mounts=[{tmp_path}:{tmp_path}]"]))  # fmt: skip
+    yield tmp_path
+
+
+def test_status_says_where_tensorboard_events_go_and_how_to_open_them(planned_training: Path) -> None:
+    done = run_status("results/sd_pretrain", cwd=planned_training)
+    assert done.returncode == 0, done.stderr
+    assert "TensorBoard events: training/results (0 event file(s) so far)" in done.stdout
+    assert "  open them: tensorboard --logdir results/sd_pretrain/training/results" in done.stdout
+
+
+PROBE_EXP_MANAGER = """
+import sys
+from lightning.pytorch import Trainer
+from omegaconf import OmegaConf
+from nemo.utils.exp_manager import exp_manager
+
+cfg = OmegaConf.load(sys.argv[1])
+trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_steps=1)
+exp_manager(trainer, {**cfg.exp_manager, "create_checkpoint_callback": False, "create_wandb_logger": False,
+                      "ema": {"enable": False}})
+trainer.logger.log_metrics({"reduced_train_loss": 1.0}, step=0)
+trainer.logger.finalize("success")
+"""
+
+
+def test_nemo_writes_tensorboard_events_where_status_says(planned_training: Path, nemo_python: str) -> None:  # noqa: F811
+    """NeMo's exp_manager, given the exp_manager section of the config the launcher wrote, puts its
+    TensorBoard event files in the folder `status` names."""
+    config = planned_training / "results/sd_pretrain/training/sd_860m_res_256.yaml"
+    assert OmegaConf.load(config).exp_manager.create_tensorboard_logger
+    subprocess.run([nemo_python, "-c", PROBE_EXP_MANAGER, str(config)], cwd=planned_training, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    done = run_status("results/sd_pretrain", cwd=planned_training)
+    assert "TensorBoard events: training/results (1 event file(s) so far)" in done.stdout
+    assert list((planned_training / "results/sd_pretrain/training/results").glob("events.out.tfevents.*"))
