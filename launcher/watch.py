@@ -226,9 +226,12 @@ def training_progress(run_dir: Path) -> list[str]:
 
     lines = []
     for record in manifest.load(run_dir):
-        config = Path(record.script).with_suffix(".yaml")
+        # Chained parts (<name>_partK) share the one NeMo config <name>.yaml.
+        folder = Path(record.script).parent
+        config = next((p for p in folder.glob("*.yaml")
+                       if re.fullmatch(rf"{re.escape(p.stem)}(_part\d+)?", record.name)), None)  # fmt: skip
         log = newest_log(record)
-        if record.stage != "training" or log is None or not config.exists():
+        if record.stage != "training" or log is None or config is None:
             continue
         nemo = OmegaConf.load(config)
         gpus = int(nemo.trainer.num_nodes) * int(nemo.trainer.devices)
