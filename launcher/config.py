@@ -30,6 +30,8 @@ class Stage(str, Enum):
 
     data_preparation = "data_preparation"
     data_check = "data_check"
+    # A branch: it waits for the data stages before it, and training never waits for it.
+    benchmark = "benchmark"
     training = "training"
 
 
@@ -181,6 +183,27 @@ class TrainingConfig:
 
 
 @dataclass
+class BenchmarkConfig:
+    """The throughput sweep: one array per node count over the micro batch sizes (conf/benchmark/)."""
+
+    micro_batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128])
+    nodes: list[int] = field(default_factory=lambda: [1])
+    # Optimizer steps per task; the first warmup_steps are left out of every number.
+    max_steps: int = 50
+    warmup_steps: int = 10
+    # NeMo's synthetic data (no dataset, no loader cost); false reads the prepared data under data_dir.
+    synthetic_data: bool = True
+    time_per_task: str = "00:30:00"
+    # Array tasks of one node count running at once (null = as many as Slurm allows).
+    array_throttle: Optional[int] = None
+    # Seconds between nvidia-smi samples of GPU memory beside each task.
+    memory_sample_s: float = 2.0
+    report_resources: JobResources = field(
+        default_factory=lambda: JobResources(cpus_per_task=1, mem="4G", time="00:10:00")
+    )
+
+
+@dataclass
 class RootConfig:
     stages: list[Stage] = field(default_factory=lambda: [Stage.data_preparation])
     run_name: str = "sd_pretrain"
@@ -193,4 +216,5 @@ class RootConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     data_preparation: DataPreparationConfig = field(default_factory=DataPreparationConfig)
     data_check: DataCheckConfig = field(default_factory=DataCheckConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)

@@ -25,9 +25,11 @@ _MAX_TAIL_BYTES = 64 * 1024 * 1024
 
 # A complete redraw: "Epoch N:" ... "<count>/<total>" or "<count>it", then "[...]" closing the
 # segment. A segment cut off by a still-running writer lacks the closing "]" and is skipped.
-_REDRAW = re.compile(
-    r"Epoch (?P<epoch>\d+):.*?(?P<count>\d+)(?:/(?P<total>\d+|\?)|it) \[(?P<postfix>[^\[\]]*)\]\s*$"
-)
+_REDRAW_BODY = r"Epoch (?P<epoch>\d+):.*?(?P<count>\d+)(?:/(?P<total>\d+|\?)|it) \[(?P<postfix>[^\[\]]*)\]"
+_REDRAW = re.compile(_REDRAW_BODY + r"\s*$")
+# Within a whole log, a complete redraw may be followed on its segment by other output (Lightning's
+# "`Trainer.fit` stopped" follows the last one); the closing "]" still marks it complete.
+_REDRAW_ANYWHERE = re.compile(_REDRAW_BODY)
 _SEGMENT_SPLIT = re.compile(r"[\r\n]+")
 
 STEP_KEY = "global_step"
@@ -121,3 +123,26 @@ def _segments_from_end(log_path: Path) -> list[str]:
             if start == 0 or window >= _MAX_TAIL_BYTES or any(_REDRAW.search(s) for s in segments):
                 return segments[::-1]
             window *= 4
+
+
+def step_timings(text: str) -> list[float]:
+    """NeMo's `train_step_timing` of every logged step, oldest first, from a whole log's text.
+
+    The bar's postfix lags: when step N ends, rank 0's progress bar redraws with the metrics of step
+    N-1 (it runs before NeMo's TimingCallback, and Lightning refreshes the postfix after all hooks),
+    and the epoch-end redraw then shows step N's own timing beside the same global_step. Each step's
+    timing therefore appears as a new (global_step, timing) pair, followed by repeats of that pair on
+    later redraws: the distinct pairs, in order, are the step timings of steps 1, 2, ... N. (Two
+    consecutive steps printed with the same global_step and the same 3-digit timing count once.)
+    """
+    seen: set[tuple[float, float]] = set()
+    timings: list[float] = []
+    for segment in _SEGMENT_SPLIT.split(text):
+        for match in _REDRAW_ANYWHERE.finditer(segment):
+            metrics = _postfix_metrics(match.group("postfix"))
+            step, timing = metrics.get(STEP_KEY), metrics.get(STEP_TIME_KEY)
+            if step is None or timing is None or (step, timing) in seen:
+                continue
+            seen.add((step, timing))
+            timings.append(timing)
+    return timings

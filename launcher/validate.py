@@ -115,6 +115,21 @@ def _check_positive(cfg: RootConfig) -> None:
             raise ConfigError(key, f"must be at least 1, got {value}")
 
 
+def _check_benchmark(cfg: RootConfig) -> None:
+    """The sweep's own fields (issue 12's per-field ranges will take these over)."""
+    b = cfg.benchmark
+    for key, values in (("micro_batch_sizes", b.micro_batch_sizes), ("nodes", b.nodes)):
+        if not values or min(values) < 1 or len(set(values)) != len(values):
+            raise ConfigError(f"benchmark.{key}", f"must be distinct integers of at least 1, got {values}")
+    if b.max_steps < 1 or not 0 <= b.warmup_steps < b.max_steps:
+        raise ConfigError("benchmark.warmup_steps", f"must be at least 0 and below max_steps ({b.max_steps}) so "
+                          f"that some steps are measured; got {b.warmup_steps}")  # fmt: skip
+    if b.memory_sample_s <= 0 or (b.array_throttle is not None and b.array_throttle < 1):
+        raise ConfigError("benchmark", "memory_sample_s must be above 0 and array_throttle null or at least 1")
+    if Stage.benchmark in cfg.stages and cfg.cluster.backend is Backend.local and b.nodes != [1]:
+        raise ConfigError("benchmark.nodes", f"the local backend runs one node; got {b.nodes}, use [1]")
+
+
 def check(cfg: RootConfig) -> None:
     if not cfg.stages:
         raise ConfigError("stages", f"choose at least one of {[s.value for s in Stage]}")
@@ -132,6 +147,7 @@ def check(cfg: RootConfig) -> None:
                 "(training.run.wandb_api_key_file, hf_token_file) or export it before submitting",
             )
     _check_positive(cfg)
+    _check_benchmark(cfg)
     _check_container(cfg)
 
 

@@ -3,6 +3,7 @@
     python -m launcher status <run_dir>
     python -m launcher logs <run_dir> <job> [--follow]
     python -m launcher cancel <run_dir>
+    python -m launcher compare <run_dir A> <run_dir B>    (two benchmark sweeps side by side)
 """
 
 from __future__ import annotations
@@ -128,6 +129,10 @@ def _print_status(run_dir: Path) -> int:
     _print_data(console, run_dir)
     for line in training_progress(run_dir):
         print(line)
+    from launcher.bench.report import progress_lines
+
+    for line in progress_lines(run_dir):
+        print(line)
     return 0
 
 
@@ -206,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("status", "logs", "cancel"):
+    for name in ("status", "logs", "cancel", "compare"):
         p = sub.add_parser(name)
         p.add_argument("run_dir", type=Path, help="<base_results_dir>/<run_name>")
+        if name == "compare":
+            p.add_argument("other_run_dir", type=Path, help="the run to compare with the first (B)")
         if name == "logs":
             p.add_argument("job", help="job name as in the manifest, e.g. download_images")
             p.add_argument("--follow", "-f", action="store_true", help="keep printing, like tail -f")
@@ -219,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             return _print_status(args.run_dir)
         if args.command == "logs":
             return _logs(args.run_dir, args.job, args.follow, args.lines)
+        if args.command == "compare":
+            from launcher.bench.compare import compare
+
+            print(compare(args.run_dir, args.other_run_dir), end="")
+            return 0
         return _cancel(args.run_dir)
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
