@@ -126,23 +126,23 @@ def _segments_from_end(log_path: Path) -> list[str]:
 
 
 def step_timings(text: str) -> list[float]:
-    """NeMo's `train_step_timing` of every logged step, oldest first, from a whole log's text.
+    """NeMo's `train_step_timing` of steps 1 .. N-1 of a whole log, in step order (N: the last step).
 
-    The bar's postfix lags: when step N ends, rank 0's progress bar redraws with the metrics of step
-    N-1 (it runs before NeMo's TimingCallback, and Lightning refreshes the postfix after all hooks),
-    and the epoch-end redraw then shows step N's own timing beside the same global_step. Each step's
-    timing therefore appears as a new (global_step, timing) pair, followed by repeats of that pair on
-    later redraws: the distinct pairs, in order, are the step timings of steps 1, 2, ... N. (Two
-    consecutive steps printed with the same global_step and the same 3-digit timing count once.)
+    The bar's postfix is one step behind: when step g ends, rank 0's progress bar (which runs before
+    NeMo's TimingCallback, and whose metrics Lightning refreshes after all batch-end hooks) first
+    redraws with step g-1's metrics, then shows `global_step=g` beside step g-1's timing. So the
+    first timing printed beside each new global_step g >= 2 is the timing of step g-1. The last step's
+    own timing appears only in the epoch-end redraw, beside the same global_step N, where it cannot be
+    told from a repeat when both print alike (3 significant digits): it is not used.
     """
-    seen: set[tuple[float, float]] = set()
+    steps: set[float] = set()
     timings: list[float] = []
     for segment in _SEGMENT_SPLIT.split(text):
         for match in _REDRAW_ANYWHERE.finditer(segment):
             metrics = _postfix_metrics(match.group("postfix"))
             step, timing = metrics.get(STEP_KEY), metrics.get(STEP_TIME_KEY)
-            if step is None or timing is None or (step, timing) in seen:
+            if step is None or timing is None or step in steps:
                 continue
-            seen.add((step, timing))
+            steps.add(step)
             timings.append(timing)
     return timings

@@ -8,6 +8,7 @@ behind as NeMo's is) with MADE-UP step timings: 1.00 s for the first SLOW_STEPS 
 0.001 s x micro batch x (1 + 0.25 x (nodes - 1)), i.e. 1000 img/s per GPU on 1 node, 800 on 2.
 Environment switches (tests only):
   STANDIN_OOM=<nodes>x<micro batch>  rank 0 of that case fails like a CUDA out-of-memory after 3 steps
+  STANDIN_SPEED=<factor>             every step that much faster (a second "GPU" for compare)
   STANDIN_GPU_MEMORY_DIR             each node's first rank writes 100 x micro batch there (MiB), which
                                      tests/standin_bin/nvidia-smi (a STAND-IN too) reports
 """
@@ -32,7 +33,8 @@ OOM_MESSAGE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.
 
 
 def step_time(step: int, micro_batch: int, nodes: int) -> float:
-    return 1.0 if step <= SLOW_STEPS else 0.001 * micro_batch * (1 + 0.25 * (nodes - 1))
+    seconds = 1.0 if step <= SLOW_STEPS else 0.001 * micro_batch * (1 + 0.25 * (nodes - 1))
+    return seconds / float(os.environ.get("STANDIN_SPEED", "1"))
 
 
 def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:

@@ -66,7 +66,8 @@ NeMo `sd_train.py` with the run's training config, {data}, {sweep.max_steps} ste
 micro batch x GPUs (no accumulation), no checkpoints.
 
 - **Warm-up: the first {sweep.warmup_steps} steps of every task are excluded.** img/s total = global batch /
-  mean of NeMo's `train_step_timing` over the remaining steps (rank 0's progress bar); per GPU = total / GPUs.
+  mean of NeMo's `train_step_timing` (rank 0's progress bar) over steps {sweep.warmup_steps + 1} to {sweep.max_steps - 1}
+  (NeMo prints the last step's timing only where it cannot be told from the one before); per GPU = total / GPUs.
 - Scaling vs 1 node: img/s total divided by the same micro batch's img/s total on 1 node (in brackets:
   per-GPU efficiency).
 - Peak GPU memory: the highest `memory.used` nvidia-smi reported for any GPU of the task, sampled every
@@ -101,7 +102,7 @@ def plot_png(results: list[Result], title: str) -> bytes:
             ax.plot(*zip(*points), marker="o", label=f"{nodes} node{'s' if nodes > 1 else ''}")
     oom = [r.micro_batch_size for r in results if r.status == "OOM"]
     if oom:
-        ax.scatter(oom, [0] * len(oom), marker="x", color="red", zorder=3, label="out of memory")
+        ax.scatter(oom, [0] * len(oom), marker="x", color="red", zorder=3, clip_on=False, label="out of memory")
     sizes = sorted({r.micro_batch_size for r in results})
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])

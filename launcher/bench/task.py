@@ -80,10 +80,13 @@ def run_sampled(command: list[str], path: Path, every_s: float) -> int:
     record = NodeRecord(node=int(os.environ.get("SLURM_NODEID", "0")), host=socket.gethostname(), gpu="n/a",
                         gpus=None, peak_mib=None, samples=0, exit_code=None)  # fmt: skip
     record.save(path)
-    child = subprocess.Popen(command)
+    children: list[subprocess.Popen[bytes]] = []
     # Slurm signals every process of the step at its limit; pass on what reaches us alone (scancel -s).
+    # Installed before the child exists so that no signal in between is lost.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, lambda number, _frame: child.send_signal(number))
+        signal.signal(sig, lambda number, _frame: [c.send_signal(number) for c in children])
+    child = subprocess.Popen(command)
+    children.append(child)
     stop = threading.Event()
     nvidia_smi = shutil.which("nvidia-smi")
     sampler = None
