@@ -4,8 +4,12 @@ Cheap pre-checks (plain Python, no torch/NeMo) run first on the wdinfo and the t
 --precheck-only, NeMo's `build_train_valid_datasets` builds the dataset in a real data-parallel world
 of one (gloo) and a DataLoader like LatentDiffusion's draws a few batches.
 
+With --model-check it also builds NeMo's UNet, VAE (staged weights, every key checked) and text
+encoder from the same config on CPU (data_prep.model_check).
+
     python -m data_prep.data_check --training-config CFG.yaml [--batches 4] [--world-size N]
-        [--num-workers N] [--micro-batch-size N] [--scan-tars N] [--precheck-only] [--report OUT.json]
+        [--num-workers N] [--micro-batch-size N] [--scan-tars N] [--precheck-only] [--model-check]
+        [--report OUT.json]
 """
 from __future__ import annotations
 
@@ -353,6 +357,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-size", type=int, help="batch size for this check (default: config)")
     parser.add_argument("--scan-tars", type=int, default=1, help="tars whose headers to scan (0 = all)")
     parser.add_argument("--precheck-only", action="store_true", help="plain-Python checks only, no NeMo")
+    parser.add_argument("--model-check", action="store_true",
+                        help="also build NeMo's UNet, VAE (staged weights) and text encoder on CPU")
     parser.add_argument("--report", type=Path, help="write the JSON report here")
     args = parser.parse_args(argv)
     minimum = {"batches": 1, "world_size": 1, "micro_batch_size": 1, "num_workers": 0, "scan_tars": 0}
@@ -369,6 +375,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = load_model_config(args.training_config)
         world = args.world_size or planned_world_size(args.training_config)
         precheck(model, world, args.scan_tars, report)
+        if args.model_check and not args.precheck_only:
+            from data_prep.model_check import check_models
+
+            report["models"], model_errors = check_models(model)
+            report["errors"].extend(model_errors)
         if not report["errors"] and not args.precheck_only:
             workers = int(model.data.num_workers) if args.num_workers is None else args.num_workers
             mbs = args.micro_batch_size or int(model.micro_batch_size)
@@ -385,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args)
     if args.report:
         write_report(args.report, report)
-    for key in ("tars", "plan", "loader"):
+    for key in ("tars", "plan", "models", "loader"):
         if key in report:
             print(f"{key}: {json.dumps(report[key])}")
     for message in report["warnings"]:

@@ -152,6 +152,8 @@ class DataCheckConfig:
     # (.venv-nemo beside this checkout, see requirements-nemo.txt) or this launcher's own.
     python: Optional[str] = None
     batches: int = 4
+    # Also build NeMo's UNet, VAE (staged weights, every key) and text encoder on CPU.
+    model_check: bool = True
     num_workers: int = 1
     micro_batch_size: int = 4
     resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=4, mem="16G"))
@@ -166,8 +168,10 @@ class TrainingRunConfig:
     script: str = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py"
     # NeMo's interpreter (inside the container); null = the job interpreter.
     python: Optional[str] = "python3"
-    # Seconds before the time limit at which Slurm signals the job so that it checkpoints.
-    signal_before_limit_s: int = 300
+    # NeMo stops and checkpoints this long before the job's time limit (exp_manager.max_time_per_run
+    # is derived from it); it also covers container start and model build, which NeMo's timer does not count.
+    stop_before_limit_s: int = 1200
+    # Slurm may requeue the job after a node failure or preemption; it resumes from its checkpoint.
     requeue: bool = True
     # Secrets are read inside the job from these files; never written into scripts or configs.
     wandb_api_key_file: Optional[str] = None
@@ -180,6 +184,24 @@ class TrainingConfig:
     trainer: dict[str, Any] = field(default_factory=dict)
     exp_manager: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PretrainedAsset:
+    repo_id: str = MISSING
+    revision: str = MISSING
+    files: list[str] = field(default_factory=list)
+    local_dir: str = MISSING
+
+
+@dataclass
+class AssetsConfig:
+    enable: bool = True
+    dir: str = MISSING
+    hf_token_file: Optional[str] = None
+    text_encoder: PretrainedAsset = field(default_factory=PretrainedAsset)
+    vae: PretrainedAsset = field(default_factory=PretrainedAsset)
+    resources: JobResources = field(default_factory=JobResources)
 
 
 @dataclass
@@ -216,5 +238,6 @@ class RootConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     data_preparation: DataPreparationConfig = field(default_factory=DataPreparationConfig)
     data_check: DataCheckConfig = field(default_factory=DataCheckConfig)
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)

@@ -38,7 +38,7 @@ def make_executor(
     facts = Facts(python=sys.executable, code_dir=str(REPO))
     check_facts(cfg, facts)
     ctx = Context(cfg=cfg, facts=facts, run_dir=Path(folder))
-    env = job_env(ctx)
+    env = job_env(ctx, {}, with_code=True)
     pyxis = container(ctx, tuple(name for name, _ in env))
     cl = cfg.cluster
     executor = submitit.SlurmExecutor(folder=folder, python=ctx.python)
@@ -55,7 +55,8 @@ def make_executor(
         exclusive=True if gpus_per_node and cl.exclusive_gpu_jobs else None,
         setup=[f"export {name}={q(value)}" for name, value in env],
         # submitit quotes each srun word itself.
-        srun_args=[*cl.srun_extra_args,
+        # Slurm >= 22.05: srun takes --cpus-per-task only when given (see launcher.render).
+        srun_args=[f"--cpus-per-task={cpus_per_task}", *cl.srun_extra_args,
                    *(f"--{name}" + (f"={value}" if value is not None else "") for name, value in container_options(pyxis))],
     )
     if cfg.container.runtime is Runtime.none:

@@ -29,7 +29,7 @@ def _template() -> jinja2.Template:
 def sbatch_directives(plan: Plan, job: JobSpec) -> list[str]:
     res = job.resources
     flags = [
-        flag("job-name", job.name),
+        flag("job-name", job.slurm_name or job.name),
         flag("output", plan.log_pattern(job)),
         flag("nodes", res.nodes),
         flag("ntasks-per-node", res.ntasks_per_node),
@@ -95,7 +95,10 @@ def format_command(argv: tuple[str, ...]) -> str:
 
 
 def render(plan: Plan, job: JobSpec) -> str:
-    srun_args = [*(q(arg) for arg in job.srun_args), *container_flags(job.container)]
+    # Since Slurm 22.05 srun no longer inherits --cpus-per-task from the allocation: without it each
+    # task may be bound to one core while it runs its loader workers or img2dataset processes.
+    cpus = flag("cpus-per-task", job.resources.cpus_per_task)
+    srun_args = [cpus, *(q(arg) for arg in job.srun_args), *container_flags(job.container)]
     resubmit = ["sbatch", *dependency_flags(plan, job, {}), str(plan.script_path(job))]
     return _template().render(
         directives=sbatch_directives(plan, job),

@@ -73,8 +73,11 @@ class JobSpec:
     # Names of secret files read at run time into the named env vars: (VAR, path).
     secret_files: tuple[tuple[str, str], ...] = ()
     workdir: str | None = None
-    # Slurm's `singleton`: at most one job of this name (per user) runs at a time.
+    # Slurm's `singleton`: at most one job of this Slurm job name (per user) runs at a time.
     singleton: bool = False
+    # Slurm's --job-name when it differs from `name` (which is unique in the plan): chained training
+    # parts share one so that `singleton` links them.
+    slurm_name: str | None = None
 
 
 @dataclass(frozen=True)

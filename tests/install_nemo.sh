@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The NeMo venv for data_check and its tests (requirements-nemo.txt; about 7 GB, a few minutes).
-# Kept apart from .venv: NeMo's dependencies pull pandas 3, img2dataset needs pandas < 3.
+# The NeMo venv for data_check and the NeMo training tests (requirements-nemo.txt; about 7 GB, a few
+# minutes). Kept apart from .venv: NeMo's dependencies pull pandas 3, img2dataset needs pandas < 3.
+# Reinstalled whenever requirements-nemo.txt changes (its hash is kept in the venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if .venv-nemo/bin/python -c "import nemo.collections.multimodal, megatron.core" > /dev/null 2>&1; then
+stamp=.venv-nemo/requirements.sha256
+want=$(sha256sum requirements-nemo.txt | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 [ -x .venv-nemo/bin/python ] || python3 -m venv .venv-nemo
 .venv-nemo/bin/pip install -q -r requirements-nemo.txt
+echo "$want" > "$stamp"

@@ -24,32 +24,6 @@ from PIL import Image
 from data_prep import data_check
 
 REPO = Path(__file__).resolve().parents[1]
-NEMO_MODULES = ("torch", "megatron.core", "nemo.collections.multimodal")
-
-
-def _nemo_python() -> str:
-    return os.environ.get("NEMO_PYTHON") or str(REPO / ".venv-nemo" / "bin" / "python")
-
-
-def _nemo_missing_reason() -> str | None:
-    python = _nemo_python()
-    if not Path(python).is_file():
-        return f"no NeMo interpreter at {python} (set NEMO_PYTHON)"
-    probe = ("import importlib.util as u, sys; "
-             f"sys.exit(0 if all(u.find_spec(m) for m in {NEMO_MODULES!r}) else 1)")
-    if subprocess.run([python, "-c", probe], capture_output=True, timeout=120, check=False).returncode:
-        return f"{python} cannot import {', '.join(NEMO_MODULES)}"
-    return None
-
-
-@pytest.fixture(scope="module")
-def nemo_python() -> str:
-    reason = _nemo_missing_reason()
-    if reason and os.environ.get("REQUIRE_NEMO") == "1":
-        pytest.fail(f"REQUIRE_NEMO=1 but {reason}")
-    if reason:
-        pytest.skip(reason)
-    return _nemo_python()
 
 
 def _image_bytes(rng: np.random.Generator, fmt: str) -> bytes:

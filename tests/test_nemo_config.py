@@ -1,61 +1,30 @@
-"""The NeMo config the training stage saves: derived values and the keys NeMo's sd_train.py reads."""
+"""The NeMo config the training stage saves: derived values, refusals, and the training script around it.
+
+Whether NeMo accepts the config is judged by NeMo itself in test_nemo_training.py."""
 
 from __future__ import annotations
 
 import pickle
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import compose_config
+from test_render import _shellcheck
 from omegaconf import OmegaConf
 
-from launcher.errors import LauncherError
+from launcher.errors import ConfigError, LauncherError
 from launcher.main import launch
+from launcher.nemo_version import CPU_NEMO_VERSION, NEMO_CONTAINER
 
-# Every key of NeMo's examples/.../stable_diffusion/conf/sd_train.yaml (NeMo 2.4), read from
-# NeMo's public source; the cond_stage_config keys differ by embedder and are checked apart.
-NEMO_KEYS = """
-name trainer.devices trainer.num_nodes trainer.accelerator trainer.precision trainer.logger
-trainer.enable_checkpointing trainer.use_distributed_sampler trainer.max_epochs trainer.max_steps
-trainer.log_every_n_steps trainer.accumulate_grad_batches trainer.gradient_clip_val trainer.benchmark
-trainer.enable_model_summary trainer.limit_val_batches exp_manager.exp_dir exp_manager.name
-exp_manager.create_wandb_logger exp_manager.wandb_logger_kwargs exp_manager.create_checkpoint_callback
-exp_manager.create_tensorboard_logger exp_manager.checkpoint_callback_params.every_n_train_steps
-exp_manager.checkpoint_callback_params.monitor exp_manager.checkpoint_callback_params.filename
-exp_manager.resume_if_exists exp_manager.resume_ignore_no_checkpoint exp_manager.resume_from_checkpoint
-exp_manager.ema.enable exp_manager.ema.decay model.precision model.micro_batch_size model.global_batch_size
-model.native_amp_init_scale model.linear_start model.linear_end model.num_timesteps_cond model.log_every_t
-model.timesteps model.first_stage_key model.cond_stage_key model.image_size model.channels
-model.cond_stage_trainable model.conditioning_key model.monitor model.scale_factor model.use_ema
-model.scale_by_std model.ckpt_path model.ignore_keys model.parameterization model.clip_denoised
-model.load_only_unet model.cosine_s model.given_betas model.original_elbo_weight model.v_posterior
-model.l_simple_weight model.use_positional_encodings model.learn_logvar model.logvar_init
-model.beta_schedule model.loss_type model.concat_mode model.cond_stage_forward
-model.text_embedding_dropout_rate model.fused_opt model.inductor model.inductor_cudagraphs
-model.capture_cudagraph_iters model.channels_last model.unet_config._target_ model.unet_config.from_pretrained
-model.unet_config.from_NeMo model.unet_config.model_channels model.unet_config.attention_resolutions
-model.unet_config.num_res_blocks model.unet_config.channel_mult model.unet_config.num_heads
-model.unet_config.use_spatial_transformer model.unet_config.transformer_depth model.unet_config.context_dim
-model.unet_config.use_checkpoint model.unet_config.legacy model.unet_config.use_flash_attention
-model.unet_config.enable_amp_o2_fp16 model.unet_config.resblock_gn_groups model.unet_config.use_te_fp8
-model.first_stage_config._target_ model.first_stage_config.from_pretrained model.first_stage_config.embed_dim
-model.first_stage_config.ddconfig model.first_stage_config.lossconfig model.seed model.resume_from_checkpoint
-model.apex_transformer_log_level model.gradient_as_bucket_view model.ddp_overlap model.optim.name
-model.optim.lr model.optim.weight_decay model.optim.betas model.optim.sched.name
-model.optim.sched.warmup_steps model.optim.sched.hold_steps model.nsys_profile.enabled model.data.num_workers
-model.data.synthetic_data model.data.synthetic_data_length model.data.train.dataset_path
-model.data.train.augmentations model.data.train.filterings model.data.webdataset.infinite_sampler
-model.data.webdataset.local_root_path
-""".split()
-
-
-def _saved(tmp_path: Path) -> tuple[Path, object]:
+def _saved(tmp_path: Path, *extra: str) -> tuple[Path, object]:
     launch(compose_config([
         "cluster=aws_p5", "stages=[data_preparation,training]", "dry_run=true", "training.trainer.num_nodes=2",
-        f"cluster.shared_dir={tmp_path}", f"container.mounts=[{tmp_path}:{tmp_path}]",
+        f"cluster.shared_dir={tmp_path}", f"container.mounts=[{tmp_path}:{tmp_path}]", *extra,
     ]))  # fmt: skip
-    path = tmp_path / "results/sd_pretrain/training/sd_860m_res_256.yaml"
+    name = "sd_860m_res_256_synthetic" if any("synthetic" in e for e in extra) else "sd_860m_res_256"
+    path = tmp_path / f"results/sd_pretrain/training/{name}.yaml"
     return path, OmegaConf.load(path)
 
 
@@ -72,12 +41,52 @@ def test_derived_values_point_at_what_data_preparation_writes(tmp_path: Path) ->
     assert f"--output-dir {tars}" in reorganize
 
 
-def test_every_key_nemo_reads_is_set(tmp_path: Path) -> None:
-    _, cfg = _saved(tmp_path)
-    missing = [key for key in NEMO_KEYS if OmegaConf.select(cfg, key, default="<missing>") == "<missing>"]
-    assert missing == []
-    assert list(cfg.model.data.train.augmentations) == ["resize_smallest_side", "center_crop_h_w", "horizontal_flip"]
-    assert cfg.model.cond_stage_config.version == "openai/clip-vit-large-patch14"
+def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) -> None:
+    _, cfg = _saved(tmp_path, "training.run.chain=2")
+    run = tmp_path / "results/sd_pretrain"
+    assert cfg.model.first_stage_config.from_pretrained == str(
+        tmp_path / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors")
+    assert cfg.model.cond_stage_config.version == str(tmp_path / "models/clip-vit-large-patch14")
+    assert cfg.exp_manager.max_time_per_run == "01:23:40:00"  # 48 h less training.run.stop_before_limit_s
+    parts = [(run / f"training/sd_860m_res_256_part{k}.sbatch").read_text() for k in (0, 1)]
+    for script in parts:
+        assert "#SBATCH --job-name=sd_860m_res_256\n" in script  # one name: singleton links the parts
+        assert "#SBATCH --time=48:00:00" in script and "--signal" not in script
+        for line in ("export HF_HUB_OFFLINE=1", "export FI_EFA_FORK_SAFE=1", "  --cpus-per-task=24 \\"):
+            assert line in script
+        assert "PYTHONPATH" not in script  # the image's own PYTHONPATH stays
+    assert "singleton" in parts[1] and "afterany:" in parts[1]
+    shellcheck = subprocess.run([_shellcheck(), *map(str, run.rglob("*.sbatch"))], capture_output=True, text=True)
+    assert shellcheck.returncode == 0, shellcheck.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("training.model.first_stage_config.from_pretrained=null", "training.model.first_stage_config.from_pretrained"),
+        ("training.model.cond_stage_config.version=openai/clip-vit-large-patch14",
+         "training.model.cond_stage_config.version"),
+        ("training.run.stop_before_limit_s=200000", "training.run.stop_before_limit_s"),
+        ("cluster.time_limit=forever", "cluster.time_limit"),
+    ],
+)
+def test_training_inputs_refused_before_anything_is_written(tmp_path: Path, override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        _saved(tmp_path, override)
+    assert refused.value.key == key
+    assert not (tmp_path / "results").exists()
+
+
+def test_synthetic_data_may_train_without_a_vae(tmp_path: Path) -> None:
+    _, cfg = _saved(tmp_path, "training=stable_diffusion/860m_res_256_synthetic", "training.trainer.num_nodes=1",
+                    "training.model.first_stage_config.from_pretrained=null", "data_check.enable=false")
+    assert cfg.model.first_stage_config.from_pretrained is None
+
+
+def test_one_nemo_version_for_presets_container_and_cpu_checks() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    assert f"ARG NEMO_IMAGE={NEMO_CONTAINER}\n" in (repo / "Dockerfile").read_text()
+    assert f"nemo_toolkit[core,common-only]=={CPU_NEMO_VERSION}\n" in (repo / "requirements-nemo.txt").read_text()
 
 
 def _training_only(tmp_path: Path, tars: int, *extra: str) -> None:

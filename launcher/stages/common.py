@@ -46,8 +46,12 @@ class Context:
         return (self.python, "-m", name, *(str(arg) for arg in args))
 
 
-def job_env(ctx: Context) -> tuple[tuple[str, str], ...]:
-    env = {**ctx.cfg.cluster.env, **ctx.cfg.env, "PYTHONPATH": ctx.code_dir}
+def job_env(ctx: Context, extra: dict[str, str], with_code: bool) -> tuple[tuple[str, str], ...]:
+    """Cluster and user variables; PYTHONPATH only for jobs that run this repo's code (NeMo's own
+    script must keep the image's PYTHONPATH)."""
+    env = {**ctx.cfg.cluster.env, **ctx.cfg.env, **extra}
+    if with_code:
+        env["PYTHONPATH"] = ctx.code_dir
     return tuple(sorted((str(k), str(v)) for k, v in env.items()))
 
 
@@ -93,15 +97,18 @@ def make_job(
     prologue: tuple[str, ...] = (),
     secret_files: tuple[tuple[str, str], ...] = (),
     singleton: bool = False,
+    slurm_name: str | None = None,
+    env: dict[str, str] | None = None,
+    with_code: bool = True,
 ) -> JobSpec:
-    env = job_env(ctx)
+    job_vars = job_env(ctx, env or {}, with_code)
     return JobSpec(
         stage=stage,
         name=name,
         argv=argv,
         resources=resources,
-        container=container(ctx, tuple(name for name, _ in env + secret_files)),
-        env=env,
+        container=container(ctx, tuple(name for name, _ in job_vars + secret_files)),
+        env=job_vars,
         array=array,
         depends_on=depends_on,
         sbatch_args=cluster_sbatch_args(ctx) + sbatch_args,
@@ -110,6 +117,7 @@ def make_job(
         secret_files=secret_files,
         workdir=ctx.code_dir if ctx.cfg.container.runtime is Runtime.none else None,
         singleton=singleton,
+        slurm_name=slurm_name,
     )
 
 

@@ -36,6 +36,8 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         "--num-workers", str(dc.num_workers),
         "--micro-batch-size", str(dc.micro_batch_size),
         "--report", str(ctx.run_dir / STAGE / "report.json"),
+        *(("--model-check",) if dc.model_check else ()),
     )  # fmt: skip
     resources: Resources = cpu_resources(ctx, dc.resources)
-    return (make_job(ctx, stage=STAGE, name="data_check", argv=argv, resources=resources),)
+    return (make_job(ctx, stage=STAGE, name="data_check", argv=argv, resources=resources,
+                     env=nemo_config.OFFLINE_HUB_ENV),)

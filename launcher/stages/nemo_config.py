@@ -12,10 +12,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from launcher import slurm_time
 from launcher.errors import ConfigError
 from launcher.config import RootConfig
 from launcher.spec import Plan
 from launcher.stages.common import Context, Facts
+
+# NeMo jobs read the staged CLIP and VAE only: no rank may reach for the Hub.
+OFFLINE_HUB_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,52 @@ def config_path(ctx: Context) -> Path:
 
 def results_dir(ctx: Context) -> Path:
     return ctx.run_dir / "training" / "results"
+
+
+def time_limit(ctx: Context) -> str:
+    return ctx.cfg.training.run.time_limit or ctx.cfg.cluster.time_limit
+
+
+def max_time_per_run(ctx: Context) -> str | None:
+    """NeMo's own clean stop (exp_manager.max_time_per_run): the job's limit less the margin."""
+    run = ctx.cfg.training.run
+    key = "training.run.time_limit" if run.time_limit else "cluster.time_limit"
+    try:
+        limit = slurm_time.seconds(time_limit(ctx))
+    except ValueError as error:
+        raise ConfigError(key, str(error)) from None
+    if limit is None:
+        return None
+    if limit <= run.stop_before_limit_s:
+        raise ConfigError(
+            "training.run.stop_before_limit_s",
+            f"{run.stop_before_limit_s} s leaves no training time in the job's limit {time_limit(ctx)} ({key}); "
+            "lower it or raise the limit",
+        )
+    return slurm_time.nemo_duration(limit - run.stop_before_limit_s)
+
+
+def check_pretrained(ctx: Context) -> None:
+    """Real data needs the real VAE and a local text encoder (the job runs with the Hub offline)."""
+    model = ctx.cfg.training.model
+    if model.get("data", {}).get("synthetic_data"):
+        return
+    vae = (model.get("first_stage_config") or {}).get("from_pretrained")
+    if not vae:
+        raise ConfigError(
+            "training.model.first_stage_config.from_pretrained",
+            "is null: NeMo would train against a random, frozen VAE and every checkpoint would be useless. "
+            "Allowed: a VAE file (the default is the staged ${assets.vae.local_dir}/diffusion_pytorch_model"
+            ".safetensors); only synthetic data (training.model.data.synthetic_data=true) may run without one",
+        )
+    version = str((model.get("cond_stage_config") or {}).get("version", "/"))
+    if not version.startswith("/"):
+        raise ConfigError(
+            "training.model.cond_stage_config.version",
+            f"{version!r} is not a local folder: ranks run with HF_HUB_OFFLINE=1 and cannot download it. "
+            "Allowed: an absolute folder holding the tokenizer and text model (default "
+            "${assets.text_encoder.local_dir}, staged by the pretrained_assets job)",
+        )
 
 
 def shape(ctx: Context) -> TrainingShape:
@@ -106,11 +156,15 @@ def build(ctx: Context) -> dict[str, Any]:
     else:
         s = shape(ctx)
     tr = ctx.cfg.training
+    check_pretrained(ctx)
     layout = ctx.layout
+    exp_manager: dict[str, Any] = {"explicit_log_dir": str(results_dir(ctx))}
+    if tr.exp_manager.get("max_time_per_run") is None:
+        exp_manager["max_time_per_run"] = max_time_per_run(ctx)
     derived = {
         "name": tr.run.name,
         "trainer": {"devices": s.gpus_per_node, "num_nodes": s.nodes},
-        "exp_manager": {"explicit_log_dir": str(results_dir(ctx))},
+        "exp_manager": exp_manager,
         "model": {
             "data": {
                 "train": {"dataset_path": [str(layout.wdinfo)]},

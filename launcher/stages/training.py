@@ -8,8 +8,6 @@ from launcher.stages import nemo_config
 from launcher.stages.common import Context, make_job
 
 STAGE = "training"
-# Lightning's SLURM plugin checkpoints and requeues on SIGUSR1.
-REQUEUE_SIGNAL = "USR1"
 
 
 def resources(ctx: Context) -> Resources:
@@ -22,23 +20,30 @@ def resources(ctx: Context) -> Resources:
         cpus_per_task=max(cpus, 1),
         gpus_per_node=s.gpus_per_node,
         mem=cl.gpu_job_mem,
-        time=ctx.cfg.training.run.time_limit or cl.time_limit,
+        time=nemo_config.time_limit(ctx),
         exclusive=cl.exclusive_gpu_jobs,
         partition=cl.partition,
     )
 
 
 def _done_check(ctx: Context) -> tuple[str, ...]:
-    """A chained job that starts after max_steps was reached ends at once."""
+    """A chained job that starts after max_steps was reached ends at once.
+
+    Finished means a checkpoint at step=max_steps without NeMo's `-unfinished` marker beside it
+    (NeMoModelCheckpoint names the marker after the checkpoint less `.ckpt` and `-EMA`).
+    """
     max_steps = ctx.cfg.training.trainer.get("max_steps")
-    if not max_steps:
+    if not max_steps or int(max_steps) < 1:
         return ()
     checkpoints = nemo_config.results_dir(ctx) / "checkpoints"
     return (
-        f"if compgen -G {q(checkpoints)}'/*step={int(max_steps)}-*' > /dev/null; then",
-        f"  echo {q(f'max_steps={max_steps} already reached in {checkpoints}: nothing to do')}",
-        "  exit 0",
-        "fi",
+        f"for checkpoint in {q(checkpoints)}/*-step={int(max_steps)}-*.ckpt; do",
+        '  marker="${checkpoint%.ckpt}"',
+        '  if [ -e "$checkpoint" ] && [ ! -e "${marker%-EMA}-unfinished" ]; then',
+        f"    echo {q(f'max_steps={max_steps} already reached in {checkpoints}: nothing to do')}",
+        "    exit 0",
+        "  fi",
+        "done",
     )
 
 
@@ -53,10 +58,9 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     config = nemo_config.config_path(ctx)
     argv = (run.python or ctx.python, "-u", run.script, "--config-path", str(config.parent),
             "--config-name", config.name)  # fmt: skip
-    sbatch_args: tuple[tuple[str, str | None], ...] = (
-        ("signal", f"{REQUEUE_SIGNAL}@{run.signal_before_limit_s}"),
-        ("open-mode", "append"),
-    )
+    # No --signal: NeMo stops itself before the limit (exp_manager.max_time_per_run); Lightning's
+    # SIGUSR1 handler would write an hpc_ckpt NeMo never resumes from and call scontrol requeue.
+    sbatch_args: tuple[tuple[str, str | None], ...] = (("open-mode", "append"),)
     if run.requeue:
         sbatch_args += (("requeue", None),)
     jobs: list[JobSpec] = []
@@ -64,8 +68,8 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         name = run.name if run.chain == 1 else f"{run.name}_part{part}"
         deps = (Dependency(jobs[-1].name, DependencyKind.afterany),) if jobs else ()
         jobs.append(make_job(
-            ctx, stage=STAGE, name=name, argv=argv, resources=resources(ctx),
-            depends_on=deps, sbatch_args=sbatch_args, prologue=_done_check(ctx),
-            secret_files=_secret_files(ctx), singleton=run.chain > 1,
+            ctx, stage=STAGE, name=name, argv=argv, resources=resources(ctx), depends_on=deps,
+            sbatch_args=sbatch_args, prologue=_done_check(ctx), secret_files=_secret_files(ctx),
+            singleton=run.chain > 1, slurm_name=run.name, env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
         ))  # fmt: skip
     return tuple(jobs)

@@ -1,0 +1,105 @@
+"""NeMo's three Stable Diffusion modules built from the resolved training config, on CPU, offline.
+
+Before any GPU time, data_check (with --model-check) instantiates the config's `_target_`s the way
+NeMo does (hydra.utils.instantiate): the UNet (an unknown key fails here, not after the queue), the
+VAE with the staged weights loaded through NeMo's own diffusers->NeMo key renaming (NeMo only PRINTS
+missing or unexpected keys; here any one fails), and the text encoder from its local folder, which
+encodes one caption whose width must match the UNet's cross-attention (context_dim).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+CAPTION = "a photograph of an astronaut riding a horse"
+
+
+class ModelCheckError(Exception):
+    """A module cannot be built or loaded: the message names the config key."""
+
+
+def _instantiate(section: DictConfig, key: str, **overrides: Any) -> Any:
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(section, **overrides)
+    except Exception as exc:  # hydra wraps the constructor's own error; its text names the bad key
+        raise ModelCheckError(f"model.{key}: NeMo cannot build it: {exc}".replace("\n", " ")) from None
+
+
+def check_unet(model: DictConfig) -> dict[str, Any]:
+    section = OmegaConf.create(OmegaConf.to_container(model.unet_config, resolve=True))
+    notes = []
+    # flash-attn is a CUDA kernel: without it (CPU venv) build the same weights with torch attention.
+    if section.get("use_flash_attention") and importlib.util.find_spec("flash_attn") is None:
+        section.use_flash_attention = False
+        notes.append("flash_attn not installed here: built with use_flash_attention=false (same weights)")
+    unet = _instantiate(section, "unet_config")
+    return {"parameters": sum(p.numel() for p in unet.parameters()), "notes": notes}
+
+
+def _read_state_dict(path: str) -> dict[str, Any]:
+    """The file as AutoencoderKL(from_pretrained=...) reads it."""
+    import torch
+
+    if path.endswith("safetensors"):
+        from safetensors.torch import load_file
+
+        state = load_file(path)
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    return state["state_dict"] if "state_dict" in state else state
+
+
+def check_vae(model: DictConfig) -> dict[str, Any]:
+    key = "first_stage_config.from_pretrained"
+    path = model.first_stage_config.get("from_pretrained")
+    if not path or not os.path.isfile(path):
+        raise ModelCheckError(f"model.{key}={path!r}: no such file; run the pretrained_assets job or fix the path")
+    vae = _instantiate(model.first_stage_config, "first_stage_config", from_pretrained=None)
+    state = _read_state_dict(path)
+    from_nemo = bool(model.first_stage_config.get("from_NeMo", False))
+    missing, unexpected, mismatched, errors = vae._load_pretrained_model(state, from_NeMo=from_nemo)
+    problems = {"missing": sorted(missing), "unexpected": sorted(unexpected),
+                "mismatched": [str(m) for m in mismatched], "load_errors": [str(e) for e in errors]}  # fmt: skip
+    found = {name: values for name, values in problems.items() if values}
+    if found:
+        detail = "; ".join(f"{len(v)} {name} (e.g. {v[0]})" for name, v in found.items())
+        raise ModelCheckError(f"model.{key}={path}: the weights do not fit NeMo's AutoencoderKL "
+                              f"(from_NeMo={from_nemo}): {detail}")  # fmt: skip
+    return {"file": path, "tensors": len(state)}
+
+
+def check_text_encoder(model: DictConfig) -> dict[str, Any]:
+    key = "cond_stage_config.version"
+    folder = model.cond_stage_config.get("version")
+    if not folder or not Path(folder).is_dir():
+        raise ModelCheckError(f"model.{key}={folder!r}: no such folder; run the pretrained_assets job or fix it")
+    encoder = _instantiate(model.cond_stage_config, "cond_stage_config", device="cpu")
+    embedding = encoder.encode([CAPTION])
+    context_dim = model.unet_config.get("context_dim")
+    if context_dim is not None and embedding.shape[-1] != context_dim:
+        raise ModelCheckError(f"model.{key}={folder}: the text encoder gives {embedding.shape[-1]}-wide "
+                              f"embeddings but model.unet_config.context_dim is {context_dim}")  # fmt: skip
+    return {"folder": folder, "embedding_shape": list(embedding.shape)}
+
+
+def check_models(model: DictConfig) -> tuple[dict[str, Any], list[str]]:
+    """Each module checked on its own, so one report names every problem."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as the training job runs: nothing from the Hub
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm absent off NVIDIA's container)
+
+    report: dict[str, Any] = {}
+    errors: list[str] = []
+    for name, check in (("unet", check_unet), ("vae", check_vae), ("text_encoder", check_text_encoder)):
+        try:
+            report[name] = check(model)
+        except ModelCheckError as exc:
+            errors.append(str(exc))
+    return report, errors

@@ -1,0 +1,119 @@
+"""Tiny stand-ins for the pretrained CLIP text encoder and SD VAE, and the sizes that fit a CPU.
+
+The assets are laid out exactly as the pretrained_assets job lays out the real ones
+(`<assets.dir>/clip-vit-large-patch14/` from `save_pretrained`, and
+`<assets.dir>/sd-vae-ft-mse/diffusion_pytorch_model.safetensors` with diffusers' key names), so
+NeMo loads them through the same code paths: `FrozenCLIPEmbedder(version=<folder>)` and
+`AutoencoderKL(from_pretrained=<file>)` with its diffusers -> NeMo key renaming.
+
+    <nemo python> tests/nemo_cpu/tiny.py ASSETS_DIR     # writes the tiny assets
+
+Importable without torch (the overrides are plain strings); building the assets needs NeMo's venv.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+WIDTH = 32  # GroupNorm(32 groups) needs channels divisible by 32
+VAE = {"ch": WIDTH, "ch_mult": [1, 1, 1, 1], "num_res_blocks": 1}  # 4 levels: the real 8x downsampling
+
+# Launcher overrides that change only sizes, the device and CUDA-only kernels; everything else is
+# the preset as users get it.
+TINY_OVERRIDES = [
+    "training.trainer.accelerator=cpu",
+    "training.model.micro_batch_size=2",
+    "training.model.global_batch_size=2",
+    "training.model.data.num_workers=1",
+    f"training.model.unet_config.model_channels={WIDTH}",
+    "training.model.unet_config.channel_mult=[1,2]",
+    "training.model.unet_config.attention_resolutions=[1]",
+    "training.model.unet_config.num_res_blocks=1",
+    "training.model.unet_config.num_heads=2",
+    f"training.model.unet_config.context_dim={WIDTH}",
+    # flash-attn and torch.compile (inductor) are the CUDA kernels of the preset: off on CPU.
+    "training.model.unet_config.use_flash_attention=false",
+    "training.model.inductor=false",
+    f"training.model.first_stage_config.ddconfig.ch={VAE['ch']}",
+    f"training.model.first_stage_config.ddconfig.ch_mult={VAE['ch_mult']}".replace(" ", ""),
+    f"training.model.first_stage_config.ddconfig.num_res_blocks={VAE['num_res_blocks']}",
+    "training.model.cond_stage_config.device=cpu",
+]
+
+CLIP_DIR = "clip-vit-large-patch14"
+VAE_FILE = "sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
+_SPECIAL = ("<|startoftext|>", "<|endoftext|>")
+
+
+def _byte_vocab() -> dict[str, int]:
+    """CLIP's byte-level alphabet (each byte alone and as a word end) plus its two special tokens."""
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())
+    tokens = chars + [c + "</w>" for c in chars] + list(_SPECIAL)
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def write_clip(folder: Path) -> None:
+    """A 2-layer CLIP text encoder and its tokenizer, saved like `openai/clip-vit-large-patch14`."""
+    import torch
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = _byte_vocab()
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    torch.manual_seed(0)
+    config = CLIPTextConfig(vocab_size=len(vocab), hidden_size=WIDTH, intermediate_size=2 * WIDTH,
+                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
+                            bos_token_id=vocab[_SPECIAL[0]], eos_token_id=vocab[_SPECIAL[1]])  # fmt: skip
+    CLIPTextModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+# NeMo (LDM) VAE key -> diffusers key: the inverse of what AutoencoderKL._state_key_mapping undoes.
+_PLAIN = [("mid.attn_1.norm", "mid_block.attentions.0.group_norm"), ("mid.attn_1.q", "mid_block.attentions.0.query"),
+          ("mid.attn_1.k", "mid_block.attentions.0.key"), ("mid.attn_1.v", "mid_block.attentions.0.value"),
+          ("mid.attn_1.proj_out", "mid_block.attentions.0.proj_attn"), ("nin_shortcut", "conv_shortcut"),
+          ("norm_out", "conv_norm_out"), (".upsample.", ".upsamplers.0."), (".downsample.", ".downsamplers.0."),
+          (".block.", ".resnets.")]  # fmt: skip
+
+
+def diffusers_key(key: str, levels: int) -> str:
+    key = re.sub(r"mid\.block_([12])", lambda m: f"mid_block.resnets.{int(m.group(1)) - 1}", key)
+    key = re.sub(r"^decoder\.up\.(\d+)", lambda m: f"decoder.up_blocks.{levels - 1 - int(m.group(1))}", key)
+    key = re.sub(r"^encoder\.down\.(\d+)", r"encoder.down_blocks.\1", key)
+    for nemo_name, diffusers_name in _PLAIN:
+        key = key.replace(nemo_name, diffusers_name)
+    return key
+
+
+def write_vae(path: Path) -> None:
+    """NeMo's own AutoencoderKL at tiny width, saved under diffusers' key names as safetensors."""
+    import torch
+    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.autoencoder import AutoencoderKL
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    ddconfig = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3,
+                "attn_resolutions": [], "dropout": 0.0, **VAE}  # fmt: skip
+    state = AutoencoderKL(ddconfig=ddconfig, embed_dim=4).state_dict()
+    levels = len(VAE["ch_mult"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({diffusers_key(k, levels): v.contiguous() for k, v in state.items()}, str(path))
+
+
+def write_assets(assets_dir: Path) -> None:
+    write_clip(assets_dir / CLIP_DIR)
+    write_vae(assets_dir / VAE_FILE)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import data_prep.nemo_compat  # noqa: F401  (NeMo's SD modules need a GroupNorm without apex)
+
+    write_assets(Path(sys.argv[1]))

@@ -1,0 +1,115 @@
+"""NeMo's own Stable Diffusion training code on the training config the launcher renders.
+
+NeMo 2.4.1's MegatronLatentDiffusion, MegatronTrainerBuilder, exp_manager, data loader, Lightning
+fit loop, checkpointing and resume run on CPU on the demo's tars, with tiny CLIP/VAE assets laid out
+as the assets job lays them out. Only sizes, asset paths and the device differ from what users get
+(tests/nemo_cpu/tiny.py); the CUDA/apex-only calls patched are listed in tests/nemo_cpu/sd_train_cpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.throughput import read_training_progress
+from nemo_cpu.harness import REPO, prepare_demo_data, render_training, run_sd_train, write_tiny_assets
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
+    shared_dir = tmp_path_factory.mktemp("nemo_cpu")
+    prepare_demo_data(shared_dir)
+    write_tiny_assets(nemo_python, shared_dir)
+    return shared_dir
+
+
+def _checkpoints(config: Path) -> list[str]:
+    return sorted(p.name for p in (config.parent / "results" / "checkpoints").iterdir())
+
+
+def test_nemo_trains_checkpoints_and_resumes(shared: Path, nemo_python: str) -> None:
+    every2 = "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2"
+    config = render_training(shared, "train", "training.trainer.max_steps=2", every2)
+    first = run_sd_train(nemo_python, config, shared / "first.log")
+    assert first.returncode == 0, first.stderr[-4000:]
+    log = (shared / "first.log").read_text()
+    assert f"Attempting to load vae weights from {shared}/models/sd-vae-ft-mse/" in log
+    assert "Missing:" not in log and "Unexpected:" not in log  # NeMo only prints VAE key mismatches
+    assert "`max_steps=2` reached" in log
+    progress = read_training_progress(shared / "first.log", global_batch_size=2, num_gpus=1)
+    assert progress is not None and (progress.last_step, progress.consumed_samples) == (2, 4)
+    assert any("-step=2-" in name and name.endswith("-last.ckpt") for name in _checkpoints(config))
+
+    config = render_training(shared, "train", "training.trainer.max_steps=4", every2)
+    second = run_sd_train(nemo_python, config, shared / "second.log")
+    assert second.returncode == 0, second.stderr[-4000:]
+    log = (shared / "second.log").read_text()
+    assert "Restored all states from the checkpoint at" in log and "step=2-consumed_samples=4.0-last.ckpt" in log
+    progress = read_training_progress(shared / "second.log", global_batch_size=2, num_gpus=1)
+    assert progress is not None and (progress.last_step, progress.consumed_samples) == (4, 8)
+    assert any("-step=4-" in name and name.endswith("-last.ckpt") for name in _checkpoints(config))
+
+
+@pytest.mark.parametrize(
+    ("override", "nemo_says"),
+    [
+        # The keys the preset had before NeMo judged it (NeMo 1.23 names; 2.x rejects them).
+        ("+training.model.unet_config.enable_amp_o2_fp16=false", "unexpected keyword argument 'enable_amp_o2_fp16'"),
+        ("training.model.ddp_overlap=true", "Either distributed_fused_adam or megatron_amp_O2 needs to be set"),
+    ],
+)
+def test_nemo_rejects_the_keys_the_old_preset_had(shared: Path, nemo_python: str, override: str,
+                                                  nemo_says: str) -> None:  # fmt: skip
+    config = render_training(shared, "bad", "training.trainer.max_steps=1", override)
+    proc = run_sd_train(nemo_python, config, shared / "bad.log")
+    assert proc.returncode != 0
+    assert nemo_says in proc.stdout + proc.stderr
+
+
+def _data_check(nemo_python: str, config: Path) -> tuple[int, dict]:
+    report = config.parent / "report.json"
+    proc = subprocess.run(
+        [nemo_python, "-m", "data_prep.data_check", "--training-config", str(config), "--model-check",
+         "--batches", "1", "--report", str(report)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return proc.returncode, json.loads(report.read_text())
+
+
+def test_model_check_builds_the_three_modules_from_the_staged_assets(shared: Path, nemo_python: str) -> None:
+    code, report = _data_check(nemo_python, render_training(shared, "check"))
+    assert code == 0, report["errors"]
+    models = report["models"]
+    assert models["unet"]["parameters"] > 0
+    assert models["vae"]["file"] == str(shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors")
+    assert models["text_encoder"]["embedding_shape"] == [1, 80, 32]  # 77 tokens padded to a multiple of 8
+
+
+def _vae_with_renamed_key(nemo_python: str, shared: Path) -> Path:
+    bad = shared / "models/bad-vae/diffusion_pytorch_model.safetensors"
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    code = ("import sys; from safetensors.torch import load_file, save_file; s = load_file(sys.argv[1]); "
+            "s['encoder.conv_in.weight_renamed'] = s.pop('encoder.conv_in.weight'); save_file(s, sys.argv[2])")
+    good = shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
+    subprocess.run([nemo_python, "-c", code, str(good), str(bad)], check=True, timeout=120)
+    return bad
+
+
+def test_model_check_fails_where_nemo_would_only_print(shared: Path, nemo_python: str) -> None:
+    bad_vae = _vae_with_renamed_key(nemo_python, shared)
+    config = render_training(shared, "check_bad", f"training.model.first_stage_config.from_pretrained={bad_vae}",
+                             "+training.model.unet_config.enable_amp_o2_fp16=false",
+                             "training.model.unet_config.context_dim=64")  # fmt: skip
+    code, report = _data_check(nemo_python, config)
+    assert code == 1 and "models" in report
+    errors = "\n".join(report["errors"])
+    assert "model.unet_config: NeMo cannot build it" in errors and "enable_amp_o2_fp16" in errors
+    assert "1 missing (e.g. encoder.conv_in.weight)" in errors
+    assert "1 unexpected (e.g. encoder.conv_in.weight_renamed)" in errors
+    assert "32-wide embeddings but model.unet_config.context_dim is 64" in errors
