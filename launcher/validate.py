@@ -14,6 +14,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
+from launcher import slurm_time
 from launcher.config import Backend, RootConfig, Runtime, Stage
 from launcher.errors import ConfigError
 from launcher.stages.common import Facts
@@ -127,6 +128,15 @@ def _check_benchmark(cfg: RootConfig) -> None:
                           f"({b.max_steps - 1}) so that a step is measured; got {b.warmup_steps}")  # fmt: skip
     if b.memory_sample_s <= 0 or (b.array_throttle is not None and b.array_throttle < 1):
         raise ConfigError("benchmark", "memory_sample_s must be above 0 and array_throttle null or at least 1")
+    try:
+        per_task = slurm_time.seconds(b.time_per_task)
+    except ValueError as error:
+        raise ConfigError("benchmark.time_per_task", str(error)) from None
+    stop = cfg.training.run.stop_before_limit_s
+    if per_task is not None and per_task <= stop:
+        # A task's NeMo stops itself stop_before_limit_s before the task's limit, as training does.
+        raise ConfigError("benchmark.time_per_task", f"{b.time_per_task} leaves no training time: NeMo stops "
+                          f"training.run.stop_before_limit_s={stop} s before the limit; give more time")  # fmt: skip
     if Stage.benchmark in cfg.stages and cfg.cluster.backend is Backend.local and b.nodes != [1]:
         raise ConfigError("benchmark.nodes", f"the local backend runs one node; got {b.nodes}, use [1]")
 

@@ -36,6 +36,8 @@ SWEEP_KEYS = {
     "trainer.num_nodes", "trainer.max_steps", "model.micro_batch_size", "model.global_batch_size",
     "model.data.synthetic_data", "model.data.synthetic_data_length", "exp_manager.explicit_log_dir",
     "exp_manager.create_checkpoint_callback", "exp_manager.resume_if_exists",
+    # NeMo's clean stop, derived from the task's time limit as training derives it from the job's.
+    "exp_manager.max_time_per_run",
 }  # fmt: skip
 
 
@@ -107,6 +109,8 @@ def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> 
     ("benchmark.warmup_steps=49", "benchmark.warmup_steps"),
     ("benchmark.memory_sample_s=0", "benchmark"),
     ("benchmark.micro_batch_sizes=[a]", "benchmark.micro_batch_sizes"),
+    ("benchmark.time_per_task=00:20:00", "benchmark.time_per_task"),  # NeMo stops 1200 s before the limit
+    ("benchmark.time_per_task=1h", "benchmark.time_per_task"),
 ])  # fmt: skip
 def test_bad_sweep_values_are_refused_with_their_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError) as error:
@@ -159,12 +163,13 @@ def _sweep_dir(tmp_path: Path) -> Path:
 def _start_task(tmp_path: Path, path_dir: Path, **env: str) -> subprocess.Popen[bytes]:
     bench = _sweep_dir(tmp_path)
     (tmp_path / "child.py").write_text(_CHILD)
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": str(path_dir), "OUT": str(tmp_path),
+    # As the job starts it: by path, with no PYTHONPATH pointing at this repo.
+    full_env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PATH": str(path_dir), "OUT": str(tmp_path),
                 "STANDIN_GPU_MEMORY_DIR": str(tmp_path), "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0",
                 "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", **env}  # fmt: skip
-    argv = [sys.executable, "-m", "launcher.bench.task", "--bench-dir", str(bench), "--job", "bench_n1",
+    argv = [sys.executable, str(REPO / "launcher/bench/task.py"), "--bench-dir", str(bench), "--job", "bench_n1",
             "--sample-s", "0.05", "--", sys.executable, str(tmp_path / "child.py")]  # fmt: skip
-    return subprocess.Popen(argv, env=full_env, cwd=REPO)
+    return subprocess.Popen(argv, env=full_env, cwd=tmp_path)
 
 
 def _wait_for(path: Path) -> None:

@@ -1,7 +1,7 @@
 """One benchmark task on one rank: pick the case of this array task, run NeMo on its config, and on
 each node's first rank sample GPU memory beside it.
 
-    python -m launcher.bench.task --bench-dir <run>/benchmark --job bench_n2 -- python3 -u sd_train.py
+    python <repo>/launcher/bench/task.py --bench-dir <run>/benchmark --job bench_n2 -- python3 -u sd_train.py
 
 srun starts this once per rank. Every rank runs `<command> --config-path <configs> --config-name
 <case>.yaml` (the case is `cases.json`'s entry for SLURM_ARRAY_TASK_ID); ranks other than the node's
@@ -25,8 +25,11 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launcher.bench.cases import Sweep, config_path, node_file
-from launcher.manifest import write_atomic
+if __package__ in (None, ""):  # started by path (the job keeps NeMo's PYTHONPATH): find this repo
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from launcher.bench.cases import Sweep, config_path, node_file  # noqa: E402
+from launcher.manifest import write_atomic  # noqa: E402
 
 QUERY = ("--query-gpu=name,memory.used", "--format=csv,noheader,nounits")
 

@@ -93,13 +93,17 @@ def _resources(ctx: Context, case: Case) -> Resources:
 def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
     b, run = ctx.cfg.benchmark, ctx.cfg.training.run
     python = run.python or ctx.python
-    argv = (python, "-u", "-m", "launcher.bench.task", "--bench-dir", str(bench_dir(ctx.run_dir)),
-            "--job", cases[0].job, "--sample-s", str(b.memory_sample_s), "--", python, "-u", run.script)  # fmt: skip
+    # Started by path, not `-m` with this repo on PYTHONPATH: NeMo must keep the image's PYTHONPATH,
+    # exactly as the training job runs it (the wrapper finds its own package from its path).
+    wrapper = f"{ctx.code_dir}/launcher/bench/task.py"
+    argv = (python, "-u", wrapper, "--bench-dir", str(bench_dir(ctx.run_dir)), "--job", cases[0].job,
+            "--sample-s", str(b.memory_sample_s), "--", python, "-u", run.script)  # fmt: skip
     # Tasks on one machine would measure each other: the local backend runs them one at a time.
     throttle = 1 if ctx.cfg.cluster.backend is Backend.local else b.array_throttle
     job = make_job(
         ctx, stage=STAGE, name=cases[0].job, argv=argv, resources=_resources(ctx, cases[0]),
         array=Array(len(cases), throttle), secret_files=training._secret_files(ctx),
+        env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
     )  # fmt: skip
     return dataclasses.replace(job, srun_args=(*job.srun_args, KILL_ON_BAD_EXIT))
 
