@@ -49,7 +49,7 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
     bar = tqdm(total=steps, desc="Epoch 0", bar_format=BAR_FORMAT, file=sys.stdout, disable=rank != "0")
     postfix: dict[str, float] = {}
     for step in range(1, steps + 1):
-        time.sleep(0.05)
+        time.sleep(0.1)  # long enough for the memory sampler beside it
         if oom and step > 3:
             print(f"Traceback (most recent call last):\n{OOM_MESSAGE}", file=sys.stderr, flush=True)
             sys.exit(1)
