@@ -126,14 +126,14 @@ def _segments_from_end(log_path: Path) -> list[str]:
 
 
 def step_timings(text: str) -> list[float]:
-    """NeMo's `train_step_timing` of steps 1 .. N-1 of a whole log, in step order (N: the last step).
+    """NeMo's `train_step_timing` of every step of a whole log, in step order.
 
-    The bar's postfix is one step behind: when step g ends, rank 0's progress bar (which runs before
-    NeMo's TimingCallback, and whose metrics Lightning refreshes after all batch-end hooks) first
-    redraws with step g-1's metrics, then shows `global_step=g` beside step g-1's timing. So the
-    first timing printed beside each new global_step g >= 2 is the timing of step g-1. The last step's
-    own timing appears only in the epoch-end redraw, beside the same global_step N, where it cannot be
-    told from a repeat when both print alike (3 significant digits): it is not used.
+    NeMo's exp_manager puts its TimingCallback first among the trainer's callbacks (`callbacks.insert(0,
+    ...)` in nemo/utils/exp_manager.py), so when step g ends its timing is logged before rank 0's
+    progress bar redraws, and the bar shows `global_step=g` beside step g's own timing. The bar redraws
+    several times per step (the counter moves first, still showing the previous step's metrics), so
+    the first timing printed beside each new global_step is taken. The values are tqdm's: 3 significant
+    digits, as in the TensorBoard scalar `train_step_timing in s` rounded.
     """
     steps: set[float] = set()
     timings: list[float] = []

@@ -122,10 +122,9 @@ def _check_benchmark(cfg: RootConfig) -> None:
     for key, values in (("micro_batch_sizes", b.micro_batch_sizes), ("nodes", b.nodes)):
         if not values or min(values) < 1 or len(set(values)) != len(values):
             raise ConfigError(f"benchmark.{key}", f"must be distinct integers of at least 1, got {values}")
-    if not 0 <= b.warmup_steps < b.max_steps - 1:
-        # Steps warmup+1 .. max_steps-1 are measured (NeMo prints the last step's timing ambiguously).
-        raise ConfigError("benchmark.warmup_steps", f"must be at least 0 and below max_steps - 1 "
-                          f"({b.max_steps - 1}) so that a step is measured; got {b.warmup_steps}")  # fmt: skip
+    if not 0 <= b.warmup_steps < b.max_steps:
+        raise ConfigError("benchmark.warmup_steps", f"must be at least 0 and below max_steps ({b.max_steps}) so "
+                          f"that a step is measured; got {b.warmup_steps}")  # fmt: skip
     if b.memory_sample_s <= 0 or (b.array_throttle is not None and b.array_throttle < 1):
         raise ConfigError("benchmark", "memory_sample_s must be above 0 and array_throttle null or at least 1")
     try:

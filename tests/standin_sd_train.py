@@ -3,8 +3,8 @@ what its rank sees, so the real training and benchmark sbatch scripts can run on
 
 With checkpoints on (training): resumes from the newest fake checkpoint and writes the next one (rank 0).
 With `exp_manager.create_checkpoint_callback: false` (a benchmark task): "runs" trainer.max_steps steps,
-rank 0 drawing NeMo's progress bar (tqdm with NeMo's CustomProgressBar format, the postfix one step
-behind as NeMo's is) with MADE-UP step timings: 1.00 s for the first SLOW_STEPS steps, then
+rank 0 drawing NeMo's progress bar (tqdm with NeMo's CustomProgressBar format, redrawn as NeMo's is:
+counter first, then the step's metrics) with MADE-UP step timings: 1.00 s for the first SLOW_STEPS steps, then
 0.001 s x micro batch x (1 + 0.25 x (nodes - 1)), i.e. 1000 img/s per GPU on 1 node, 800 on 2.
 Environment switches (tests only):
   STANDIN_OOM=<nodes>x<micro batch>  rank 0 of that case fails like a CUDA out-of-memory after 3 steps
@@ -53,13 +53,10 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
         if oom and step > 3:
             print(f"Traceback (most recent call last):\n{OOM_MESSAGE}", file=sys.stderr, flush=True)
             sys.exit(1)
-        bar.update(1)  # the counter moves first, with the previous step's metrics
-        postfix = {"reduced_train_loss": 0.1, "global_step": float(step),
-                   "consumed_samples": float(step * mbs * nodes * 8)}  # fmt: skip
-        if step > 1:
-            postfix["train_step_timing in s"] = step_time(step - 1, mbs, nodes)
-        bar.set_postfix(postfix)
-    bar.set_postfix({**postfix, "train_step_timing in s": step_time(steps, mbs, nodes)})  # epoch end
+        bar.update(1)  # the counter moves first, still with the previous step's metrics
+        bar.set_postfix({"reduced_train_loss": 0.1, "global_step": float(step),
+                         "consumed_samples": float(step * mbs * nodes * 8),
+                         "train_step_timing in s": step_time(step, mbs, nodes)})  # fmt: skip
     bar.close()
 
 

@@ -106,7 +106,7 @@ def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> 
     ("benchmark.micro_batch_sizes=[]", "benchmark.micro_batch_sizes"),
     ("benchmark.micro_batch_sizes=[32,32]", "benchmark.micro_batch_sizes"),
     ("benchmark.nodes=[0,1]", "benchmark.nodes"),
-    ("benchmark.warmup_steps=49", "benchmark.warmup_steps"),
+    ("benchmark.warmup_steps=50", "benchmark.warmup_steps"),
     ("benchmark.memory_sample_s=0", "benchmark"),
     ("benchmark.micro_batch_sizes=[a]", "benchmark.micro_batch_sizes"),
     ("benchmark.time_per_task=00:20:00", "benchmark.time_per_task"),  # NeMo stops 1200 s before the limit
@@ -243,7 +243,7 @@ def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pyte
     rows = {r["micro_batch_size"]: r for r in report["rows"]}
     for mbs, row in rows.items():
         # The stand-in's steps after its 2 slow ones take 0.001 s per image: 1000 img/s per rank.
-        assert row["status"] == "ok" and row["steps_done"] == 6 and row["steps_measured"] == 3  # steps 3-5
+        assert row["status"] == "ok" and row["steps_done"] == 6 and row["steps_measured"] == 4  # steps 3-6
         assert row["img_s_per_gpu"] == pytest.approx(1000) and row["scaling_vs_1_node"] == pytest.approx(1)
         assert row["peak_gpu_mib"] == 100 * mbs + 7 and row["gpu"] == "STAND-IN GPU 80GB"
     markdown = (run / "benchmark/report.md").read_text()

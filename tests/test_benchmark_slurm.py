@@ -60,18 +60,20 @@ def test_sweep_with_an_oom_task_reports_every_row(slurm_cluster, shared: Path) -
     rows = {(r["nodes"], r["micro_batch_size"]): r for r in json.loads((run / "benchmark/report.json").read_text())["rows"]}
     assert sorted(rows) == [(n, m) for n in (1, 2) for m in (4, 8, 16)]
     oom = rows[(2, 8)]
-    assert (oom["status"], oom["steps_done"], oom["exit_code"]) == ("OOM", 3, 1)
+    assert (oom["status"], oom["steps_done"], oom["steps_measured"], oom["exit_code"]) == ("OOM", 3, 1, 1)
     for (nodes, mbs), row in rows.items():
         assert (row["gpus"], row["global_batch_size"]) == (8 * nodes, 8 * nodes * mbs)
         assert row["peak_gpu_mib"] == 100 * mbs + 7, row  # the stand-in's GPU 7, on every node
         if row is oom:
             continue
         # The stand-in's steps after its 2 slow ones: 1000 img/s per GPU on 1 node, 800 on 2.
-        assert row["status"] == "ok" and row["steps_measured"] == 3
+        assert row["status"] == "ok" and row["steps_measured"] == 4
         assert row["img_s_per_gpu"] == pytest.approx(1000 if nodes == 1 else 800)
         assert row["scaling_vs_1_node"] == pytest.approx(1.0 if nodes == 1 else 1.6)
     markdown = (run / "benchmark/report.md").read_text()
-    assert "| STAND-IN GPU 80GB | 2 | 16 | 8 | 128 | - | - | - | 0.8 GiB | **OOM** after 3 of 6 steps, exit 1 |" in markdown
+    # What the OOM task reached: its third step was measured before it failed.
+    assert ("| STAND-IN GPU 80GB | 2 | 16 | 8 | 128 | 800 | 12,800 | 1.60x (80%) | 0.8 GiB | **OOM** after 3 of 6 "
+            "steps, exit 1 |") in markdown  # fmt: skip
     assert "| STAND-IN GPU 80GB | 2 | 16 | 16 | 256 | 800 | 12,800 | 1.60x (80%) | 1.6 GiB | ok |" in markdown
     assert markdown.count("\n| STAND-IN GPU 80GB |") == 6
 

@@ -66,8 +66,8 @@ NeMo `sd_train.py` with the run's training config, {data}, {sweep.max_steps} ste
 micro batch x GPUs (no accumulation), no checkpoints.
 
 - **Warm-up: the first {sweep.warmup_steps} steps of every task are excluded.** img/s total = global batch /
-  mean of NeMo's `train_step_timing` (rank 0's progress bar) over steps {sweep.warmup_steps + 1} to {sweep.max_steps - 1}
-  (NeMo prints the last step's timing only where it cannot be told from the one before); per GPU = total / GPUs.
+  mean of NeMo's own `train_step_timing` (rank 0's progress bar) over steps {sweep.warmup_steps + 1} to
+  {sweep.max_steps}; per GPU = total / GPUs.
 - Scaling vs 1 node: img/s total divided by the same micro batch's img/s total on 1 node (in brackets:
   per-GPU efficiency).
 - Peak GPU memory: the highest `memory.used` nvidia-smi reported for any GPU of the task, sampled every
