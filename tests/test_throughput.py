@@ -3,6 +3,7 @@ NeMo's own progress bar under Lightning."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -193,3 +194,12 @@ def test_step_timings_of_nemo_bar_are_in_step_order(tmp_path: Path) -> None:
     assert len(timings) == len(sleeps)
     for step, (timing, slept) in enumerate(zip(timings, sleeps), start=1):
         assert timing >= slept, (step, timings)
+
+
+def test_step_timings_of_nemo_sd_training_match_its_tensorboard_scalars() -> None:
+    """A log NeMo's own SD training wrote (tests/data/nemo_cpu_bench_task.tb.json says how), against the
+    per-step timings NeMo logged to TensorBoard in the same run."""
+    data = Path(__file__).resolve().parent / "data"
+    expected = json.loads((data / "nemo_cpu_bench_task.tb.json").read_text())["train_step_timing_s"]
+    timings = step_timings((data / "nemo_cpu_bench_task.log").read_bytes().decode("utf-8"))
+    assert timings == pytest.approx(expected, rel=5e-3)  # tqdm prints 3 significant digits
