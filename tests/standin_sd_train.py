@@ -47,7 +47,6 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
         (Path(memory_dir) / task).write_text(f"{100 * mbs}\n")
     oom = os.environ.get("STANDIN_OOM") == f"{nodes}x{mbs}" and rank == "0"
     bar = tqdm(total=steps, desc="Epoch 0", bar_format=BAR_FORMAT, file=sys.stdout, disable=rank != "0")
-    postfix: dict[str, float] = {}
     for step in range(1, steps + 1):
         time.sleep(0.1)  # long enough for the memory sampler beside it
         if oom and step > 3:

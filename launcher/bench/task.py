@@ -28,8 +28,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # started by path (the job keeps NeMo's PYTHONPATH): find this repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from launcher.bench.cases import Sweep, config_path, node_file  # noqa: E402
-from launcher.manifest import write_atomic  # noqa: E402
+from launcher.bench.cases import Sweep, config_path, node_file
+from launcher.manifest import write_atomic
 
 QUERY = ("--query-gpu=name,memory.used", "--format=csv,noheader,nounits")
 
@@ -106,7 +106,7 @@ def run_sampled(command: list[str], path: Path, every_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.bench.task", description=__doc__,
+    parser = argparse.ArgumentParser(prog="launcher/bench/task.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--bench-dir", type=Path, required=True, help="<run>/benchmark (holds cases.json)")
     parser.add_argument("--job", required=True, help="the array job's name, e.g. bench_n2")

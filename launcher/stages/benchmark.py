@@ -46,7 +46,8 @@ def sweep(ctx: Context) -> Sweep:
 def case_context(ctx: Context, case: Case) -> Context:
     """The run's context with the training section changed only where the sweep says."""
     b, tr = ctx.cfg.benchmark, ctx.cfg.training
-    model: dict[str, Any] = {"micro_batch_size": case.micro_batch_size, "global_batch_size": case.global_batch_size}
+    model: dict[str, Any] = {"micro_batch_size": case.micro_batch_size,
+                             "global_batch_size": case.global_batch_size}  # fmt: skip
     if b.synthetic_data:
         # One epoch covers every step: an epoch boundary inside the measured steps would restart
         # the loader workers and be counted as training time.
@@ -109,8 +110,9 @@ def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
-    s = sweep(ctx)
-    sweeps = [_sweep_job(ctx, [c for c in s.cases if c.job == name]) for name in dict.fromkeys(c.job for c in s.cases)]
+    cases = sweep(ctx).cases
+    names = dict.fromkeys(case.job for case in cases)  # one array per node count, in the given order
+    sweeps = [_sweep_job(ctx, [case for case in cases if case.job == name]) for name in names]
     after_all = tuple(Dependency(job.name, DependencyKind.afterany) for job in sweeps)
     report = make_job(
         ctx, stage=STAGE, name=REPORT_JOB, argv=ctx.module("launcher.bench.report", bench_dir(ctx.run_dir)),
@@ -123,4 +125,5 @@ def note(ctx: Context) -> str:
     s, b = sweep(ctx), ctx.cfg.benchmark
     return (f"benchmark: {len(b.nodes)} node count(s) x {len(b.micro_batch_sizes)} micro batch size(s) = "
             f"{len(s.cases)} tasks of {s.max_steps} steps ({s.warmup_steps} warm-up steps excluded), "
-            f"{'synthetic' if s.synthetic_data else 'real'} data; report: {bench_dir(ctx.run_dir) / 'report.md'}")  # fmt: skip
+            f"{'synthetic' if s.synthetic_data else 'real'} data; "
+            f"report: {bench_dir(ctx.run_dir) / 'report.md'}")  # fmt: skip
