@@ -375,7 +375,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = load_model_config(args.training_config)
         world = args.world_size or planned_world_size(args.training_config)
         precheck(model, world, args.scan_tars, report)
-        if args.model_check and not args.precheck_only:
+        # NeMo (model check, then loader) only once the plain-Python checks pass.
+        if args.model_check and not report["errors"] and not args.precheck_only:
             from data_prep.model_check import check_models
 
             report["models"], model_errors = check_models(model)

@@ -28,6 +28,7 @@ class Runtime(str, Enum):
 class Stage(str, Enum):
     """Pipeline stages, declared in the order they run."""
 
+    assets = "assets"
     data_preparation = "data_preparation"
     data_check = "data_check"
     # A branch: it waits for the data stages before it, and training never waits for it.
@@ -146,6 +147,31 @@ class DataPreparationConfig:
 
 
 @dataclass
+class AssetConfig:
+    """One Hub model repo pinned to a commit; only `files` are fetched, into `local_dir`."""
+
+    repo_id: str = MISSING
+    # A 40-hex commit sha: a branch name would let the files change under a running project.
+    revision: str = MISSING
+    files: list[str] = field(default_factory=list)
+    local_dir: str = MISSING
+
+
+@dataclass
+class AssetsConfig:
+    """Pretrained parts of the model that training loads but never trains (CLIP text encoder, VAE)."""
+
+    # Downloaded by one CPU job before data preparation/data_check/training (when those run).
+    enable: bool = True
+    dir: str = MISSING
+    # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
+    hf_token_file: Optional[str] = None
+    text_encoder: AssetConfig = field(default_factory=AssetConfig)
+    vae: AssetConfig = field(default_factory=AssetConfig)
+    resources: JobResources = field(default_factory=JobResources)
+
+
+@dataclass
 class DataCheckConfig:
     enable: bool = True
     # Interpreter with NeMo; null = training.run.python in a container, else the NeMo venv
@@ -187,24 +213,6 @@ class TrainingConfig:
 
 
 @dataclass
-class PretrainedAsset:
-    repo_id: str = MISSING
-    revision: str = MISSING
-    files: list[str] = field(default_factory=list)
-    local_dir: str = MISSING
-
-
-@dataclass
-class AssetsConfig:
-    enable: bool = True
-    dir: str = MISSING
-    hf_token_file: Optional[str] = None
-    text_encoder: PretrainedAsset = field(default_factory=PretrainedAsset)
-    vae: PretrainedAsset = field(default_factory=PretrainedAsset)
-    resources: JobResources = field(default_factory=JobResources)
-
-
-@dataclass
 class BenchmarkConfig:
     """The throughput sweep: one array per node count over the micro batch sizes (conf/benchmark/)."""
 
@@ -236,8 +244,8 @@ class RootConfig:
     env: dict[str, str] = field(default_factory=dict)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     container: ContainerConfig = field(default_factory=ContainerConfig)
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
     data_preparation: DataPreparationConfig = field(default_factory=DataPreparationConfig)
     data_check: DataCheckConfig = field(default_factory=DataCheckConfig)
-    assets: AssetsConfig = field(default_factory=AssetsConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)

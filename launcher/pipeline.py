@@ -8,11 +8,12 @@ from pathlib import Path
 
 from launcher.config import RootConfig, Stage
 from launcher.spec import Dependency, JobSpec, Plan
-from launcher.stages import benchmark, data_check, data_preparation, nemo_config, training
+from launcher.stages import assets, benchmark, data_check, data_preparation, nemo_config, training
 from launcher.stages.common import Context, Facts
 
 Planner = Callable[[Context], tuple[JobSpec, ...]]
 PLANNERS: dict[Stage, Planner] = {
+    Stage.assets: assets.plan,
     Stage.data_preparation: data_preparation.plan,
     Stage.data_check: data_check.plan,
     Stage.benchmark: benchmark.plan,
@@ -27,10 +28,13 @@ def run_dir(cfg: RootConfig) -> Path:
 
 
 def stages_in_order(cfg: RootConfig) -> list[Stage]:
-    """Pipeline order whatever order the user typed; data_check guards training unless disabled."""
+    """Pipeline order whatever order the user typed; data_check guards training unless disabled,
+    and the assets they read are staged before anything else."""
     chosen = set(cfg.stages)
     if Stage.training in chosen and cfg.data_check.enable:
         chosen.add(Stage.data_check)
+    if assets.needed(cfg):
+        chosen.add(Stage.assets)
     return [stage for stage in Stage if stage in chosen]
 
 

@@ -17,8 +17,11 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 from launcher import slurm_time
 from launcher.config import Backend, RootConfig, Runtime, Stage
 from launcher.errors import ConfigError
+from launcher.pipeline import stages_in_order
+from launcher.stages import assets
 from launcher.stages.common import Facts
 
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 RESIZE_MODES = ("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 
@@ -102,6 +105,25 @@ def inside_mounts(path: str, mounts: list[str]) -> bool:
     return False
 
 
+def _check_assets(cfg: RootConfig) -> None:
+    """Pinned commits and plain file names; the container must see the folders where training reads them."""
+    if Stage.assets not in stages_in_order(cfg):
+        return
+    for name, asset in assets.by_name(cfg).items():
+        key = f"assets.{name}"
+        if not COMMIT_SHA.fullmatch(asset.revision):
+            raise ConfigError(f"{key}.revision", f"{asset.revision!r} is not a 40-hex commit sha: pin one "
+                              f"(https://huggingface.co/{asset.repo_id}/commits/main)")  # fmt: skip
+        bad = [f for f in asset.files if f.startswith(("/", "-")) or ".." in PurePosixPath(f).parts]
+        if not asset.files or bad:
+            raise ConfigError(f"{key}.files", f"list the repo's file names to fetch (relative paths), "
+                              f"got {bad or '[]'}")  # fmt: skip
+        mounts = cfg.container.mounts
+        if cfg.container.runtime is Runtime.pyxis and not inside_mounts(asset.local_dir, mounts):
+            raise ConfigError(f"{key}.local_dir", f"{asset.local_dir} is not inside any container mount "
+                              f"({', '.join(mounts) or 'none'}); add it to container.mounts")  # fmt: skip
+
+
 def _check_positive(cfg: RootConfig) -> None:
     dp = cfg.data_preparation
     values = {
@@ -131,12 +153,14 @@ def _check_benchmark(cfg: RootConfig) -> None:
         per_task = slurm_time.seconds(b.time_per_task)
     except ValueError as error:
         raise ConfigError("benchmark.time_per_task", str(error)) from None
+    if Stage.benchmark not in cfg.stages:
+        return
     stop = cfg.training.run.stop_before_limit_s
     if per_task is not None and per_task <= stop:
         # A task's NeMo stops itself stop_before_limit_s before the task's limit, as training does.
         raise ConfigError("benchmark.time_per_task", f"{b.time_per_task} leaves no training time: NeMo stops "
                           f"training.run.stop_before_limit_s={stop} s before the limit; give more time")  # fmt: skip
-    if Stage.benchmark in cfg.stages and cfg.cluster.backend is Backend.local and b.nodes != [1]:
+    if cfg.cluster.backend is Backend.local and b.nodes != [1]:
         raise ConfigError("benchmark.nodes", f"the local backend runs one node; got {b.nodes}, use [1]")
 
 
@@ -159,6 +183,7 @@ def check(cfg: RootConfig) -> None:
     _check_positive(cfg)
     _check_benchmark(cfg)
     _check_container(cfg)
+    _check_assets(cfg)
 
 
 def check_facts(cfg: RootConfig, facts: Facts) -> None:

@@ -84,7 +84,7 @@ def main() -> None:
     name = f"stable-diffusion--reduced_train_loss=0.10-step={step + 1}-consumed_samples={step + 1}.0.ckpt"
     (checkpoints / name).write_text("fake checkpoint written by the stand-in\n")
     if os.environ.get("STANDIN_REQUEUE_ONCE") and not int(seen["SLURM_RESTART_COUNT"] or 0):
-        # What Lightning does on SIGUSR1 near the time limit: checkpoint, then requeue itself.
+        # What happens after a node failure or preemption: Slurm requeues the job (--requeue).
         os.system(f"scontrol requeue {os.environ['SLURM_JOB_ID']}")
         time.sleep(30)
 

@@ -57,20 +57,22 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def test_one_array_per_node_count_and_a_report_after_any_end() -> None:
     plan = build_plan(_cfg(*SWEEP, "benchmark.array_throttle=2"), FIXED_FACTS)
-    assert [job.name for job in plan.jobs] == ["bench_n1", "bench_n2", "bench_report"]
+    # The sweep builds the training model: the staged CLIP and VAE come first.
+    assert [job.name for job in plan.jobs] == ["pretrained_assets", "bench_n1", "bench_n2", "bench_report"]
     for nodes in (1, 2):
         job = plan.job(f"bench_n{nodes}")
         assert job.array and job.array.spec() == "0-2%2"
         assert (job.resources.nodes, job.resources.ntasks_per_node, job.resources.gpus_per_node) == (nodes, 8, 8)
-        assert job.resources.time == "00:30:00" and job.depends_on == ()
+        assert job.resources.time == "00:30:00"
+        assert [(d.job, d.kind) for d in job.depends_on] == [("pretrained_assets", DependencyKind.afterok)]
         assert "--kill-on-bad-exit=1" in job.srun_args
     report = plan.job("bench_report")
     assert [(d.job, d.kind) for d in report.depends_on] == [
         ("bench_n1", DependencyKind.afterany), ("bench_n2", DependencyKind.afterany)]
     assert report.resources.gpus_per_node == 0 and not report.resources.exclusive
     files = {path.relative_to(plan.run_dir).as_posix() for path, _ in plan.files}
-    assert files == {"benchmark/cases.json"} | {f"benchmark/configs/n{n}_mbs{m}.yaml"
-                                                 for n in (1, 2) for m in (32, 64, 128)}  # fmt: skip
+    assert {f for f in files if f.startswith("benchmark/")} == {"benchmark/cases.json"} | {
+        f"benchmark/configs/n{n}_mbs{m}.yaml" for n in (1, 2) for m in (32, 64, 128)}  # fmt: skip
 
 
 def test_each_task_config_is_the_training_config_plus_only_the_sweep_keys() -> None:
@@ -230,7 +232,8 @@ def _sweep(base: Path, monkeypatch: pytest.MonkeyPatch, **env: str) -> Path:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return launch(compose_config([
-        "cluster=local", f"cluster.shared_dir={base}", "stages=[benchmark]", "benchmark.micro_batch_sizes=[4,8]",
+        "cluster=local", f"cluster.shared_dir={base}", "stages=[benchmark]", "assets.enable=false",
+        "benchmark.micro_batch_sizes=[4,8]",
         "benchmark.max_steps=6", "benchmark.warmup_steps=2", "benchmark.memory_sample_s=0.02",
         f"training.run.script={STANDIN}", f"training.run.python={sys.executable}",
     ]))  # fmt: skip

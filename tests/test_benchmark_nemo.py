@@ -42,7 +42,7 @@ def _tensorboard_timings(nemo_python: str, log_dir: Path) -> list[float]:
 def test_cpu_sweep_report_comes_from_nemo_logs(tmp_path: Path, nemo_python: str) -> None:
     write_tiny_assets(nemo_python, tmp_path)
     run = launch(compose_config([
-        "cluster=local", f"cluster.shared_dir={tmp_path}", "stages=[benchmark]", *TINY_OVERRIDES,
+        "cluster=local", f"cluster.shared_dir={tmp_path}", "stages=[benchmark]", "assets.enable=false", *TINY_OVERRIDES,
         "benchmark.micro_batch_sizes=[1,2]", f"benchmark.max_steps={STEPS}", f"benchmark.warmup_steps={WARMUP}",
         f"training.run.script={SD_TRAIN_CPU}", f"training.run.python={nemo_python}",
         "training.trainer.log_every_n_steps=1",

@@ -42,7 +42,7 @@ def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def test_sweep_with_an_oom_task_reports_every_row(slurm_cluster, shared: Path) -> None:
     run = launch(compose_config([
-        "cluster=slurm", "container=pyxis", "stages=[benchmark]", f"cluster.shared_dir={shared}",
+        "cluster=slurm", "container=pyxis", "stages=[benchmark]", "assets.enable=false", f"cluster.shared_dir={shared}",
         f"container.mounts=[{shared}:{shared}]", f"container.image={shared}/nemo.sqsh",
         f"container.python={sys.executable}", f"container.code_dir={REPO}", "cluster.gpu_job_mem=1G",
         f"training.run.script={STANDIN}", f"training.run.python={sys.executable}",

@@ -33,6 +33,11 @@ BAD_INPUTS = [
     (["stages=[training]"], "cluster.gpus_per_node", "aws_p5"),
     (["cluster=aws_p5", "training.run.chain=0"], "training.run.chain", "at least 1"),
     (["+training.run.nodes=2"], "training.run.nodes", "allowed keys"),
+    (["cluster=aws_p5", "stages=[training]", "assets.vae.revision=main"], "assets.vae.revision",
+     "commit sha"),
+    (["cluster=aws_p5", "stages=[training]", "assets.dir=/models"], "assets.text_encoder.local_dir",
+     "container.mounts"),
+    (["stages=[assets]", "assets.text_encoder.files=[]"], "assets.text_encoder.files", "file names"),
 ]
 
 

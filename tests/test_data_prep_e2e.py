@@ -98,7 +98,9 @@ def test_demo_then_data_check_with_nemo_on_the_local_backend(tmp_path: Path) -> 
         if os.environ.get("REQUIRE_NEMO"):
             pytest.fail(f"REQUIRE_NEMO is set but there is no NeMo interpreter at {nemo}")
         pytest.skip(f"no NeMo interpreter at {nemo} (tests/install_nemo.sh)")
-    data = _run(tmp_path, "cluster=local", "stages=[data_preparation,data_check]", f"data_check.python={nemo}")
+    # Offline: no assets job (tests/test_assets_stage.py runs that one against the fake Hub).
+    data = _run(tmp_path, "cluster=local", "stages=[data_preparation,data_check]", f"data_check.python={nemo}",
+                "assets.enable=false")
     report = json.loads((tmp_path / "results/sd_pretrain/data_check/report.json").read_text())
     with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
         total = pickle.load(handle)["total_key_count"]

@@ -117,3 +117,31 @@ def test_preflight_reports_the_shard_plan(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "40 tars for 16 ranks: 2 tars per rank, 8 left out of every epoch" in out
     assert "14 of 16 workers per rank idle" in out
+
+
+@pytest.mark.parametrize(
+    ("files", "done"),
+    [
+        ((), False),
+        # NeMo marks a checkpoint being written with <name less .ckpt and -EMA>-unfinished.
+        (("sd--step=82500-consumed_samples=1.0.ckpt", "sd--step=82500-consumed_samples=1.0-unfinished"), False),
+        (("sd--step=82500-consumed_samples=1.0-EMA.ckpt", "sd--step=82500-consumed_samples=1.0-unfinished"), False),
+        (("sd--step=8250-consumed_samples=1.0.ckpt",), False),
+        (("sd--step=82500-consumed_samples=1.0.ckpt",), True),
+        (("sd--step=82500-consumed_samples=1.0-last.ckpt", "sd--step=82500-consumed_samples=1.0.ckpt"), True),
+    ],
+)
+def test_chained_job_is_done_only_at_a_finished_max_steps_checkpoint(
+    tmp_path: Path, files: tuple[str, ...], done: bool
+) -> None:
+    _saved(tmp_path)
+    script = (tmp_path / "results/sd_pretrain/training/sd_860m_res_256.sbatch").read_text()
+    prologue = script[script.index("for checkpoint in"): script.index("\ndone\n") + 6]
+    checkpoints = tmp_path / "results/sd_pretrain/training/results/checkpoints"
+    checkpoints.mkdir(parents=True)
+    for name in files:
+        (checkpoints / name).write_text("")
+    ran = subprocess.run(["bash", "-c", prologue + "echo TRAINING WOULD START"], capture_output=True, text=True)
+    assert ran.returncode == 0
+    assert ("already reached" in ran.stdout) is done
+    assert ("TRAINING WOULD START" in ran.stdout) is not done

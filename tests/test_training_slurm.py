@@ -4,6 +4,7 @@ pyxis by the SPANK stand-in that runs NO container."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import sys
 import tempfile
@@ -15,6 +16,10 @@ from conftest import compose_config
 
 from launcher import manifest
 from launcher.main import launch
+from hf_fake_hub import FakeHub
+from nemo_cpu.harness import write_tiny_assets
+from nemo_cpu.tiny import TINY_OVERRIDES
+from test_data_check import make_dataset
 
 pytestmark = pytest.mark.slow
 STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
@@ -39,6 +44,7 @@ def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def _launch(shared: Path, *overrides: str) -> dict[str, str]:
     launch(compose_config([
         "cluster=slurm", "container=pyxis", "stages=[training]", "data_check.enable=false",
+        "assets.enable=false",  # no Hub here: tests/test_assets_stage.py runs the assets job
         f"cluster.shared_dir={shared}", f"container.mounts=[{shared}:{shared}]",
         f"container.image={shared}/nemo.sqsh", f"container.python={sys.executable}",
         f"container.code_dir={shared}", f"training.run.script={STANDIN}", f"training.run.python={sys.executable}",
@@ -74,6 +80,7 @@ def test_sixteen_ranks_on_two_nodes_and_chained_jobs(slurm_cluster, shared: Path
 
 
 def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -> None:
+    """A job Slurm requeues (node failure, preemption) resumes from its checkpoint."""
     ids = _launch(shared, "+env.STANDIN_REQUEUE_ONCE=1", "training.trainer.max_steps=5")
     job = slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=240)
     assert job.state == "COMPLETED"
@@ -90,3 +97,53 @@ def test_failing_data_check_cancels_training(slurm_cluster, shared: Path) -> Non
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=30).state == "CANCELLED"
     log = (shared / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
     assert "000000.tar" in log
+
+
+@pytest.fixture
+def real_data(shared: Path, nemo_python: str) -> Iterator[tuple[Path, FakeHub]]:
+    """16 real jpg/txt tars (one per rank), and the fake Hub serving tiny CLIP/VAE repos at the pinned
+    commits, laid out like the real ones, for the pretrained_assets job to stage."""
+    wdinfo = make_dataset(shared / "made", tars=16, per_tar=2)
+    tars = shared / "data/tarfiles_reorganized"
+    for tar in (shared / "made/shards").glob("*.tar"):
+        tar.rename(tars / tar.name)
+    (tars / "wdinfo.pkl").write_bytes(wdinfo.read_bytes())
+    write_tiny_assets(nemo_python, shared / "hub")
+    (shared / "hub/models/sd-vae-ft-mse/config.json").write_text("{}")
+    assets = compose_config([]).assets
+    repos = {assets[name].repo_id: {assets[name].revision: shared / "hub/models" / Path(assets[name].local_dir).name}
+             for name in ("text_encoder", "vae")}  # fmt: skip
+    with FakeHub({}, models=repos) as hub:
+        yield shared, hub
+
+
+def _assets_checks_training(data: tuple[Path, FakeHub], nemo_python: str, *overrides: str) -> dict[str, str]:
+    shared, hub = data
+    tiny = [o for o in TINY_OVERRIDES if ".accelerator=" not in o and "_batch_size=" not in o]
+    return _launch(shared, "stages=[data_check,training]", "data_check.enable=true", f"data_check.python={nemo_python}",
+                   "assets.enable=true", f"+env.HF_ENDPOINT={hub.url}",
+                   "training.model.micro_batch_size=2", "training.model.global_batch_size=32", *tiny,
+                   "training.trainer.max_steps=1", *overrides)  # fmt: skip
+
+
+def test_assets_then_model_check_then_training(slurm_cluster, real_data: tuple[Path, FakeHub], nemo_python: str) -> None:
+    ids = _assets_checks_training(real_data, nemo_python)
+    shared = real_data[0]
+    jobs = {job: slurm_cluster.wait_job(ids[job], timeout=300) for job in ("pretrained_assets", "data_check")}
+    jobs["sd_860m_res_256"] = slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=120)
+    assert [job.state for job in jobs.values()] == ["COMPLETED"] * 3
+    # In order: Slurm started each only after the previous one succeeded.
+    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_pretrain")}
+    assert edges == {"pretrained_assets": [], "data_check": ["afterok:pretrained_assets"],
+                     "sd_860m_res_256": ["afterok:data_check"]}
+    report = json.loads((shared / "results/sd_pretrain/data_check/report.json").read_text())
+    assert report["ok"] and set(report["models"]) == {"unet", "vae", "text_encoder"}
+    assert report["models"]["vae"]["file"] == str(shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors")
+
+
+def test_failing_model_check_cancels_training(slurm_cluster, real_data: tuple[Path, FakeHub], nemo_python: str) -> None:
+    ids = _assets_checks_training(real_data, nemo_python, "+training.model.unet_config.enable_amp_o2_fp16=false")
+    assert slurm_cluster.wait_job(ids["data_check"], timeout=300).state == "FAILED"
+    assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=60).state == "CANCELLED"
+    log = (real_data[0] / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
+    assert "model.unet_config: NeMo cannot build it" in log and "enable_amp_o2_fp16" in log
