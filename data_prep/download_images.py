@@ -19,6 +19,18 @@ smallest side to 256 and center-crops. NVIDIA's preset (resize_mode no) stores o
 epoch decodes full-size images; storing the crops makes the data ~10x smaller and decoding cheap.
 (In YAML quote "no": unquoted it is the boolean false.)
 
+Network settings (img2dataset 1.47.0's own options, read from its source): --timeout is urllib's
+socket timeout per request; --retries re-requests a failed URL at once, that many extra times, on
+any failure (a 404 too: keep it low for hosts with dead links); --user-agent-token is appended to
+its User-Agent as "(compatible; <token>; +https://github.com/rom1504/img2dataset)" and also selects
+the X-Robots-Tag lines addressed to that token; an image whose X-Robots-Tag carries one of
+--disallowed-header-directives (default noai,noimageai,noindex,noimageindex, img2dataset's own
+default; "" = obey none) is not stored and counts as failed to download. Each img2dataset process
+downloads one shard at a time with --threads threads and resizes in one thread, so processes
+default to this task's CPUs (at most the shards left) and threads to 32 per process.
+The done marker records the most frequent failure reasons (`errors`); `python -m launcher status`
+shows each partition's success rate.
+
 URLs of the form `${NAME}/path` are expanded from the environment (the offline demo's server
 exports DEMO_BASE_URL; see data_prep.serve). Web URLs never start with `${`.
 """
@@ -31,6 +43,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,12 +53,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_prep.progress import log, read_json, write_json_atomic
+from data_prep.progress import exit_status, log, read_json, task_cpus, write_json_atomic
 
 STEP = "download_images"
 RESIZE_MODES = ("center_crop", "no", "border", "keep_ratio", "keep_ratio_largest")
 PLACEHOLDER = r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}"  # RE2 syntax, for pyarrow
-THREADS_PER_PROCESS = 64  # downloads wait on the network, not the CPU: many per process
+THREADS_PER_PROCESS = 32  # downloads wait on the network, not the CPU: many per process
+ROBOTS_DIRECTIVES = ("noai", "noimageai", "noindex", "noimageindex")  # img2dataset 1.47.0's default
+TOP_ERRORS = 5
 
 
 class DownloadError(Exception):
@@ -68,16 +83,22 @@ class RunOptions:
     output_dir: Path
     partition: int
     image: ImageOptions
-    processes: int
-    threads: int
+    processes: int | None = None  # None: this task's CPUs, at most the shards left
+    threads: int | None = None  # None: THREADS_PER_PROCESS
     timeout: int = 10
     retries: int = 0
+    user_agent_token: str | None = None
+    disallowed_header_directives: tuple[str, ...] = ROBOTS_DIRECTIVES
 
 
-def slurm_cpus() -> int:
-    """CPUs of this task: SLURM_CPUS_PER_TASK inside a Slurm job, else the machine's."""
-    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
+def workers(opts: RunOptions, cpus: int, shards_left: int) -> tuple[int, int]:
+    """(processes, threads per process) for img2dataset: a process beyond the shards left would idle.
+
+    >>> workers(RunOptions(Path("p"), Path("o"), 0, ImageOptions()), cpus=32, shards_left=10)
+    (10, 32)
+    """
+    processes = opts.processes or max(1, min(cpus, shards_left))
+    return processes, opts.threads or THREADS_PER_PROCESS
 
 
 def expand_placeholders(table: pa.Table) -> tuple[pa.Table, list[str]]:
@@ -109,7 +130,7 @@ def shard_stats(folder: Path, num_shards: int) -> tuple[dict[str, dict[str, Any]
     return stats, missing
 
 
-def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions) -> None:
+def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: int, threads: int) -> None:
     """img2dataset's Python API; its SIGINT handler calls sys.exit(0), which must not read as success."""
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # else it calls PyPI at import
     from img2dataset import download  # heavy import, only where used
@@ -127,10 +148,12 @@ def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions) -> None:
             resize_mode=opts.image.resize_mode,
             encode_quality=opts.image.encode_quality,
             number_sample_per_shard=opts.image.samples_per_shard,
-            processes_count=opts.processes,
-            thread_count=opts.threads,
+            processes_count=processes,
+            thread_count=threads,
             timeout=opts.timeout,
             retries=opts.retries,
+            user_agent_token=opts.user_agent_token,
+            disallowed_header_directives=list(opts.disallowed_header_directives),  # [] = obey none
             incremental_mode="incremental",
             enable_wandb=False,
         )
@@ -150,8 +173,17 @@ def summarize(
         "failed_to_download": sum(s["failed_to_download"] for s in stats.values()),
         "failed_to_resize": sum(s["failed_to_resize"] for s in stats.values()),
         "shards": {name: s["successes"] for name, s in sorted(stats.items())},
+        "errors": top_errors(stats),
         "options": asdict(image),
     }
+
+
+def top_errors(stats: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The most frequent failure reasons over the shards (img2dataset's status_dict, minus successes)."""
+    reasons: Counter[str] = Counter()
+    for shard in stats.values():
+        reasons.update({k: v for k, v in (shard.get("status_dict") or {}).items() if k != "success"})
+    return dict(reasons.most_common(TOP_ERRORS))
 
 
 def done_marker(marker: Path, image: ImageOptions) -> dict[str, Any] | None:
@@ -198,12 +230,13 @@ def run(opts: RunOptions) -> dict[str, Any]:
         url_list, rows = prepare_url_list(source, Path(work_dir))
         num_shards = math.ceil(rows / opts.image.samples_per_shard)
         done_before = shard_stats(folder, num_shards)[0] if folder.is_dir() else {}
+        processes, threads = workers(opts, task_cpus(), num_shards - len(done_before))
         log(STEP, f"partition {opts.partition}: {rows:,} rows -> {num_shards} shard(s) in {folder} "
-                  f"({len(done_before)} already done), {opts.processes} process(es) x {opts.threads} threads, "
+                  f"({len(done_before)} already done), {processes} process(es) x {threads} threads, "
                   f"{opts.image.resize_mode} {opts.image.image_size}")  # fmt: skip
         started = time.monotonic()
         if len(done_before) < num_shards:
-            run_img2dataset(url_list, folder, opts)
+            run_img2dataset(url_list, folder, opts, processes, threads)
     seconds = time.monotonic() - started
     stats, missing = shard_stats(folder, num_shards)
     if missing:
@@ -220,6 +253,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
         )
     processed = sum(s["count"] for shard, s in stats.items() if shard not in done_before)
     summary["seconds"] = round(seconds, 3)
+    summary["workers"] = {"processes": processes, "threads": threads}
     write_json_atomic(marker, summary)
     log(STEP, f"partition {opts.partition} done: {summary['successes']:,} of {rows:,} images "
               f"({summary['failed_to_download']:,} failed to download, {summary['failed_to_resize']:,} to resize); "
@@ -269,12 +303,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="center_crop (default: what training does anyway, ~10x less data) or no, border, "
              "keep_ratio, keep_ratio_largest")  # fmt: skip
     add("--encode-quality", type=int_at_least(1, 100), default=95, help="JPEG quality 1..100")
-    add("--processes", type=int_at_least(1), help="default: $SLURM_CPUS_PER_TASK or all CPUs")
-    add("--threads", type=int_at_least(1), default=THREADS_PER_PROCESS, help="download threads per process")
+    add("--processes", type=int_at_least(1),
+        help="img2dataset processes (default: $SLURM_CPUS_PER_TASK or all CPUs, at most the shards left)")
+    add("--threads", type=int_at_least(1), help=f"download threads per process (default {THREADS_PER_PROCESS})")
     add("--samples-per-shard", type=int_at_least(1), default=1000)
     add("--timeout", type=int_at_least(1), default=10, help="seconds per download")
-    add("--retries", type=int_at_least(0), default=0, help="extra tries per failed download")
+    add("--retries", type=int_at_least(0), default=0, help="extra tries per failed download, at once")
+    add("--user-agent-token", help="added to the User-Agent; X-Robots-Tag lines for this token apply too")
+    add("--disallowed-header-directives", type=directives, default=ROBOTS_DIRECTIVES,
+        help="comma-separated X-Robots-Tag directives that exclude an image (\"\" = obey none); "
+             f"default {','.join(ROBOTS_DIRECTIVES)}")  # fmt: skip
     return parser
+
+
+def directives(text: str) -> tuple[str, ...]:
+    return tuple(d.strip().lower() for d in text.split(",") if d.strip())
 
 
 def parse_args(argv: list[str] | None = None) -> RunOptions:
@@ -290,20 +333,17 @@ def parse_args(argv: list[str] | None = None) -> RunOptions:
         output_dir=args.output_dir,
         partition=args.partition,
         image=image,
-        processes=args.processes or slurm_cpus(),
+        processes=args.processes,
         threads=args.threads,
         timeout=args.timeout,
         retries=args.retries,
+        user_agent_token=args.user_agent_token,
+        disallowed_header_directives=args.disallowed_header_directives,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run(parse_args(argv))
-    except DownloadError as exc:
-        print(f"{STEP}: error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return exit_status(STEP, lambda: run(parse_args(argv)), DownloadError, 1)
 
 
 if __name__ == "__main__":

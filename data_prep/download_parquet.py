@@ -1,7 +1,8 @@
 """Step 1 of data preparation: source parquet (HF Hub, any fsspec URL, local) -> N balanced partitions.
 
-    python -m data_prep.download_parquet --source laion/laion-art --output-dir DATA/parquet \
-        --num-partitions 64 [--min-width 256 --max-punsafe 0.5 ...]
+    python -m data_prep.download_parquet --source Spawning/PD12M --revision <commit> \
+        --pattern 'metadata/*.parquet' --url-col url --caption-col caption \
+        --output-dir DATA/parquet --num-partitions 64 [--min-width 256 --max-rows 100000 ...]
 
 Writes `part-00000.parquet` ... `part-<N-1>.parquet` (columns `url`, `caption`, as img2dataset reads
 them; row counts differ by at most 1) and then `manifest.json`, the completion marker. A rerun with
@@ -12,11 +13,14 @@ Design:
   that survive the filters (from parquet metadata alone when there is no filter; otherwise it reads
   only the filter columns). Knowing the total, pass 2 gives partition i the contiguous rows
   [start_i, start_i + size_i): deterministic, source order kept, one open writer at a time.
-- Column names match case-insensitively (laion/laion-art has URL, TEXT, WIDTH, HEIGHT, similarity,
-  LANGUAGE, hash, pwatermark, punsafe, aesthetic; other LAION subsets name the last AESTHETIC_SCORE).
+- `--max-rows N` keeps the first N rows that pass the filters, in source order (a smoke-size run
+  of any dataset); pass 1 stops counting once N rows are found, so later files are never read.
+- Column names match case-insensitively (PD12M has id, url, caption, width, height, mime_type,
+  hash, license, source; laion/laion-art has URL, TEXT, WIDTH, HEIGHT, similarity, LANGUAGE,
+  hash, pwatermark, punsafe, aesthetic; other LAION subsets name the last AESTHETIC_SCORE).
 - A filter drops rows whose value is null. Rows with a null URL are kept: img2dataset counts them
   as failed downloads, and detecting them here would mean reading the largest column twice.
-- The token (HF_TOKEN or --hf-token-file) goes to the filesystem object only, never to output.
+- Sources (HF repo at a pinned --revision, fsspec URL, folder) and the token: data_prep.source.
 """
 
 from __future__ import annotations
@@ -29,17 +33,16 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
-from data_prep.progress import Progress, log, read_json, temp_path_beside, write_json_atomic
+from data_prep.progress import Progress, exit_status, log, read_json, temp_path_beside, write_json_atomic
+from data_prep.source import DataPrepError, list_files, open_source, read_token, source_url
 
 STEP = "download_parquet"
 BATCH_ROWS = 65_536
@@ -56,10 +59,6 @@ FILTERS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-class DataPrepError(Exception):
-    """Bad input or source: the message names the option and what is allowed."""
-
-
 @dataclass(frozen=True)
 class Options:
     source: str
@@ -70,6 +69,8 @@ class Options:
     caption_col: str = "TEXT"
     filters: dict[str, float] = field(default_factory=dict)
     hf_token_file: str | None = None
+    revision: str | None = None
+    max_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,56 +88,8 @@ def part_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
-def source_url(source: str) -> str:
-    """A local path or fsspec URL as given; `namespace/name` means an HF dataset repo."""
-    if "://" in source or Path(source).exists():
-        return source if "://" in source else str(Path(source).resolve())
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
-        return f"hf://datasets/{source}"
-    raise DataPrepError(
-        f"--source {source!r}: expected an existing local path, an fsspec URL (hf://, s3://, ...) "
-        "or a Hugging Face dataset repo id such as laion/laion-art"
-    )
-
-
-def read_token(token_file: str | None) -> str | None:
-    """--hf-token-file wins over HF_TOKEN; the value is returned, never printed."""
-    if token_file is None:
-        return os.environ.get("HF_TOKEN") or None
-    try:
-        token = Path(token_file).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise DataPrepError(f"--hf-token-file {token_file}: cannot read it ({exc.strerror})") from None
-    if not token:
-        raise DataPrepError(f"--hf-token-file {token_file}: the file is empty")
-    return token
-
-
-def open_source(url: str, token: str | None) -> tuple[AbstractFileSystem, str]:
-    options: dict[str, Any] = {}
-    if url.startswith("hf://"):
-        # A fresh instance: fsspec caches listings per instance, and a rerun must see new files.
-        options = {"token": token, "skip_instance_cache": True}
-        if os.environ.get("HF_ENDPOINT"):  # read now: huggingface_hub reads it only at import
-            options["endpoint"] = os.environ["HF_ENDPOINT"]
-    fs, root = fsspec.core.url_to_fs(url, **options)
-    return fs, str(root)
-
-
-def list_files(fs: AbstractFileSystem, root: str, pattern: str) -> list[FilePlan]:
-    """Files under `root` whose path relative to it matches `pattern` (`*` also matches `/`)."""
-    try:
-        found = {root: fs.info(root)} if fs.isfile(root) else fs.find(root, detail=True)
-    except Exception as exc:  # any fsspec backend's error: say which source failed and why
-        raise DataPrepError(f"--source: cannot list {root}: {type(exc).__name__}: {exc}") from exc
-    plans = []
-    for path, info in sorted(found.items()):
-        rel = path[len(root) :].lstrip("/") or Path(path).name
-        if info.get("type", "file") == "file" and fnmatch(rel, pattern):
-            plans.append(FilePlan(path=path, size=int(info.get("size") or 0)))
-    if not plans:
-        raise DataPrepError(f"--source {root}: no file matches --pattern {pattern!r}")
-    return plans
+def list_parquet(fs: AbstractFileSystem, root: str, pattern: str) -> list[FilePlan]:
+    return [FilePlan(path=f.path, size=f.size) for f in list_files(fs, root, pattern)]
 
 
 def match_column(names: list[str], wanted: tuple[str, ...], option: str, path: str) -> str:
@@ -193,12 +146,15 @@ def schema_names(fs: AbstractFileSystem, path: str) -> tuple[list[str], int]:
 def count_pass(
     fs: AbstractFileSystem, plans: list[FilePlan], opts: Options
 ) -> tuple[list[FilePlan], int, int, Counter[str]]:
-    """Pass 1: resolve columns of every file and count rows read and kept."""
+    """Pass 1: resolve columns of every file and count rows read and kept (stopping at --max-rows)."""
     resolved: list[FilePlan] = []
     rows_read = rows_kept = 0
     dropped: Counter[str] = Counter({name: 0 for name in opts.filters})
     progress = Progress(STEP, "rows")
+    limit = opts.max_rows if opts.max_rows is not None else float("inf")
     for i, plan in enumerate(plans, start=1):
+        if rows_kept >= limit:
+            break
         names, num_rows = schema_names(fs, plan.path)
         plan = resolve_columns(plan, names, opts)
         resolved.append(plan)
@@ -211,8 +167,13 @@ def count_pass(
             rows_read += batch.num_rows
             rows_kept += pc.sum(keep_mask(batch, plan, opts, dropped)).as_py() or 0
             progress.add(batch.num_rows, f"counting, file {i}/{len(plans)}")
+            if rows_kept >= limit:
+                break
     log(STEP, progress.summary("pass 1/2 (count)"))
-    return resolved, rows_read, rows_kept, dropped
+    if opts.max_rows is not None and rows_kept >= limit:
+        log(STEP, f"--max-rows {opts.max_rows:,}: keeping the first {opts.max_rows:,} rows that pass the "
+                  f"filters (read {len(resolved)} of {len(plans)} file(s))")  # fmt: skip
+    return resolved, rows_read, int(min(rows_kept, limit)), dropped
 
 
 def partition_sizes(total: int, n: int) -> list[int]:
@@ -230,6 +191,10 @@ class PartitionWriter:
         self.filled = 0
         self._writer: pq.ParquetWriter | None = None
         self._tmp: Path | None = None
+
+    @property
+    def remaining(self) -> int:
+        return sum(self.sizes[self.index :]) - self.filled
 
     def write(self, table: pa.Table) -> None:
         offset = 0
@@ -277,8 +242,13 @@ def write_pass(fs: AbstractFileSystem, plans: list[FilePlan], opts: Options, tot
         for i, plan in enumerate(plans, start=1):
             columns = list(dict.fromkeys([plan.url, plan.caption, *(c for _, c in plan.filter_cols)]))
             for batch in iter_batches(fs, plan, columns):
-                writer.write(to_output(batch, plan, keep_mask(batch, plan, opts, None)))
+                table = to_output(batch, plan, keep_mask(batch, plan, opts, None))
+                if opts.max_rows is not None:  # the first max_rows kept rows, as pass 1 counted them
+                    table = table.slice(0, writer.remaining)
+                writer.write(table)
                 progress.add(batch.num_rows, f"writing partition {writer.index + 1}/{len(sizes)}, file {i}")
+                if opts.max_rows is not None and writer.remaining == 0:
+                    break
     except BaseException:
         writer.abort()
         raise
@@ -299,6 +269,7 @@ def inputs_record(opts: Options, url: str, plans: list[FilePlan]) -> dict[str, A
         "caption_col": opts.caption_col,
         "filters": dict(sorted(opts.filters.items())),
         "num_partitions": opts.num_partitions,
+        "max_rows": opts.max_rows,
     }
 
 
@@ -322,9 +293,9 @@ def clean_output_dir(out_dir: Path, keep: int) -> None:
 
 def run(opts: Options) -> dict[str, Any]:
     """Do the step (or find it done); returns the manifest."""
-    url = source_url(opts.source)
+    url = source_url(opts.source, opts.revision)
     fs, root = open_source(url, read_token(opts.hf_token_file))
-    plans = list_files(fs, root, opts.pattern)
+    plans = list_parquet(fs, root, opts.pattern)
     inputs = inputs_record(opts, url, plans)
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = opts.output_dir / "manifest.json"
@@ -368,6 +339,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--source", required=True, help="HF dataset repo id, fsspec URL or folder")
+    parser.add_argument("--revision", help="HF commit/tag/branch to read (an HF source only; pin a commit)")
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--num-partitions", required=True, type=int, help="part-*.parquet files (>= 1)")
     parser.add_argument("--pattern", default="*.parquet", help="glob on paths relative to --source")
@@ -379,21 +351,20 @@ def parse_args(argv: list[str] | None = None) -> Options:
             "--" + name.replace("_", "-"), type=kind, help=f"keep rows with {columns[0]} {op} this"
         )
     parser.add_argument("--hf-token-file", help="file holding an HF token (default: env HF_TOKEN)")
+    parser.add_argument("--max-rows", type=int, help="keep only the first N rows that pass the filters")
     args = parser.parse_args(argv)
     if args.num_partitions < 1:
         parser.error(f"--num-partitions must be >= 1, got {args.num_partitions}")
+    if args.max_rows is not None and args.max_rows < 1:
+        parser.error(f"--max-rows must be >= 1, got {args.max_rows}")
     filters = {name: getattr(args, name) for name in FILTERS if getattr(args, name) is not None}
-    plain = ("source", "output_dir", "num_partitions", "pattern", "url_col", "caption_col", "hf_token_file")
+    plain = ("source", "output_dir", "num_partitions", "pattern", "url_col", "caption_col", "hf_token_file",
+             "revision", "max_rows")
     return Options(filters=filters, **{name: getattr(args, name) for name in plain})
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run(parse_args(argv))
-    except DataPrepError as exc:
-        print(f"{STEP}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return exit_status(STEP, lambda: run(parse_args(argv)), DataPrepError, 2)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared by the data-prep steps: rate-limited progress lines and atomic file writes.
+"""Shared by the data-prep steps: rate-limited progress lines, atomic file writes, the task's CPUs,
+and the exit of a step's command line.
 
 Both live here because every step needs them and a job log is the only place a person follows
 a Slurm task: one line every few seconds with a count and a rate, never a redrawn bar.
@@ -16,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,23 @@ class Progress:
         return (
             f"{what}: {self.count:,} {self.unit} in {self.elapsed_s:.1f} s ({self.rate:,.0f} {self.unit}/s)"
         )
+
+
+def exit_status(step: str, work: Callable[[], object], errors: type[Exception], status: int) -> int:
+    """Run a step; its expected error is one line on stderr and exit `status`, never a traceback."""
+    try:
+        work()
+    except errors as exc:
+        print(f"{step}: error: {exc}", file=sys.stderr, flush=True)
+        return status
+    return 0
+
+
+def task_cpus() -> int:
+    """CPUs of this task: SLURM_CPUS_PER_TASK inside a Slurm job (the local backend sets it too), else
+    the machine's."""
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
 
 
 def temp_path_beside(final: Path, suffix: str = "") -> Path:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_prep.fetch_tars import KIND as OWN_TARS
 from data_prep.progress import log, read_json, write_json_atomic
 from data_prep.tario import (
     INDEX_VERSION,
@@ -92,24 +93,32 @@ class Plan:
 
 
 def discover_shards(input_dir: Path, output_dir: Path, allow_incomplete: bool) -> list[Shard]:
-    """Raw shards in deterministic order: partition folder name, then shard name."""
+    """Raw shards in deterministic order: partition folder name, then shard name.
+
+    A partition is img2dataset's (a shard counts as finished when its _stats.json exists) or, when its
+    marker says kind webdataset_tars, fetch_tars' bring-your-own tars (every shard finished, no stats).
+    """
     if not input_dir.is_dir():
         raise ReorganizeError(f"--input-dir {input_dir} is not a directory")
     shards: list[Shard] = []
     for part in sorted(p for p in input_dir.iterdir() if p.is_dir() and p.name[0] not in "._"):
         if part.resolve() == output_dir.resolve():
             continue
-        if not (input_dir / f"{part.name}.done.json").exists():
+        marker = input_dir / f"{part.name}.done.json"
+        if not marker.exists():
             if not allow_incomplete:
                 raise ReorganizeError(
                     f"partition {part} has no done marker {part.name}.done.json: its download has not "
                     "finished (pass --allow-incomplete to skip unfinished partitions)")
             log(STEP, f"warning: skipping unfinished partition {part.name} (--allow-incomplete)")
             continue
+        marked = read_json(marker)
+        own_tars = isinstance(marked, dict) and marked.get("kind") == OWN_TARS
         for tar in sorted(part.glob("*.tar")):
             stats = read_json(tar.with_name(f"{tar.stem}_stats.json"))
             successes = stats.get("successes") if isinstance(stats, dict) else None
-            shards.append(Shard(part.name, tar, successes if isinstance(successes, int) else None))
+            successes = successes if isinstance(successes, int) else None
+            shards.append(Shard(part.name, tar, successes, finished=own_tars or successes is not None))
     if not shards:
         raise ReorganizeError(f"no shards (<partition>/*.tar) under --input-dir {input_dir}")
     return shards
@@ -244,7 +253,7 @@ def _summary(metas: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
             "dropped_missing_member": sum(m["incomplete"] for m in metas),
             "remainder_dropped": plan.total - min(plan.total, plan.outputs * plan.chunk_size),
             "bad_shards": [{"shard": m["shard"], "error": m["error"]} for m in metas if m["error"]],
-            "stats_mismatch": [m["shard"] for m in metas if not m["error"]
+            "stats_mismatch": [m["shard"] for m in metas if not m["error"] and m["stats_successes"] is not None
                                and m["stats_successes"] != m["keys_seen"]]}
 
 

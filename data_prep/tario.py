@@ -321,7 +321,8 @@ class TarAppender:
 class Shard:
     partition: str
     path: Path
-    stats_successes: int | None  # None: no _stats.json, img2dataset never finished this shard
+    stats_successes: int | None  # img2dataset's count from its _stats.json; None when there is none
+    finished: bool = True  # False: an img2dataset shard without _stats.json (never finished), skipped
 
     @property
     def rel(self) -> str:
@@ -347,7 +348,7 @@ def _scan_shard(shard: Shard, extensions: list[str]) -> tuple[dict[str, Any], ar
     meta: dict[str, Any] = {"version": INDEX_VERSION, "shard": shard.rel, "size": st.st_size,
                             "mtime_ns": st.st_mtime_ns, "extensions": extensions,
                             "stats_successes": shard.stats_successes}
-    if shard.stats_successes is None:
+    if not shard.finished:
         members, error = [], "no _stats.json: img2dataset never finished this shard; skipped"
     elif st.st_size == 0:
         members, error = [], "empty file"

@@ -92,6 +92,8 @@ class StepConfig:
 @dataclass
 class DownloadParquetConfig(StepConfig):
     source: str = "laion/laion-art"
+    # HF commit (or tag/branch) to read; only for an HF source (repo id or hf://datasets/...).
+    revision: Optional[str] = None
     pattern: str = "*.parquet"
     url_col: str = "URL"
     caption_col: str = "TEXT"
@@ -102,6 +104,12 @@ class DownloadParquetConfig(StepConfig):
     min_aesthetic: Optional[float] = None
     # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
     hf_token_file: Optional[str] = None
+    # Keep only the first N rows that pass the filters (a smoke-size run); null = all.
+    max_rows: Optional[int] = None
+
+
+# img2dataset 1.47.0's default: images whose X-Robots-Tag carries one of these are not downloaded.
+ROBOTS_DIRECTIVES = ["noai", "noimageai", "noindex", "noimageindex"]
 
 
 @dataclass
@@ -115,6 +123,9 @@ class DownloadImagesConfig(StepConfig):
     samples_per_shard: int = 1000
     timeout: int = 10
     retries: int = 0
+    # Added to img2dataset's User-Agent as "(compatible; <token>; +https://github.com/rom1504/img2dataset)".
+    user_agent_token: Optional[str] = None
+    disallowed_header_directives: list[str] = field(default_factory=lambda: list(ROBOTS_DIRECTIVES))
 
 
 @dataclass
@@ -123,6 +134,17 @@ class ReorganizeTarConfig(StepConfig):
     tar_chunk_size: int = 1000
     extensions: list[str] = field(default_factory=lambda: ["jpg", "txt"])
     keep_remainder: bool = False
+
+
+@dataclass
+class TarsConfig(StepConfig):
+    """Bring your own webdataset tars (jpg + txt members): fetched (or linked) in place of the downloads."""
+
+    enable: bool = False
+    # A local folder (absolute path) or any fsspec URL (s3://..., hf://datasets/<repo>@<rev>/...).
+    source: Optional[str] = None
+    pattern: str = "*.tar"
+    hf_token_file: Optional[str] = None
 
 
 @dataclass
@@ -142,6 +164,7 @@ class DataPreparationConfig:
     demo: DemoConfig = field(default_factory=DemoConfig)
     download_parquet: DownloadParquetConfig = field(default_factory=DownloadParquetConfig)
     download_images: DownloadImagesConfig = field(default_factory=DownloadImagesConfig)
+    tars: TarsConfig = field(default_factory=TarsConfig)
     reorganize_tar: ReorganizeTarConfig = field(default_factory=ReorganizeTarConfig)
     generate_wdinfo: GenerateWdinfoConfig = field(default_factory=GenerateWdinfoConfig)
 

@@ -17,6 +17,40 @@ def _json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _rate(ok: int, rows: int) -> str:
+    return f"{ok / rows:.1%}" if rows else "-"
+
+
+def partition_rates(raw_tar_dir: Path) -> list[tuple[str, str]]:
+    """(partition, success rate and counts) for every partition download_images has started: from its
+    done marker when finished, else from the shard stats img2dataset has written so far."""
+    rows: list[tuple[str, str]] = []
+    for folder in sorted(p for p in raw_tar_dir.glob("part-*") if p.is_dir()):
+        done = _json(raw_tar_dir / f"{folder.name}.done.json")
+        if done:
+            failed = done["failed_to_download"] + done["failed_to_resize"]
+            top = next(iter(done.get("errors") or {}), None)
+            most = f" (most: {top})" if top else ""
+            rate = _rate(done["successes"], done["rows"])
+            rows.append((folder.name, f"{rate} ok: {done['successes']:,} of {done['rows']:,}, {failed:,} failed{most}"))
+            continue
+        stats = [s for p in sorted(folder.glob("*_stats.json")) if (s := _json(p))]
+        ok, tried = sum(s["successes"] for s in stats), sum(s["count"] for s in stats)
+        rows.append((folder.name, f"running: {_rate(ok, tried)} ok so far, {ok:,} of {tried:,} in "
+                                  f"{len(stats)} finished shard(s)"))  # fmt: skip
+    return rows
+
+
+def _reorganized(tar_dir: Path) -> str | None:
+    counts = [c for p in sorted(Path(tar_dir, "_counts").glob("*.json")) if (c := _json(p))]
+    if not counts:
+        return None
+    newest = max(Path(tar_dir, "_reports").glob("*.json"), key=lambda p: p.stat().st_mtime_ns, default=None)
+    report = _json(newest) if newest else None
+    dropped = f", {report['dropped_missing_member']:,} samples dropped (missing a member)" if report else ""
+    return f"{len(counts)} tars written, {sum(c['samples'] for c in counts):,} samples{dropped}"
+
+
 def data_counts(data_dir: str) -> list[tuple[str, str]]:
     """(step, what is on disk) for each data preparation step that has written something."""
     layout = DataLayout(PurePosixPath(data_dir))
@@ -30,11 +64,18 @@ def data_counts(data_dir: str) -> list[tuple[str, str]]:
     if markers:
         ok = sum(m["successes"] for m in markers)
         failed = sum(m["failed_to_download"] + m["failed_to_resize"] for m in markers)
+        rate = _rate(ok, sum(m["rows"] for m in markers))
         rows.append(("download_images", f"{len(markers)}/{partitions or '?'} partitions done: "
-                                        f"{ok:,} images, {failed:,} failed"))  # fmt: skip
-    counts = [c for p in sorted(Path(layout.tar_dir, "_counts").glob("*.json")) if (c := _json(p))]
-    if counts:
-        rows.append(("reorganize_tar", f"{len(counts)} tars written, {sum(c['samples'] for c in counts):,} samples"))
+                                        f"{ok:,} images, {failed:,} failed ({rate} ok)"))  # fmt: skip
+    rows += [(f"  {name}", text) for name, text in partition_rates(Path(layout.raw_tar_dir))]
+    own = _json(Path(layout.source_tar_dir / "tars.done.json"))
+    if own:
+        how = f"{own['linked']} linked, {own['copied']} copied, {own['kept']} kept"
+        size = f"{own['bytes'] / 1e9:,.2f} GB"
+        rows.append(("fetch_tars", f"{len(own['files'])} tars ({size}) from {own['source']}: {how}"))
+    reorganized = _reorganized(Path(layout.tar_dir))
+    if reorganized:
+        rows.append(("reorganize_tar", reorganized))
     wdinfo = Path(layout.wdinfo)
     if wdinfo.exists():
         with wdinfo.open("rb") as handle:

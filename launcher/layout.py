@@ -23,6 +23,11 @@ class DataLayout:
         return self.data_dir / "tarfiles_raw"
 
     @property
+    def source_tar_dir(self) -> PurePosixPath:
+        """Bring-your-own tars, linked or copied by fetch_tars: `tars/NNNNNN.tar` + `tars.done.json`."""
+        return self.data_dir / "tarfiles_source"
+
+    @property
     def tar_dir(self) -> PurePosixPath:
         """NeMo's `webdataset.local_root_path`: wdinfo names tars relative to it."""
         return self.data_dir / "tarfiles_reorganized"

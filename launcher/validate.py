@@ -19,7 +19,7 @@ from launcher.config import Backend, RootConfig, Runtime, Stage
 from launcher.errors import ConfigError
 from launcher.pipeline import stages_in_order
 from launcher.stages import assets
-from launcher.stages.common import Facts
+from launcher.stages.common import Facts, inside_mounts
 
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 RESIZE_MODES = ("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")
@@ -93,16 +93,6 @@ def _check_container(cfg: RootConfig) -> None:
                 f"{path} is not inside any container mount ({', '.join(c.mounts) or 'none'}); "
                 "add it to container.mounts",
             )
-
-
-def inside_mounts(path: str, mounts: list[str]) -> bool:
-    """Whether `path` is seen at the same place inside the container."""
-    for mount in mounts:
-        src, _, rest = mount.partition(":")
-        dst = rest.split(":")[0] or src
-        if src == dst and PurePosixPath(path).is_relative_to(dst):
-            return True
-    return False
 
 
 def _check_assets(cfg: RootConfig) -> None:

@@ -4,7 +4,8 @@ The real huggingface_hub client code runs unchanged against it: point `HF_ENDPOI
 `endpoint` argument) at `FakeHub.url`. Datasets are local folders; every file is served with
 byte ranges, as the Hub's `resolve` route does, so pyarrow reads parquet footers lazily.
 
-Routes answered for dataset repos (any revision name):
+Routes answered for dataset repos (any revision name, except for a repo given a pinned commit in
+`revisions`, which answers only that commit and `main`, and 404 RevisionNotFound otherwise):
   GET  /api/datasets/<ns>/<name>[/revision/<rev>]          repo info
   GET  /api/datasets/<ns>/<name>/tree/<rev>[/<path>]       listing (?recursive=true)
   POST /api/datasets/<ns>/<name>/paths-info/<rev>          info of given paths
@@ -49,6 +50,7 @@ _LFS_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".ckpt", ".pt", ".pt
 
 def _git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+_REVISION = re.compile(rf"^(?:/api)?/datasets/{_REPO}/(?:revision|tree|paths-info|resolve)/(?P<rev>[^/]+)")
 
 
 def _entry(root: Path, path: Path) -> dict[str, Any]:
@@ -79,8 +81,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.hub.requests.append((self.command, self.path, self.headers.get("Authorization")))
         return unquote(urlsplit(self.path).path)
 
+    def _unknown_revision(self, path: str) -> bool:
+        """For a pinned repo, answer an unknown revision as the Hub does; True when answered."""
+        match = _REVISION.match(path)
+        pinned = self.hub.revisions.get(match["repo"]) if match else None
+        if match is None or pinned is None or match["rev"] in (pinned, "main"):
+            return False
+        self._send_json({"error": f"Invalid rev id: {match['rev']}"}, 404, "RevisionNotFound")
+        return True
+
     def do_GET(self) -> None:
         path = self._record()
+        if self._unknown_revision(path):
+            return
         for pattern, route in ((_TREE, self._tree), (_RESOLVE, self._resolve), (_API, self._info)):
             match = pattern.match(path)
             if match:
@@ -102,6 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self._record()
+        if self._unknown_revision(path):
+            return
         match = _PATHS_INFO.match(path)
         root = self.hub.datasets.get(match["repo"]) if match else None
         if root is None:
@@ -112,7 +127,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json([_entry(root, p) for p in found])
 
     def _info(self, root: Path, match: re.Match[str]) -> None:
-        self._send_json({"id": match["repo"], "sha": "0" * 40, "private": False})
+        sha = self.hub.revisions.get(match["repo"], "0" * 40)
+        self._send_json({"id": match["repo"], "sha": sha, "private": False})
 
     def _tree(self, root: Path, match: re.Match[str]) -> None:
         base = root / (match["path"] or "")
@@ -201,12 +217,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeHub:
-    """A threaded HTTP server on 127.0.0.1 serving `datasets` ({repo_id: folder}) and `models`
-    ({repo_id: {commit sha: folder}})."""
+    """A threaded HTTP server on 127.0.0.1 serving `datasets` ({repo_id: folder}), `models`
+    ({repo_id: {commit sha: folder}}); `revisions` ({repo_id: commit sha}) pins a dataset repo to one commit."""
 
-    def __init__(self, datasets: dict[str, Path], models: dict[str, dict[str, Path]] | None = None) -> None:
+    def __init__(self, datasets: dict[str, Path], models: dict[str, dict[str, Path]] | None = None,
+                 revisions: dict[str, str] | None = None) -> None:  # fmt: skip
         self.datasets = datasets
         self.models = models or {}
+        self.revisions = revisions or {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
         # A file GET sends this many bytes, then waits for `release` (None: no stall).
         self.stall_after: int | None = None

@@ -11,7 +11,10 @@ import socket
 import subprocess
 import sys
 import tarfile
+import threading
 from collections import Counter, defaultdict
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow as pa
@@ -210,12 +213,10 @@ def test_options_defaults_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "5")
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
     opts = di.parse_args(["--parquet-dir", "p", "--output-dir", "o"])
-    assert (opts.partition, opts.processes, opts.image.resize_mode, opts.image.image_size) == (
-        5,
-        3,
-        "center_crop",
-        256,
-    )
+    assert (opts.partition, opts.image.resize_mode, opts.image.image_size) == (5, "center_crop", 256)
+    assert opts.disallowed_header_directives == ("noai", "noimageai", "noindex", "noimageindex")
+    assert di.parse_args(["--parquet-dir", "p", "--output-dir", "o", "--disallowed-header-directives", ""]
+                         ).disallowed_header_directives == ()  # fmt: skip
     with pytest.raises(di.DownloadError, match="--partition 5: no p/part-00005.parquet"):
         di.run(opts)
     monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
@@ -224,3 +225,59 @@ def test_options_defaults_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyP
         result = run([sys.executable, "-m", "data_prep.download_images", "--parquet-dir", "p", "--output-dir", "o",
                       *args])  # fmt: skip
         assert result.returncode == 2 and message in result.stderr
+
+
+def test_workers_follow_the_tasks_cpus_and_the_shards_left() -> None:
+    opts = di.RunOptions(Path("p"), Path("o"), 0, di.ImageOptions())
+    assert di.workers(opts, cpus=32, shards_left=100) == (32, di.THREADS_PER_PROCESS)
+    assert di.workers(opts, cpus=32, shards_left=3) == (3, di.THREADS_PER_PROCESS)  # one shard per process
+    assert di.workers(opts, cpus=8, shards_left=0) == (1, di.THREADS_PER_PROCESS)
+    fixed = di.RunOptions(Path("p"), Path("o"), 0, di.ImageOptions(), processes=5, threads=7)
+    assert di.workers(fixed, cpus=32, shards_left=1) == (5, 7)
+
+
+class _RobotsHost(SimpleHTTPRequestHandler):
+    """An image host that answers some images with an X-Robots-Tag header and records User-Agents."""
+
+    agents: list[str] = []
+    TAGS = {"noai": "noai", "other": "otherbot: noai", "ours": "sd-launcher: noimageai"}
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def end_headers(self) -> None:
+        self.agents.append(self.headers.get("User-Agent", ""))
+        tag = self.TAGS.get(self.path.rsplit("/", 1)[-1].split("-", 1)[0])
+        if tag:
+            self.send_header("X-Robots-Tag", tag)
+        super().end_headers()
+
+
+@pytest.mark.slow
+def test_user_agent_token_and_x_robots_tag_as_img2dataset_applies_them(tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    names = ["plain-1.jpg", "plain-2.jpg", "noai-1.jpg", "noai-2.jpg", "other-1.jpg", "ours-1.jpg"]
+    for i, name in enumerate(names):
+        Image.new("RGB", (300, 280), (40 * i, 90, 200)).save(images / name, "JPEG")
+    handler = type("Host", (_RobotsHost,), {"agents": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(images)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        write_partition(tmp_path / "parquet", [f"http://127.0.0.1:{server.server_address[1]}/{n}" for n in names])
+        base = [sys.executable, "-m", "data_prep.download_images", "--parquet-dir", str(tmp_path / "parquet"),
+                "--partition", "0", *FAST_ARGS, "--user-agent-token", "sd-launcher"]  # fmt: skip
+        obeyed = run([*base, "--output-dir", str(tmp_path / "obeyed")])
+        ignored = run([*base, "--output-dir", str(tmp_path / "ignored"), "--disallowed-header-directives", ""])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert obeyed.returncode == 0 and ignored.returncode == 0, obeyed.stderr + ignored.stderr
+    done = json.loads((tmp_path / "obeyed" / "part-00000.done.json").read_text())
+    # noai for everyone and noimageai addressed to our token are obeyed; noai for another bot is not.
+    assert (done["successes"], done["failed_to_download"]) == (3, 3)
+    assert done["errors"] == {"Use of image disallowed by X-Robots-Tag directive": 3}
+    assert json.loads((tmp_path / "ignored" / "part-00000.done.json").read_text())["successes"] == 6
+    assert handler.agents and all(
+        a.endswith("(compatible; sd-launcher; +https://github.com/rom1504/img2dataset)") for a in handler.agents
+    )

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hf_fake_hub import FakeHub
+from omegaconf import OmegaConf
+from pd12m_standin import PD12M_REPO, pd12m_revision, write_repo
 
+from data_prep import demo
 from data_prep import download_parquet as dp
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -193,3 +198,74 @@ def test_hf_url_with_env_token_and_unknown_repo(source: Path, tmp_path: Path) ->
     assert sum(t.num_rows for t in read_parts(tmp_path / "a")) == sum(FILE_ROWS)
     assert auths == {"Bearer hf_env_token"}
     assert missing.returncode == 2 and "cannot list datasets/laion/nope" in missing.stderr
+
+
+def test_max_rows_keeps_the_first_rows_after_filters_and_stops_reading(source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "parquet"
+    args = ["--source", str(source), "--output-dir", str(out), "--num-partitions", "4", "--min-width", "200"]
+    result = run_cli(*args, "--max-rows", "290")
+    assert result.returncode == 0, result.stderr
+    wide = [r["URL"] for r in all_rows(source).to_pylist() if r["WIDTH"] is not None and r["WIDTH"] >= 200]
+    parts = read_parts(out)
+    assert pa.concat_tables(parts).column("url").to_pylist() == wide[:290]
+    assert [t.num_rows for t in parts] == [73, 73, 72, 72]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["rows_kept"] == 290 and manifest["inputs"]["max_rows"] == 290
+    assert manifest["rows_read"] == FILE_ROWS[0]  # 290 wide rows are in the first file: the others unread
+    assert "keeping the first 290 rows that pass the filters (read 1 of 3 file(s))" in result.stdout
+    more = run_cli(*args, "--max-rows", "600")  # across a file boundary, and a changed limit rewrites
+    assert more.returncode == 0 and "nothing to do" not in more.stdout
+    assert pa.concat_tables(read_parts(out)).column("url").to_pylist() == wide[:600]
+    bad = run_cli(*args, "--max-rows", "0")
+    assert bad.returncode == 2 and "--max-rows must be >= 1, got 0" in bad.stderr
+
+
+@pytest.fixture()
+def pd12m_repo(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+    demo.generate(tmp_path / "demo", num_images=90, seed=5)
+    rows = write_repo(tmp_path / "pd12m", tmp_path / "demo", "http://127.0.0.1:9", files=3)
+    return tmp_path / "pd12m", rows
+
+
+def test_pd12m_at_its_pinned_revision_with_the_presets_options(
+    pd12m_repo: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """The preset's source, revision, pattern, columns and size filter, through a PD12M-shaped fake Hub."""
+    preset = OmegaConf.load(REPO_ROOT / "conf/data_preparation/pd12m.yaml").download_parquet
+    folder, rows = pd12m_repo
+    revision = pd12m_revision()
+    out = tmp_path / "parquet"
+    with FakeHub({PD12M_REPO: folder}, revisions={PD12M_REPO: revision}) as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": ""}
+        result = run_cli(
+            "--source", preset.source, "--revision", preset.revision, "--pattern", preset.pattern,
+            "--url-col", preset.url_col, "--caption-col", preset.caption_col, "--min-width",
+            str(preset.min_width), "--min-height", str(preset.min_height), "--output-dir", str(out),
+            "--num-partitions", "3", env=env,
+        )  # fmt: skip
+        paths = [path for _, path, _ in hub.requests]
+        wrong = run_cli("--source", PD12M_REPO, "--revision", "1" * 40, "--output-dir", str(tmp_path / "w"),
+                        "--num-partitions", "1", env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"]["source"] == f"hf://datasets/{PD12M_REPO}@{revision}"
+    assert [f["path"].split("/", 3)[-1] for f in manifest["inputs"]["files"]] == [
+        f"metadata/pd12m.{n:03d}.parquet" for n in range(3)
+    ]  # embeddings/*.parquet left out
+    narrow = [r for r in rows if r["width"] < 256]
+    big = [r for r in rows if r["width"] >= 256 and r["height"] >= 256]
+    assert 0 < len(big) < len(rows)
+    merged = pa.concat_tables(read_parts(out))
+    assert merged.column("url").to_pylist() == [r["url"] for r in big]
+    assert merged.column("caption").to_pylist() == [r["caption"] for r in big]
+    assert manifest["rows_dropped"] == {"min_width": len(narrow), "min_height": len(rows) - len(big) - len(narrow)}
+    revisions_read = {m[1] for p in paths if (m := re.search(r"/(?:tree|resolve)/([^/?]+)", p))}
+    assert revisions_read == {revision}  # never main
+    assert wrong.returncode == 2 and "cannot list" in wrong.stderr and "1" * 40 in wrong.stderr
+
+
+def test_revision_is_refused_for_a_source_without_revisions(source: Path, tmp_path: Path) -> None:
+    result = run_cli("--source", str(source), "--revision", "abc", "--output-dir", str(tmp_path / "o"),
+                     "--num-partitions", "1")  # fmt: skip
+    assert result.returncode == 2
+    assert "--revision abc: only a Hugging Face dataset" in result.stderr

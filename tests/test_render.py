@@ -26,6 +26,8 @@ CASES = {
     "slurm_no_container_demo": ["cluster=slurm", "data_preparation=demo", "cluster.partition=cpu",
                                 "cluster.account=team a", "container.python=python3"],
     "local_demo": ["cluster=local", "stages=[data_preparation,data_check]", "container.python=python3"],
+    "slurm_own_tars": ["cluster=slurm", "data_preparation=webdataset_tars", "container.python=python3",
+                       "data_preparation.tars.source='s3://bucket/my tars/'"],
     "aws_p5_benchmark": ["cluster=aws_p5", "stages=[benchmark]", "benchmark.nodes=[1,2]",
                          "benchmark.micro_batch_sizes=[32,64,128]", "benchmark.array_throttle=2"],
 }

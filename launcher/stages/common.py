@@ -134,3 +134,13 @@ def cpu_resources(ctx: Context, res: JobResources) -> Resources:
 
 def after(*names: str) -> tuple[Dependency, ...]:
     return tuple(Dependency(name) for name in names)
+
+
+def inside_mounts(path: str, mounts: list[str]) -> bool:
+    """Whether `path` is seen at the same place inside the container."""
+    for mount in mounts:
+        src, _, rest = mount.partition(":")
+        dst = rest.split(":")[0] or src
+        if src == dst and PurePosixPath(path).is_relative_to(dst):
+            return True
+    return False

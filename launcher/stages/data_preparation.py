@@ -1,11 +1,16 @@
 """Data preparation: [demo source] -> download_parquet -> download_images (array) ->
-reorganize_tar (array) -> generate_wdinfo, each edge `afterok` on the whole previous job."""
+reorganize_tar (array) -> generate_wdinfo, each edge `afterok` on the whole previous job.
+
+Bring-your-own tars (`data_preparation=webdataset_tars`): fetch_tars -> reorganize_tar ->
+generate_wdinfo; the two download steps must then be disabled (the preset does it).
+"""
 
 from __future__ import annotations
 
-from launcher.config import DataPreparationConfig
+from launcher.config import DataPreparationConfig, RootConfig, Runtime
+from launcher.errors import ConfigError
 from launcher.spec import Array, JobSpec
-from launcher.stages.common import Context, after, cpu_resources, make_job
+from launcher.stages.common import Context, after, cpu_resources, inside_mounts, make_job
 
 STAGE = "data_preparation"
 
@@ -31,6 +36,8 @@ def _download_parquet_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str
         "--url-col", step.url_col,
         "--caption-col", step.caption_col,
         *_optional_flags({
+            "revision": step.revision,
+            "max-rows": step.max_rows,
             "min-width": step.min_width,
             "min-height": step.min_height,
             "max-punsafe": step.max_punsafe,
@@ -53,7 +60,9 @@ def _download_images_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str,
         "--samples-per-shard", step.samples_per_shard,
         "--timeout", step.timeout,
         "--retries", step.retries,
-        *_optional_flags({"processes": step.processes, "threads": step.threads}),
+        "--disallowed-header-directives", ",".join(step.disallowed_header_directives),
+        *_optional_flags({"processes": step.processes, "threads": step.threads,
+                          "user-agent-token": step.user_agent_token}),
     )  # fmt: skip
     if not dp.demo.enable:
         return argv
@@ -61,12 +70,23 @@ def _download_images_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str,
     return ctx.module("data_prep.serve", "--root", ctx.layout.demo_dir / "images", "--") + argv
 
 
+def _fetch_tars_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
+    tars = dp.tars
+    return ctx.module(
+        "data_prep.fetch_tars",
+        "--source", tars.source,
+        "--output-dir", ctx.layout.source_tar_dir,
+        "--pattern", tars.pattern,
+        *_optional_flags({"hf-token-file": tars.hf_token_file}),
+    )  # fmt: skip
+
+
 def _reorganize_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
     step = dp.reorganize_tar
     keep = ("--keep-remainder",) if step.keep_remainder else ()
     return ctx.module(
         "data_prep.reorganize_tar",
-        "--input-dir", ctx.layout.raw_tar_dir,
+        "--input-dir", ctx.layout.source_tar_dir if dp.tars.enable else ctx.layout.raw_tar_dir,
         "--output-dir", ctx.layout.tar_dir,
         "--chunk-size", step.tar_chunk_size,
         "--extensions", ",".join(step.extensions),
@@ -85,8 +105,36 @@ def _wdinfo_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
     )  # fmt: skip
 
 
+def check(cfg: RootConfig) -> None:
+    """Rules between the data sources' settings (the schema checks types)."""
+    dp, key = cfg.data_preparation, "data_preparation"
+    if dp.download_parquet.max_rows is not None and dp.download_parquet.max_rows < 1:
+        raise ConfigError(f"{key}.download_parquet.max_rows", f"must be at least 1 (or null), got "
+                                                              f"{dp.download_parquet.max_rows}")  # fmt: skip
+    if not dp.tars.enable:
+        return
+    if not dp.tars.source:
+        raise ConfigError(f"{key}.tars.source", "required with tars.enable: a folder or fsspec URL of tars")
+    if "://" not in dp.tars.source and not dp.tars.source.startswith("/"):
+        raise ConfigError(f"{key}.tars.source", f"{dp.tars.source!r}: give an absolute folder (jobs start "
+                          "elsewhere) or an fsspec URL such as s3://bucket/tars/")
+    mounts = cfg.container.mounts
+    local = "://" not in dp.tars.source
+    if cfg.container.runtime is Runtime.pyxis and local and not inside_mounts(dp.tars.source, mounts):
+        raise ConfigError(f"{key}.tars.source", f"{dp.tars.source} is not inside any container mount "
+                          f"({', '.join(mounts) or 'none'}): the jobs read it through links; add it to "
+                          "container.mounts")
+    steps = {"download_parquet": dp.download_parquet.enable, "download_images": dp.download_images.enable,
+             "demo": dp.demo.enable}
+    enabled = [name for name, on in steps.items() if on]
+    if enabled:
+        raise ConfigError(f"{key}.tars.enable", f"your own tars replace the downloads, but {', '.join(enabled)} "
+                          "enabled too: use data_preparation=webdataset_tars (it disables them)")
+
+
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     dp = ctx.cfg.data_preparation
+    check(ctx.cfg)
     steps: list[tuple[str, bool, tuple[str, ...], object, Array | None]] = [
         ("make_demo_source", dp.demo.enable,
          ctx.module("data_prep.demo", "--output-dir", ctx.layout.demo_dir,
@@ -96,6 +144,8 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
          dp.download_parquet.resources, None),
         ("download_images", dp.download_images.enable, _download_images_argv(ctx, dp),
          dp.download_images.resources, Array(dp.num_partitions, dp.download_images.array_throttle)),
+        ("fetch_tars", dp.tars.enable, _fetch_tars_argv(ctx, dp),
+         dp.tars.resources, None),
         ("reorganize_tar", dp.reorganize_tar.enable, _reorganize_argv(ctx, dp),
          dp.reorganize_tar.resources, Array(dp.reorganize_tar.num_tasks)),
         ("generate_wdinfo", dp.generate_wdinfo.enable, _wdinfo_argv(ctx, dp),

@@ -1,0 +1,105 @@
+"""Dataset presets as planned: the default on the cluster presets is PD12M at its pinned commit,
+laion_art stays for users with a copy, bring-your-own tars skip the downloads; bad combinations are
+refused before anything is written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FIXED_FACTS, REPO, compose_config
+from omegaconf import OmegaConf
+
+from launcher.errors import ConfigError
+from launcher.main import launch
+from launcher.pipeline import build_plan
+from launcher.spec import JobSpec
+from launcher.validate import to_schema
+
+PD12M = OmegaConf.load(REPO / "conf/data_preparation/pd12m.yaml")
+
+
+def _jobs(*overrides: str) -> dict[str, JobSpec]:
+    cfg = to_schema(compose_config(["cluster.shared_dir=/fsx", *overrides]))
+    return {job.name: job for job in build_plan(cfg, FIXED_FACTS).jobs}
+
+
+def _flags(job: JobSpec) -> dict[str, str]:
+    """`--name value` pairs of a job's argv (bare flags map to '')."""
+    argv, out = list(job.argv), {}
+    for i, word in enumerate(argv):
+        if word.startswith("--"):
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
+            out[word] = value
+    return out
+
+
+def test_aws_p5_dry_run_without_overrides_plans_pd12m(tmp_path: Path) -> None:
+    """The issue's acceptance: `cluster=aws_p5` alone plans PD12M, shown by a real dry run."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "launcher/main.py"), "cluster=aws_p5", "stages=[data_preparation,training]",
+         "dry_run=true", f"cluster.shared_dir={tmp_path}", f"container.mounts=[{tmp_path}:{tmp_path}]",
+         "container.code_dir=/workspace/launcher"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    script = (tmp_path / "results/sd_pretrain/data_preparation/download_parquet.sbatch").read_text()
+    assert "--source Spawning/PD12M" in script
+    assert f"--revision {PD12M.download_parquet.revision}" in script
+    assert "--pattern 'metadata/*.parquet'" in script and "--url-col url" in script
+    for cluster in ("slurm", "aws_p4de"):
+        flags = _flags(_jobs(f"cluster={cluster}")["download_parquet"])
+        assert (flags["--source"], flags["--revision"]) == ("Spawning/PD12M", PD12M.download_parquet.revision)
+    assert "make_demo_source" in _jobs("cluster=local")  # local stays the offline demo
+
+
+def test_pd12m_pins_a_full_commit_and_the_download_settings_reach_the_script() -> None:
+    assert len(PD12M.download_parquet.revision) == 40 and int(PD12M.download_parquet.revision, 16) >= 0
+    jobs = _jobs("data_preparation=pd12m", "data_preparation.download_parquet.max_rows=100000")
+    assert _flags(jobs["download_parquet"])["--max-rows"] == "100000"
+    images = _flags(jobs["download_images"])
+    assert images["--user-agent-token"] == "sd-launcher"
+    assert images["--disallowed-header-directives"] == "noai,noimageai,noindex,noimageindex"
+    assert (images["--timeout"], images["--retries"]) == ("20", "2")
+    assert "--processes" not in images and "--threads" not in images  # derived from the task's CPUs
+    none = _flags(_jobs("data_preparation=pd12m", "data_preparation.download_images.disallowed_header_directives=[]")
+                  ["download_images"])  # fmt: skip
+    assert none["--disallowed-header-directives"] == ""
+
+
+def test_laion_art_stays_a_preset_for_a_copy() -> None:
+    flags = _flags(_jobs("data_preparation=laion_art",
+                         "data_preparation.download_parquet.source=s3://bucket/laion-art/")["download_parquet"])
+    assert flags["--source"] == "s3://bucket/laion-art/" and "--revision" not in flags
+    assert (flags["--url-col"], flags["--caption-col"], flags["--pattern"]) == ("URL", "TEXT", "*.parquet")
+
+
+def test_own_tars_skip_the_downloads() -> None:
+    jobs = _jobs("data_preparation=webdataset_tars", "data_preparation.tars.source=s3://bucket/my-tars/")
+    assert list(jobs) == ["fetch_tars", "reorganize_tar", "generate_wdinfo"]
+    assert _flags(jobs["fetch_tars"])["--source"] == "s3://bucket/my-tars/"
+    assert _flags(jobs["reorganize_tar"])["--input-dir"] == "/fsx/data/tarfiles_source"
+    assert [d.job for d in jobs["reorganize_tar"].depends_on] == ["fetch_tars"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data_preparation=webdataset_tars"], "data_preparation.tars.source: required with tars.enable"),
+        (["data_preparation=webdataset_tars", "data_preparation.tars.source=my-tars"], "absolute folder"),
+        (["data_preparation.tars.enable=true", "data_preparation.tars.source=/fsx/t"],
+         "tars.enable: your own tars replace the downloads, but download_parquet, download_images, demo"),
+        (["data_preparation.download_parquet.max_rows=0"], "download_parquet.max_rows: must be at least 1"),
+        (["cluster=aws_p5", "data_preparation=webdataset_tars", "data_preparation.tars.source=/data/tars"],
+         "/data/tars is not inside any container mount"),
+    ],
+)
+def test_bad_dataset_settings_are_refused_before_anything_is_written(
+    overrides: list[str], message: str, tmp_path: Path
+) -> None:
+    mounts = [f"container.mounts=[{tmp_path}:{tmp_path}]"] if "cluster=aws_p5" in overrides else []
+    with pytest.raises(ConfigError, match=message):
+        launch(compose_config([f"cluster.shared_dir={tmp_path}", *overrides, *mounts]))
+    assert list(tmp_path.iterdir()) == []
