@@ -63,6 +63,8 @@ class Stage(str, Enum):
     assets = "assets"
     data_preparation = "data_preparation"
     data_check = "data_check"
+    # A branch: it waits for the data stages before it, and training never waits for it.
+    benchmark = "benchmark"
     training = "training"
 
 
@@ -324,6 +326,27 @@ class TrainingConfig:
 
 
 @dataclass
+class BenchmarkConfig:
+    """The throughput sweep: one array per node count over the micro batch sizes (conf/benchmark/)."""
+
+    micro_batch_sizes: list[int] = ruled(Each(Range(1), min_items=1), factory=lambda: [32, 64, 128])
+    nodes: list[int] = ruled(Each(Range(1), min_items=1), factory=lambda: [1])
+    # Optimizer steps per task; the first warmup_steps are left out of every number.
+    max_steps: int = ruled(Range(1), 50)
+    warmup_steps: int = ruled(Range(0), 10)
+    # NeMo's synthetic data (no dataset, no loader cost); false reads the prepared data under data_dir.
+    synthetic_data: bool = True
+    time_per_task: str = ruled(SlurmTime(), "00:30:00")
+    # Array tasks of one node count running at once (null = as many as Slurm allows).
+    array_throttle: Optional[int] = ruled(Range(1), None)
+    # Seconds between nvidia-smi samples of GPU memory beside each task.
+    memory_sample_s: float = ruled(Range(0, integer=False, above_lo=True), 2.0)
+    report_resources: JobResources = field(
+        default_factory=lambda: JobResources(cpus_per_task=1, mem="4G", time="00:10:00")
+    )
+
+
+@dataclass
 class RootConfig:
     stages: list[Stage] = ruled(Each(Choice(tuple(Stage)), min_items=1), factory=lambda: [Stage.data_preparation])
     run_name: str = ruled(PATH_COMPONENT, "sd_pretrain")
@@ -337,4 +360,5 @@ class RootConfig:
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     data_preparation: DataPreparationConfig = field(default_factory=DataPreparationConfig)
     data_check: DataCheckConfig = field(default_factory=DataCheckConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)

@@ -23,12 +23,12 @@ class JobRecord:
     backend: str
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_atomic(path: Path, text: str | bytes, mode: int = 0o644) -> None:
     """Write to a temporary name in the same folder, then rename: never half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
             handle.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from launcher.config import RootConfig, Stage
 from launcher.spec import Dependency, JobSpec, Plan
-from launcher.stages import assets, data_check, data_preparation, nemo_config, training
+from launcher.stages import assets, benchmark, data_check, data_preparation, nemo_config, training
 from launcher.stages.common import Context, Facts
 
 Planner = Callable[[Context], tuple[JobSpec, ...]]
@@ -16,8 +16,11 @@ PLANNERS: dict[Stage, Planner] = {
     Stage.assets: assets.plan,
     Stage.data_preparation: data_preparation.plan,
     Stage.data_check: data_check.plan,
+    Stage.benchmark: benchmark.plan,
     Stage.training: training.plan,
 }
+# Stages that wait for the stages before them but that no later stage waits for.
+BRANCHES = frozenset({Stage.benchmark})
 
 
 def run_dir(cfg: RootConfig) -> Path:
@@ -57,7 +60,8 @@ def build_plan(cfg: RootConfig, facts: Facts) -> Plan:
     for stage in stages:
         planned = _link(PLANNERS[stage](ctx), previous)
         jobs += planned
-        previous = _sinks(planned) or previous
+        if stage not in BRANCHES:
+            previous = _sinks(planned) or previous
     files: tuple[tuple[Path, str], ...] = ()
     notes: tuple[str, ...] = ()
     if Stage.training in stages or Stage.data_check in stages:
@@ -69,4 +73,7 @@ def build_plan(cfg: RootConfig, facts: Facts) -> Plan:
             f"micro batch {shape.micro_batch_size}, global batch {shape.global_batch_size}: "
             f"{shape.accumulated_micro_batches} micro-batch(es) accumulated per step",
         )
+    if Stage.benchmark in stages:
+        files += benchmark.files(ctx)
+        notes += (benchmark.note(ctx),)
     return Plan(run_dir=ctx.run_dir, jobs=jobs, files=files, notes=notes)

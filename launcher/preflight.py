@@ -31,13 +31,13 @@ def _shard_plan(tars: int, world: int, workers: int) -> str:
 def check(cfg: RootConfig, wdinfo: Path, world_size: int) -> Findings:
     found = Findings()
     stages = stages_in_order(cfg)
-    if Stage.training not in stages:
+    if Stage.training not in stages and Stage.benchmark not in stages:
         return found
     image = cfg.container.image or ""
     if cfg.container.runtime is Runtime.pyxis and image.startswith("/") and not Path(image).exists():
         found.problems.append(f"container.image: {image} does not exist on this host; build it with "
                               "enroot/import.sh or fix the path")  # fmt: skip
-    if Stage.data_preparation in stages:
+    if Stage.training not in stages or Stage.data_preparation in stages:
         return found
     if cfg.training.model.get("data", {}).get("synthetic_data"):
         return found

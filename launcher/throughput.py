@@ -25,9 +25,11 @@ _MAX_TAIL_BYTES = 64 * 1024 * 1024
 
 # A complete redraw: "Epoch N:" ... "<count>/<total>" or "<count>it", then "[...]" closing the
 # segment. A segment cut off by a still-running writer lacks the closing "]" and is skipped.
-_REDRAW = re.compile(
-    r"Epoch (?P<epoch>\d+):.*?(?P<count>\d+)(?:/(?P<total>\d+|\?)|it) \[(?P<postfix>[^\[\]]*)\]\s*$"
-)
+_REDRAW_BODY = r"Epoch (?P<epoch>\d+):.*?(?P<count>\d+)(?:/(?P<total>\d+|\?)|it) \[(?P<postfix>[^\[\]]*)\]"
+_REDRAW = re.compile(_REDRAW_BODY + r"\s*$")
+# Within a whole log, a complete redraw may be followed on its segment by other output (Lightning's
+# "`Trainer.fit` stopped" follows the last one); the closing "]" still marks it complete.
+_REDRAW_ANYWHERE = re.compile(_REDRAW_BODY)
 _SEGMENT_SPLIT = re.compile(r"[\r\n]+")
 
 STEP_KEY = "global_step"
@@ -121,3 +123,26 @@ def _segments_from_end(log_path: Path) -> list[str]:
             if start == 0 or window >= _MAX_TAIL_BYTES or any(_REDRAW.search(s) for s in segments):
                 return segments[::-1]
             window *= 4
+
+
+def step_timings(text: str) -> list[float]:
+    """NeMo's `train_step_timing` of every step of a whole log, in step order.
+
+    NeMo's exp_manager puts its TimingCallback first among the trainer's callbacks (`callbacks.insert(0,
+    ...)` in nemo/utils/exp_manager.py), so when step g ends its timing is logged before rank 0's
+    progress bar redraws, and the bar shows `global_step=g` beside step g's own timing. The bar redraws
+    several times per step (the counter moves first, still showing the previous step's metrics), so
+    the first timing printed beside each new global_step is taken. The values are tqdm's: 3 significant
+    digits, as in the TensorBoard scalar `train_step_timing in s` rounded.
+    """
+    steps: set[float] = set()
+    timings: list[float] = []
+    for segment in _SEGMENT_SPLIT.split(text):
+        for match in _REDRAW_ANYWHERE.finditer(segment):
+            metrics = _postfix_metrics(match.group("postfix"))
+            step, timing = metrics.get(STEP_KEY), metrics.get(STEP_TIME_KEY)
+            if step is None or timing is None or step in steps:
+                continue
+            steps.add(step)
+            timings.append(timing)
+    return timings

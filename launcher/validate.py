@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from launcher.config import Backend, RootConfig, Runtime, Stage
 from launcher.errors import ConfigError
-from launcher.rules import RULE, Each, Problem
+from launcher.rules import RULE, Each, Problem, slurm_time_seconds
 from launcher.pipeline import stages_in_order
 from launcher.stages import assets
 from launcher.stages.common import Facts, inside_mounts
@@ -164,6 +164,26 @@ def _check_assets(cfg: RootConfig) -> None:
                               f"({', '.join(mounts) or 'none'}); add it to container.mounts")  # fmt: skip
 
 
+def _check_benchmark(cfg: RootConfig) -> None:
+    """Rules between the sweep's fields (each field's own range is declared in launcher/config.py)."""
+    b = cfg.benchmark
+    for key, values in (("micro_batch_sizes", b.micro_batch_sizes), ("nodes", b.nodes)):
+        if len(set(values)) != len(values):
+            raise ConfigError(f"benchmark.{key}", f"{values} repeats a value; allowed: distinct integers")
+    if b.warmup_steps >= b.max_steps:
+        raise ConfigError("benchmark.warmup_steps", f"{b.warmup_steps} leaves no step to measure; allowed: "
+                          f"below benchmark.max_steps ({b.max_steps})")  # fmt: skip
+    if Stage.benchmark not in cfg.stages:
+        return
+    stop = cfg.training.run.stop_before_limit_s
+    if (slurm_time_seconds(b.time_per_task) or 0) <= stop:
+        # A task's NeMo stops itself stop_before_limit_s before the task's limit, as training does.
+        raise ConfigError("benchmark.time_per_task", f"{b.time_per_task} leaves no training time: NeMo stops "
+                          f"training.run.stop_before_limit_s={stop} s before the limit; allowed: a longer time")  # fmt: skip
+    if cfg.cluster.backend is Backend.local and b.nodes != [1]:
+        raise ConfigError("benchmark.nodes", f"{b.nodes}: the local backend runs one node; allowed: [1]")
+
+
 def check(cfg: RootConfig) -> None:
     found = first_problem(cfg)
     if found:
@@ -175,6 +195,7 @@ def check(cfg: RootConfig) -> None:
                 "secrets are never written into scripts: name a file instead "
                 "(training.run.wandb_api_key_file, hf_token_file) or export it before submitting",
             )
+    _check_benchmark(cfg)
     _check_container(cfg)
     _check_assets(cfg)
 

@@ -3,6 +3,7 @@
     python -m launcher status <run_dir> [--watch [--interval SECONDS]]
     python -m launcher logs <run_dir> <job> [--follow]
     python -m launcher cancel <run_dir>
+    python -m launcher compare <run_dir A> <run_dir B>    (two benchmark sweeps side by side)
 """
 
 from __future__ import annotations
@@ -193,7 +194,9 @@ def status_view(run_dir: Path, width: int) -> tuple[Any, bool]:
     statuses = status(run_dir)
     parts = [jobs_table(run_dir, statuses, width)]
     parts += [item for table in _data_table(run_dir) for item in ("", table)]
-    notes = [*training_progress(run_dir), *tensorboard_lines(run_dir)]
+    from launcher.bench.report import progress_lines
+
+    notes = [*training_progress(run_dir), *tensorboard_lines(run_dir), *progress_lines(run_dir)]
     parts += ["", *notes] if notes else []
     return Group(*parts), not any(st.active for st in statuses)
 
@@ -301,12 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("status", "logs", "cancel"):
+    for name in ("status", "logs", "cancel", "compare"):
         p = sub.add_parser(name)
         p.add_argument("run_dir", type=Path, help="<base_results_dir>/<run_name>")
         if name == "status":
             p.add_argument("--watch", "-w", action="store_true", help="refresh until every job has ended")
             p.add_argument("--interval", type=_seconds, default=30.0, help="seconds between refreshes (default 30)")
+        if name == "compare":
+            p.add_argument("other_run_dir", type=Path, help="the run to compare with the first (B)")
         if name == "logs":
             p.add_argument("job", help="job name as in the manifest, e.g. download_images")
             p.add_argument("--follow", "-f", action="store_true", help="keep printing, like tail -f")
@@ -317,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             return _print_status(args.run_dir, args.interval if args.watch else None)
         if args.command == "logs":
             return _logs(args.run_dir, args.job, args.follow, args.lines)
+        if args.command == "compare":
+            from launcher.bench.compare import compare
+
+            print(compare(args.run_dir, args.other_run_dir), end="")
+            return 0
         return _cancel(args.run_dir)
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,16 +1,62 @@
-"""STAND-IN for NeMo's sd_train.py: trains nothing. It reads the config the launcher wrote, prints
-what its rank sees, resumes from the newest fake checkpoint and writes the next one (rank 0),
-so the real training sbatch script can run on a CPU-only test cluster."""
+"""STAND-IN for NeMo's sd_train.py: trains nothing. It reads the config the launcher wrote and prints
+what its rank sees, so the real training and benchmark sbatch scripts can run on a CPU-only test cluster.
+
+With checkpoints on (training): resumes from the newest fake checkpoint and writes the next one (rank 0).
+With `exp_manager.create_checkpoint_callback: false` (a benchmark task): "runs" trainer.max_steps steps,
+rank 0 drawing NeMo's progress bar (tqdm with NeMo's CustomProgressBar format, redrawn as NeMo's is:
+counter first, then the step's metrics) with MADE-UP step timings: 1.00 s for the first SLOW_STEPS steps, then
+0.001 s x micro batch x (1 + 0.25 x (nodes - 1)), i.e. 1000 img/s per GPU on 1 node, 800 on 2.
+Environment switches (tests only):
+  STANDIN_OOM=<nodes>x<micro batch>  rank 0 of that case fails like a CUDA out-of-memory after 3 steps
+  STANDIN_SPEED=<factor>             every step that much faster (a second "GPU" for compare)
+  STANDIN_GPU_MEMORY_DIR             each node's first rank writes 100 x micro batch there (MiB), which
+                                     tests/standin_bin/nvidia-smi (a STAND-IN too) reports
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+SLOW_STEPS = 2
+# NeMo's CustomProgressBar.init_train_tqdm (nemo/collections/nlp/parts/nlp_overrides.py).
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+OOM_MESSAGE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+               "capacity of 79.11 GiB of which 1.06 GiB is free. (message of the STAND-IN)")  # fmt: skip
+
+
+def step_time(step: int, micro_batch: int, nodes: int) -> float:
+    seconds = 1.0 if step <= SLOW_STEPS else 0.001 * micro_batch * (1 + 0.25 * (nodes - 1))
+    return seconds / float(os.environ.get("STANDIN_SPEED", "1"))
+
+
+def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
+    from tqdm import tqdm
+
+    steps, mbs, nodes = cfg["trainer"]["max_steps"], cfg["model"]["micro_batch_size"], cfg["trainer"]["num_nodes"]
+    memory_dir = os.environ.get("STANDIN_GPU_MEMORY_DIR")
+    if memory_dir and os.environ.get("SLURM_LOCALID", "0") == "0":
+        task = f"{os.environ['SLURM_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+        (Path(memory_dir) / task).write_text(f"{100 * mbs}\n")
+    oom = os.environ.get("STANDIN_OOM") == f"{nodes}x{mbs}" and rank == "0"
+    bar = tqdm(total=steps, desc="Epoch 0", bar_format=BAR_FORMAT, file=sys.stdout, disable=rank != "0")
+    for step in range(1, steps + 1):
+        time.sleep(0.1)  # long enough for the memory sampler beside it
+        if oom and step > 3:
+            print(f"Traceback (most recent call last):\n{OOM_MESSAGE}", file=sys.stderr, flush=True)
+            sys.exit(1)
+        bar.update(1)  # the counter moves first, still with the previous step's metrics
+        bar.set_postfix({"reduced_train_loss": 0.1, "global_step": float(step),
+                         "consumed_samples": float(step * mbs * nodes * 8),
+                         "train_step_timing in s": step_time(step, mbs, nodes)})  # fmt: skip
+    bar.close()
 
 
 def main() -> None:
@@ -25,6 +71,9 @@ def main() -> None:
              "SLURM_RESTART_COUNT", "PYXIS_STANDIN_CONTAINER_IMAGE", "WANDB_API_KEY")}  # fmt: skip
     seen["WANDB_API_KEY"] = "set" if seen["WANDB_API_KEY"] else ""
     print(f"standin rank {' '.join(f'{k}={v}' for k, v in seen.items())} config={config_file}", flush=True)
+    if not cfg["exp_manager"].get("create_checkpoint_callback", True):
+        benchmark_steps(cfg, seen["SLURM_PROCID"] or "0")
+        return
     if seen["SLURM_PROCID"] != "0":
         return
     checkpoints = Path(cfg["exp_manager"]["explicit_log_dir"]) / "checkpoints"

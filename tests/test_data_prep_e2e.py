@@ -98,9 +98,10 @@ def test_demo_then_data_check_with_nemo_on_the_local_backend(tmp_path: Path) -> 
         if os.environ.get("REQUIRE_NEMO"):
             pytest.fail(f"REQUIRE_NEMO is set but there is no NeMo interpreter at {nemo}")
         pytest.skip(f"no NeMo interpreter at {nemo} (tests/install_nemo.sh)")
-    # Offline: no assets job (tests/test_assets_stage.py runs that one against the fake Hub).
+    # The data alone: no assets job, no model check (tests/test_training_slurm.py runs both, staged
+    # from the fake Hub, and tests/test_nemo_training.py the model check).
     data = _run(tmp_path, "cluster=local", "stages=[data_preparation,data_check]", f"data_check.python={nemo}",
-                "assets.enable=false")
+                "assets.enable=false", "data_check.model_check=false")
     report = json.loads((tmp_path / "results/sd_pretrain/data_check/report.json").read_text())
     with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
         total = pickle.load(handle)["total_key_count"]

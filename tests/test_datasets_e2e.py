@@ -99,6 +99,10 @@ def _check_pd12m(data: Path, host: Pd12mHost, max_rows: int | None = None) -> No
         assert len(samples) == CHUNK and all(s["txt"].decode() in captions for s in samples)
 
 
+# The data alone: no assets job, no model check (tests/test_training_slurm.py runs both).
+DATA_ONLY = ("assets.enable=false", "data_check.model_check=false")
+
+
 def _check_nemo_read(run_dir: Path, data: Path) -> None:
     report = json.loads((run_dir / "data_check/report.json").read_text())
     with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
@@ -110,7 +114,7 @@ def _check_nemo_read(run_dir: Path, data: Path) -> None:
 def test_pd12m_on_the_local_backend_ends_in_data_nemo_reads(
     pd12m: Pd12mHost, nemo_python: str, tmp_path: Path  # noqa: F811
 ) -> None:
-    data = _launch(tmp_path, "cluster=local", *_pd12m(pd12m, "stages=[data_preparation,data_check]",
+    data = _launch(tmp_path, "cluster=local", *_pd12m(pd12m, "stages=[data_preparation,data_check]", *DATA_ONLY,
                                                        f"data_check.python={nemo_python}"))  # fmt: skip
     _check_pd12m(data, pd12m)
     _check_nemo_read(tmp_path / "results/sd_pretrain", data)
@@ -133,7 +137,7 @@ def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
 ) -> None:
     # gpus_per_node=0: data_check plans a data-parallel world of one (5 tars cannot feed 8 ranks).
     data = _launch(slurm_shared, "cluster=slurm", "container=none", "cluster.gpus_per_node=0",
-                   *_pd12m(pd12m, "stages=[data_preparation,data_check]", f"data_check.python={nemo_python}"))
+                   *_pd12m(pd12m, "stages=[data_preparation,data_check]", *DATA_ONLY, f"data_check.python={nemo_python}"))
     records = manifest.load(slurm_shared / "results/sd_pretrain")
     for record in records:
         assert record.job_id and record.backend == "slurm"

@@ -29,6 +29,8 @@ CASES = {
                    "data_check.python=/opt/venv-nemo/bin/python"],
     "slurm_own_tars": ["cluster=slurm", "data_preparation=webdataset_tars", "container.python=python3",
                        "data_preparation.tars.source='s3://bucket/my tars/'"],
+    "aws_p5_benchmark": ["cluster=aws_p5", "stages=[benchmark]", "benchmark.nodes=[1,2]",
+                         "benchmark.micro_batch_sizes=[32,64,128]", "benchmark.array_throttle=2"],
 }
 
 

@@ -3,13 +3,14 @@ NeMo's own progress bar under Lightning."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from launcher.throughput import read_training_progress
+from launcher.throughput import read_training_progress, step_timings
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = Path(__file__).resolve().parent / "data" / "nemo_train_log.txt"
@@ -98,12 +99,15 @@ def test_bad_arguments_name_the_argument(gbs: int, gpus: int, name: str) -> None
 # MegatronLatentDiffusion logs with prog_bar=True: the bytes NeMo really writes to a Slurm log.
 _LIVE_RUN = """
 import sys
+import time
 import lightning.pytorch as pl
 import torch
 from nemo.collections.nlp.parts.nlp_overrides import CustomProgressBar
 from nemo.utils.exp_manager import TimingCallback
 
 GBS, STEPS = int(sys.argv[1]), int(sys.argv[2])
+# Optional seconds each step sleeps, comma-separated: steps of known minimum duration.
+SLEEPS = [float(s) for s in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0.0] * STEPS
 
 class Model(pl.LightningModule):
     def __init__(self):
@@ -113,6 +117,7 @@ class Model(pl.LightningModule):
     def training_step(self, batch, idx):
         loss = self.lin(batch[0]).pow(2).mean()
         step = self.trainer.global_step + 1
+        time.sleep(SLEEPS[step - 1])
         for key, value in (("reduced_train_loss", loss), ("lr", self.optimizers().param_groups[0]["lr"]),
                            ("global_step", step), ("consumed_samples", float(step * GBS))):
             self.log(key, value, prog_bar=True, rank_zero_only=True, batch_size=1)
@@ -122,14 +127,15 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=8.192e-5)
 
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(256, 4)), batch_size=2)
+# In NeMo's order: exp_manager inserts its TimingCallback before the trainer builder's progress bar.
 trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                     enable_model_summary=False, callbacks=[CustomProgressBar(), TimingCallback()])
+                     enable_model_summary=False, callbacks=[TimingCallback(), CustomProgressBar()])
 trainer.fit(Model(), data)
 """
 
 
-@pytest.mark.slow
-def test_real_nemo_progress_bar_is_parsed(tmp_path: Path) -> None:
+def _live_log(tmp_path: Path, gbs: int, steps: int, *sleeps: float) -> Path:
+    """The log of _LIVE_RUN under NeMo's interpreter, stdout and stderr in one file as Slurm writes them."""
     if not NEMO_PYTHON.exists():
         if os.environ.get("REQUIRE_TOOLS") == "1":
             pytest.fail(f"{NEMO_PYTHON} is missing (REQUIRE_TOOLS=1)")
@@ -137,10 +143,17 @@ def test_real_nemo_progress_bar_is_parsed(tmp_path: Path) -> None:
     script = tmp_path / "live_run.py"
     script.write_text(_LIVE_RUN, encoding="utf-8")
     log = tmp_path / "slurm-live.out"
-    steps, gbs = 37, 4096
-    with log.open("wb") as out:  # stdout and stderr in one file, as Slurm writes them
-        subprocess.run([str(NEMO_PYTHON), str(script), str(gbs), str(steps)], stdout=out, stderr=out,
+    extra = [",".join(map(str, sleeps))] if sleeps else []
+    with log.open("wb") as out:
+        subprocess.run([str(NEMO_PYTHON), str(script), str(gbs), str(steps), *extra], stdout=out, stderr=out,
                        check=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return log
+
+
+@pytest.mark.slow
+def test_real_nemo_progress_bar_is_parsed(tmp_path: Path) -> None:
+    steps, gbs = 37, 4096
+    log = _live_log(tmp_path, gbs, steps)
     assert b"\r" in log.read_bytes()  # tqdm redraws, not one line per step
     progress = read_training_progress(log, gbs, 2)
     assert progress is not None
@@ -169,3 +182,24 @@ def test_status_shows_training_progress_from_the_log(tmp_path: Path) -> None:
     run_manifest.save(run, [record])
     [line] = training_progress(run)
     assert line.startswith("sd: step ") and "samples/s" in line and "64 GPUs" in line
+
+
+@pytest.mark.slow
+def test_step_timings_of_nemo_bar_are_in_step_order(tmp_path: Path) -> None:
+    """Steps sleep known, decreasing minimum times; NeMo's TimingCallback times them and its bar prints
+    them. Each parsed timing must be at least its own step's sleep: a list shifted by one step (a later,
+    shorter step's timing in an earlier step's place) fails that bound, a missing or doubled step the count."""
+    sleeps = (0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+    timings = step_timings(_live_log(tmp_path, 8, len(sleeps), *sleeps).read_bytes().decode("utf-8"))
+    assert len(timings) == len(sleeps)
+    for step, (timing, slept) in enumerate(zip(timings, sleeps), start=1):
+        assert timing >= slept, (step, timings)
+
+
+def test_step_timings_of_nemo_sd_training_match_its_tensorboard_scalars() -> None:
+    """A log NeMo's own SD training wrote (tests/data/nemo_cpu_bench_task.tb.json says how), against the
+    per-step timings NeMo logged to TensorBoard in the same run."""
+    data = Path(__file__).resolve().parent / "data"
+    expected = json.loads((data / "nemo_cpu_bench_task.tb.json").read_text())["train_step_timing_s"]
+    timings = step_timings((data / "nemo_cpu_bench_task.log").read_bytes().decode("utf-8"))
+    assert timings == pytest.approx(expected, rel=5e-3)  # tqdm prints 3 significant digits

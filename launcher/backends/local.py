@@ -41,6 +41,11 @@ def _task_env(job: JobSpec, job_id: str, task: int | None) -> dict[str, str]:
         "SLURM_CPUS_PER_TASK": str(job.resources.cpus_per_task),
         "SLURM_NTASKS": "1",
         "SLURM_PROCID": "0",
+        # What srun sets for its one task on one node: Lightning's SLURM environment reads them all.
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NNODES": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
     }
     if job.array and task is not None:
         env |= {

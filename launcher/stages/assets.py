@@ -15,8 +15,9 @@ JOB_NAME = "pretrained_assets"
 
 
 def needed(cfg: RootConfig) -> bool:
-    """The stages that read the assets were chosen and the user did not turn the download off."""
-    return cfg.assets.enable and bool({Stage.data_check, Stage.training} & set(cfg.stages))
+    """The stages that read the assets (the sweep builds the training model) were chosen and the user did
+    not turn the download off."""
+    return cfg.assets.enable and bool({Stage.data_check, Stage.benchmark, Stage.training} & set(cfg.stages))
 
 
 def by_name(cfg: RootConfig) -> dict[str, AssetConfig]:

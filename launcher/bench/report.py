@@ -1,0 +1,164 @@
+"""The sweep's report: `<run>/benchmark/report.md`, `.csv`, `.json` and `throughput.png`.
+
+    python -m launcher.bench.report <run>/benchmark
+
+The report job runs this after every sweep array has ended, whatever their states; it can be run
+again by hand at any time (it reads only files).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+from launcher.bench.cases import Sweep, bench_dir
+from launcher.bench.results import Result, collect
+from launcher.manifest import write_atomic
+
+COLUMNS = ("GPU", "nodes", "GPUs", "micro batch", "global batch", "img/s per GPU", "img/s total",
+           "scaling vs 1 node", "peak GPU memory", "status")  # fmt: skip
+
+
+def rate(value: float | None) -> str:
+    """Three significant digits below 100 (CPU runs), else whole images with thousands separators."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def memory(mib: int | None) -> str:
+    return "n/a" if mib is None else f"{mib / 1024:.1f} GiB"
+
+
+def scaling(r: Result) -> str:
+    if r.scaling_vs_1_node is None:
+        return "-"
+    return f"{r.scaling_vs_1_node:.2f}x ({r.scaling_vs_1_node / r.nodes:.0%})"
+
+
+def status(r: Result, sweep: Sweep) -> str:
+    if r.status == "ok":
+        return "ok"
+    reached = f"after {r.steps_done} of {sweep.max_steps} steps"
+    code = f", exit {r.exit_code}" if r.exit_code else ""
+    return f"**{r.status}** {reached}{code}"
+
+
+def table_row(r: Result, sweep: Sweep) -> list[str]:
+    return [r.gpu, str(r.nodes), str(r.gpus), str(r.micro_batch_size), str(r.global_batch_size),
+            rate(r.img_s_per_gpu), rate(r.img_s_total), scaling(r), memory(r.peak_gpu_mib), status(r, sweep)]  # fmt: skip
+
+
+def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def markdown(run_dir: Path, sweep: Sweep, results: list[Result]) -> str:
+    table = markdown_table(COLUMNS, [table_row(r, sweep) for r in results])
+    data = "synthetic data (NeMo's `synthetic_data`)" if sweep.synthetic_data else "the prepared data under data_dir"
+    return f"""# Throughput sweep: {run_dir.name}
+
+NeMo `sd_train.py` with the run's training config, {data}, {sweep.max_steps} steps per task, global batch =
+micro batch x GPUs (no accumulation), no checkpoints.
+
+- **Warm-up: the first {sweep.warmup_steps} steps of every task are excluded.** img/s total = global batch /
+  mean of NeMo's own `train_step_timing` (rank 0's progress bar) over steps {sweep.warmup_steps + 1} to
+  {sweep.max_steps}; per GPU = total / GPUs.
+- Scaling vs 1 node: img/s total divided by the same micro batch's img/s total on 1 node (in brackets:
+  per-GPU efficiency).
+- Peak GPU memory: the highest `memory.used` nvidia-smi reported for any GPU of the task, sampled every
+  {sweep.memory_sample_s:g} s (includes the CUDA context and memory PyTorch keeps cached); n/a without nvidia-smi.
+- A task that ran out of memory is marked **OOM** with the steps it reached; logs are listed in report.json.
+
+{table}"""
+
+
+def csv_text(results: list[Result]) -> str:
+    out = io.StringIO()
+    fields = list(results[0].as_dict()) if results else []
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for r in results:
+        writer.writerow(r.as_dict())
+    return out.getvalue()
+
+
+def plot_png(results: list[Result], title: str) -> bytes:
+    """img/s per GPU vs micro batch, one line per node count; out-of-memory tasks as red crosses at 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for nodes in sorted({r.nodes for r in results}):
+        points = sorted((r.micro_batch_size, r.img_s_per_gpu) for r in results
+                        if r.nodes == nodes and r.status == "ok" and r.img_s_per_gpu)  # fmt: skip
+        if points:
+            ax.plot(*zip(*points), marker="o", label=f"{nodes} node{'s' if nodes > 1 else ''}")
+    oom = [r.micro_batch_size for r in results if r.status == "OOM"]
+    if oom:
+        ax.scatter(oom, [0] * len(oom), marker="x", color="red", zorder=3, clip_on=False, label="out of memory")
+    sizes = sorted({r.micro_batch_size for r in results})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_xlabel("micro batch size")
+    ax.set_ylabel("img/s per GPU")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def write_report(run_dir: Path) -> Path:
+    sweep, results = collect(run_dir)
+    bench = bench_dir(run_dir)
+    meta = {"run": str(run_dir), "max_steps": sweep.max_steps, "warmup_steps": sweep.warmup_steps,
+            "synthetic_data": sweep.synthetic_data, "rows": [r.as_dict() for r in results]}  # fmt: skip
+    write_atomic(bench / "report.json", json.dumps(meta, indent=2) + "\n")
+    write_atomic(bench / "report.csv", csv_text(results))
+    write_atomic(bench / "throughput.png", plot_png(results, f"{run_dir.name}: img/s per GPU"))
+    write_atomic(bench / "report.md", markdown(run_dir, sweep, results))
+    return bench / "report.md"
+
+
+def progress_lines(run_dir: Path) -> list[str]:
+    """For `python -m launcher status`: the sweep's tasks by status, then each task's step and numbers."""
+    try:
+        sweep, results = collect(run_dir)
+    except FileNotFoundError:  # not a benchmark run
+        return []
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    report = bench_dir(run_dir) / "report.md"
+    lines = [f"benchmark: {len(results)} tasks: " + ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
+             + f"; report: {report if report.exists() else 'not written yet'}"]  # fmt: skip
+    for r in results:
+        lines.append(f"  {r.case}: {r.status}, step {r.steps_done}/{sweep.max_steps}, "
+                     f"{rate(r.img_s_per_gpu)} img/s per GPU, peak GPU memory {memory(r.peak_gpu_mib)}")  # fmt: skip
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m launcher.bench.report <run>/benchmark", file=sys.stderr)
+        return 2
+    path = write_report(Path(args[0]).resolve().parent)
+    print(path.read_text())
+    print(f"written: {path}, report.csv, report.json, throughput.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""benchmark: a throughput sweep of NeMo's own training, and a report after it.
+
+Per node count one array job over the micro batch sizes; task i runs `launcher.bench.task`, which
+starts NeMo's sd_train.py on the case's config (the resolved training config plus only the sweep's
+values) and samples GPU memory beside it. A report job follows all arrays whatever their state
+(afterany): an out-of-memory task is a result, not a reason to cancel the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
+from launcher.config import Backend
+from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
+from launcher.stages import nemo_config, training
+from launcher.stages.common import Context, cpu_resources, make_job
+
+STAGE = "benchmark"
+REPORT_JOB = "bench_report"
+# One rank that runs out of memory must end its task at once: without this srun waits for the other
+# ranks, which sit in NCCL collectives until NCCL's timeout or the task's time limit.
+KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
+
+
+def job_name(nodes: int) -> str:
+    return f"bench_n{nodes}"
+
+
+def sweep(ctx: Context) -> Sweep:
+    b = ctx.cfg.benchmark
+    gpus = max(ctx.cfg.cluster.gpus_per_node, 1)  # a cluster without GPUs runs one rank per node
+    cases = tuple(
+        Case(job=job_name(nodes), task=i, nodes=nodes, gpus_per_node=gpus, micro_batch_size=mbs)
+        for nodes in b.nodes
+        for i, mbs in enumerate(b.micro_batch_sizes)
+    )
+    return Sweep(max_steps=b.max_steps, warmup_steps=b.warmup_steps, synthetic_data=b.synthetic_data,
+                 memory_sample_s=b.memory_sample_s, cases=cases)  # fmt: skip
+
+
+def case_context(ctx: Context, case: Case) -> Context:
+    """The run's context with the training section changed only where the sweep says."""
+    b, tr = ctx.cfg.benchmark, ctx.cfg.training
+    model: dict[str, Any] = {"micro_batch_size": case.micro_batch_size,
+                             "global_batch_size": case.global_batch_size}  # fmt: skip
+    if b.synthetic_data:
+        # One epoch covers every step: an epoch boundary inside the measured steps would restart
+        # the loader workers and be counted as training time.
+        length = (b.max_steps + 1) * case.micro_batch_size
+        model["data"] = {"synthetic_data": True, "synthetic_data_length": length}
+    merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(dict(tr.model)), model), resolve=True)
+    changed = dataclasses.replace(
+        tr,
+        run=dataclasses.replace(tr.run, time_limit=b.time_per_task),
+        trainer={**tr.trainer, "num_nodes": case.nodes, "max_steps": b.max_steps},
+        model=merged,  # type: ignore[arg-type]
+    )
+    return dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, training=changed))
+
+
+def case_config(ctx: Context, case: Case) -> dict[str, Any]:
+    """The NeMo config of one task: the training config builder's output, no checkpoints, own logs."""
+    built = nemo_config.build(case_context(ctx, case))
+    own = {
+        "exp_manager": {
+            "explicit_log_dir": str(task_dir(bench_dir(ctx.run_dir), case) / "nemo"),
+            "create_checkpoint_callback": False,
+            "resume_if_exists": False,
+        }
+    }
+    return OmegaConf.to_container(OmegaConf.merge(built, own), resolve=True)  # type: ignore[return-value]
+
+
+def files(ctx: Context) -> tuple[tuple[Path, str], ...]:
+    """cases.json and one NeMo config per case, written beside the scripts."""
+    s, bench = sweep(ctx), bench_dir(ctx.run_dir)
+    configs = tuple((config_path(bench, c), nemo_config.to_yaml(case_config(ctx, c))) for c in s.cases)
+    return ((bench / "cases.json", s.to_json()), *configs)
+
+
+def _resources(ctx: Context, case: Case) -> Resources:
+    """What training gets on that many nodes, for the task's time; one rank per node without GPUs."""
+    if ctx.cfg.cluster.gpus_per_node >= 1:
+        return training.resources(case_context(ctx, case))
+    cl = ctx.cfg.cluster
+    return Resources(nodes=case.nodes, time=ctx.cfg.benchmark.time_per_task, partition=cl.partition)
+
+
+def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
+    b, run = ctx.cfg.benchmark, ctx.cfg.training.run
+    python = run.python or ctx.python
+    # Started by path, not `-m` with this repo on PYTHONPATH: NeMo must keep the image's PYTHONPATH,
+    # exactly as the training job runs it (the wrapper finds its own package from its path).
+    wrapper = f"{ctx.code_dir}/launcher/bench/task.py"
+    argv = (python, "-u", wrapper, "--bench-dir", str(bench_dir(ctx.run_dir)), "--job", cases[0].job,
+            "--sample-s", str(b.memory_sample_s), "--", python, "-u", run.script)  # fmt: skip
+    # Tasks on one machine would measure each other: the local backend runs them one at a time.
+    throttle = 1 if ctx.cfg.cluster.backend is Backend.local else b.array_throttle
+    job = make_job(
+        ctx, stage=STAGE, name=cases[0].job, argv=argv, resources=_resources(ctx, cases[0]),
+        array=Array(len(cases), throttle), secret_files=training._secret_files(ctx),
+        env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
+    )  # fmt: skip
+    return dataclasses.replace(job, srun_args=(*job.srun_args, KILL_ON_BAD_EXIT))
+
+
+def plan(ctx: Context) -> tuple[JobSpec, ...]:
+    cases = sweep(ctx).cases
+    names = dict.fromkeys(case.job for case in cases)  # one array per node count, in the given order
+    sweeps = [_sweep_job(ctx, [case for case in cases if case.job == name]) for name in names]
+    after_all = tuple(Dependency(job.name, DependencyKind.afterany) for job in sweeps)
+    report = make_job(
+        ctx, stage=STAGE, name=REPORT_JOB, argv=ctx.module("launcher.bench.report", bench_dir(ctx.run_dir)),
+        resources=cpu_resources(ctx, ctx.cfg.benchmark.report_resources), depends_on=after_all,
+    )  # fmt: skip
+    return (*sweeps, report)
+
+
+def note(ctx: Context) -> str:
+    s, b = sweep(ctx), ctx.cfg.benchmark
+    return (f"benchmark: {len(b.nodes)} node count(s) x {len(b.micro_batch_sizes)} micro batch size(s) = "
+            f"{len(s.cases)} tasks of {s.max_steps} steps ({s.warmup_steps} warm-up steps excluded), "
+            f"{'synthetic' if s.synthetic_data else 'real'} data; "
+            f"report: {bench_dir(ctx.run_dir) / 'report.md'}")  # fmt: skip

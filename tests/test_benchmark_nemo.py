@@ -1,0 +1,70 @@
+"""A real benchmark sweep on the local backend: NeMo's own SD training on CPU at tiny sizes (2 micro
+batch sizes, 4 steps each), the report's numbers taken from NeMo's log and checked against the
+per-step timings NeMo wrote to TensorBoard in the same run.
+
+Only sizes, asset paths and the device differ from what users get (tests/nemo_cpu/tiny.py); the
+CUDA/apex-only calls patched are listed in tests/nemo_cpu/sd_train_cpu.py. Test-only: the trainer logs
+every step (log_every_n_steps=1) so that TensorBoard holds each step's timing to compare with."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import compose_config
+from nemo_cpu.harness import SD_TRAIN_CPU, write_tiny_assets
+from nemo_cpu.tiny import TINY_OVERRIDES
+
+from launcher.main import launch
+from launcher.throughput import step_timings
+
+pytestmark = pytest.mark.slow
+STEPS, WARMUP = 4, 1
+
+_TENSORBOARD = """
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+events = EventAccumulator(sys.argv[1])
+events.Reload()
+print(json.dumps([e.value for e in events.Scalars("train_step_timing in s")]))
+"""
+
+
+def _tensorboard_timings(nemo_python: str, log_dir: Path) -> list[float]:
+    done = subprocess.run([nemo_python, "-c", _TENSORBOARD, str(log_dir)], capture_output=True, text=True,
+                          check=True, timeout=300)  # fmt: skip
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_cpu_sweep_report_comes_from_nemo_logs(tmp_path: Path, nemo_python: str) -> None:
+    write_tiny_assets(nemo_python, tmp_path)
+    run = launch(compose_config([
+        "cluster=local", f"cluster.shared_dir={tmp_path}", "stages=[benchmark]", "assets.enable=false", *TINY_OVERRIDES,
+        "benchmark.micro_batch_sizes=[1,2]", f"benchmark.max_steps={STEPS}", f"benchmark.warmup_steps={WARMUP}",
+        f"training.run.script={SD_TRAIN_CPU}", f"training.run.python={nemo_python}",
+        "training.trainer.log_every_n_steps=1",
+    ]))  # fmt: skip
+    report = json.loads((run / "benchmark/report.json").read_text())
+    assert [r["micro_batch_size"] for r in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        nemo_dir = run / "benchmark/tasks" / row["case"] / "nemo"
+        # NeMo ran the task's own config: its batch, no checkpoints, its own log folder.
+        hparams = yaml.safe_load((nemo_dir / "hparams.yaml").read_text())["cfg"]
+        assert (hparams["micro_batch_size"], hparams["global_batch_size"]) == (row["micro_batch_size"],) * 2
+        assert hparams["data"]["synthetic_data"] is True and not (nemo_dir / "checkpoints").exists()
+        assert (row["status"], row["steps_done"], row["steps_measured"]) == ("ok", STEPS, STEPS - WARMUP)
+        assert (row["gpu"], row["peak_gpu_mib"]) == ("n/a", None)  # no nvidia-smi here
+        logged = _tensorboard_timings(nemo_python, nemo_dir)
+        assert len(logged) == STEPS
+        assert step_timings(Path(row["log"]).read_bytes().decode("utf-8")) == pytest.approx(logged, rel=5e-3)
+        mean = sum(logged[WARMUP:]) / (STEPS - WARMUP)
+        assert row["step_time_s"] == pytest.approx(mean, rel=5e-3)
+        assert row["img_s_per_gpu"] == pytest.approx(row["micro_batch_size"] / mean, rel=5e-3)
+    markdown = (run / "benchmark/report.md").read_text()
+    assert f"first {WARMUP} steps of every task are excluded" in markdown
+    assert "| n/a | 1 | 1 | 2 | 2 |" in markdown and "| n/a | ok |" in markdown
+    assert (run / "benchmark/throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(markdown)  # pytest -s shows the table (the README's CPU example is such a run)
