@@ -103,7 +103,7 @@ def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
     throttle = 1 if ctx.cfg.cluster.backend is Backend.local else b.array_throttle
     job = make_job(
         ctx, stage=STAGE, name=cases[0].job, argv=argv, resources=_resources(ctx, cases[0]),
-        array=Array(len(cases), throttle), secret_files=training._secret_files(ctx),
+        array=Array(len(cases), throttle), secret_files=training.secret_files_of(ctx),
         env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
     )  # fmt: skip
     return dataclasses.replace(job, srun_args=(*job.srun_args, KILL_ON_BAD_EXIT))

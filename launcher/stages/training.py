@@ -47,7 +47,8 @@ def _done_check(ctx: Context) -> tuple[str, ...]:
     )
 
 
-def _secret_files(ctx: Context) -> tuple[tuple[str, str], ...]:
+def secret_files_of(ctx: Context) -> tuple[tuple[str, str], ...]:
+    """(variable, file) pairs a NeMo job reads at run time (training and the benchmark sweep)."""
     run = ctx.cfg.training.run
     pairs = (("WANDB_API_KEY", run.wandb_api_key_file), ("HF_TOKEN", run.hf_token_file))
     return tuple((name, path) for name, path in pairs if path)
@@ -69,7 +70,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         deps = (Dependency(jobs[-1].name, DependencyKind.afterany),) if jobs else ()
         jobs.append(make_job(
             ctx, stage=STAGE, name=name, argv=argv, resources=resources(ctx), depends_on=deps,
-            sbatch_args=sbatch_args, prologue=_done_check(ctx), secret_files=_secret_files(ctx),
+            sbatch_args=sbatch_args, prologue=_done_check(ctx), secret_files=secret_files_of(ctx),
             singleton=run.chain > 1, slurm_name=run.name, env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
         ))  # fmt: skip
     return tuple(jobs)
