@@ -113,3 +113,17 @@ def test_model_check_fails_where_nemo_would_only_print(shared: Path, nemo_python
     assert "1 missing (e.g. encoder.conv_in.weight)" in errors
     assert "1 unexpected (e.g. encoder.conv_in.weight_renamed)" in errors
     assert "32-wide embeddings but model.unet_config.context_dim is 64" in errors
+
+
+def test_nemo_stops_itself_and_checkpoints_before_the_job_limit(shared: Path, nemo_python: str) -> None:
+    """The derived exp_manager.max_time_per_run (job limit less stop_before_limit_s) is what ends the run."""
+    config = render_training(shared, "timed", "training.run.time_limit=21", "training.run.stop_before_limit_s=1252",
+                             "training.trainer.max_steps=100000")  # fmt: skip
+    assert "max_time_per_run: 00:00:00:08" in config.read_text()  # 21 min less 1252 s
+    proc = run_sd_train(nemo_python, config, shared / "timed.log")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Time limit reached. Elapsed time is 0:00:08" in (shared / "timed.log").read_text()
+    progress = read_training_progress(shared / "timed.log", global_batch_size=2, num_gpus=1)
+    assert progress is not None and 1 <= progress.last_step < 100000
+    last = [name for name in _checkpoints(config) if name.endswith("-last.ckpt")]
+    assert last and f"-step={progress.last_step}-" in last[0]  # NeMo saved where its timer stopped it
