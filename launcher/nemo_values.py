@@ -1,5 +1,5 @@
-"""Values that NeMo 2.0.0 (the `nvcr.io/nvidia/nemo:24.09` container) and its Lightning accept, for
-the keys of the training config that they restrict. Data only; each list names where it comes from.
+"""Values that the targeted NeMo (launcher.nemo_version: the container's NeMo) and its Lightning
+accept, for the keys of the training config that they restrict. Data only; each list names where it comes from.
 tests/test_nemo_values.py compares them with the installed NeMo/Lightning code.
 """
 
