@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import random
 import sys
 from collections import Counter
@@ -30,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
-from data_prep.progress import Progress, log, read_json, temp_path_beside, write_json_atomic
+from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
+from data_prep.progress import Progress, log, read_json
 from data_prep.serve import ENV_NAME, HTML_PREFIX
 
 STEP = "demo"
@@ -80,23 +80,17 @@ def encode(image: Image.Image, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = temp_path_beside(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def make_row(kind: str, index: int, rng: random.Random, images_dir: Path) -> dict[str, Any]:
     """Writes the file a row needs (if any) and returns the row."""
     image, caption = draw_image(rng, index)
     fmt = "PNG" if index % 5 == 4 else "JPEG"  # every fifth image a PNG: img2dataset re-encodes it
     name = f"img-{index:05d}.{'png' if fmt == 'PNG' else 'jpg'}"
     if kind == "ok":
-        write_bytes_atomic(images_dir / name, encode(image, fmt))
+        write_atomic(images_dir / name, encode(image, fmt))
     elif kind == "truncated":
         name = f"truncated-{index:05d}.jpg"
         data = encode(image, "JPEG")
-        write_bytes_atomic(images_dir / name, data[: len(data) // 3])
+        write_atomic(images_dir / name, data[: len(data) // 3])
     elif kind == "not_found":
         name = f"missing-{index:05d}.jpg.404"
     else:  # not_image
@@ -124,9 +118,8 @@ def write_source(rows: list[dict[str, Any]], source_dir: Path) -> list[str]:
         chunk = rows[i * per_file : (i + 1) * per_file]
         table = pa.table({c: [r[c] for r in chunk] for c in columns})
         names.append(f"demo-{i:05d}.parquet")
-        tmp = temp_path_beside(source_dir / names[-1])
-        pq.write_table(table, tmp)
-        os.replace(tmp, source_dir / names[-1])
+        with atomic_path(source_dir / names[-1]) as tmp:
+            pq.write_table(table, tmp)
     return names
 
 

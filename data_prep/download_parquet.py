@@ -41,7 +41,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
-from data_prep.progress import Progress, exit_status, log, read_json, temp_path_beside, write_json_atomic
+from data_prep.atomic import TEMP_SUFFIX, temp_path_beside, write_json_atomic
+from data_prep.progress import Progress, exit_status, log, read_json
 from data_prep.source import DataPrepError, list_files, open_source, read_token, source_url
 
 STEP = "download_parquet"
@@ -287,7 +288,7 @@ def clean_output_dir(out_dir: Path, keep: int) -> None:
     for path in out_dir.iterdir():
         match = PART_NAME.match(path.name)
         stale_part = match is not None and int(match[1]) >= keep
-        if stale_part or (path.name.startswith(".") and path.name.endswith(".tmp")):
+        if stale_part or (path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX)):
             path.unlink()
 
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from fsspec.spec import AbstractFileSystem
 
-from data_prep.progress import exit_status, log, read_json, task_cpus, temp_path_beside, write_json_atomic
+from data_prep.atomic import atomic_path, temp_path_beside, write_json_atomic
+from data_prep.progress import exit_status, log, read_json, task_cpus
 from data_prep.source import DataPrepError, SourceFile, list_files, open_source, read_token, source_url
 
 STEP = "fetch_tars"
@@ -49,14 +50,10 @@ def _link(src: SourceFile, dest: Path) -> str:
 def _copy(fs: AbstractFileSystem, src: SourceFile, dest: Path) -> str:
     if dest.is_file() and not dest.is_symlink() and dest.stat().st_size == src.size:
         return "kept"
-    tmp = temp_path_beside(dest)
-    try:
+    with atomic_path(dest) as tmp:
         fs.get_file(src.path, str(tmp))
         if tmp.stat().st_size != src.size:
             raise DataPrepError(f"{src.path}: copied {tmp.stat().st_size} bytes, the source lists {src.size}")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
     return "copied"
 
 

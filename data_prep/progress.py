@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -78,24 +77,6 @@ def task_cpus() -> int:
     the machine's."""
     value = os.environ.get("SLURM_CPUS_PER_TASK", "")
     return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
-
-
-def temp_path_beside(final: Path, suffix: str = "") -> Path:
-    """A fresh name in the same folder as `final`, so os.replace onto it is atomic."""
-    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f"{suffix}.tmp", dir=final.parent)
-    os.close(fd)
-    return Path(name)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON under a temporary name, then rename: readers never see a half-written file."""
-    tmp = temp_path_beside(path)
-    try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def read_json(path: Path) -> Any | None:

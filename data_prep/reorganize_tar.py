@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
 from data_prep.fetch_tars import KIND as OWN_TARS
-from data_prep.progress import log, read_json, write_json_atomic
+from data_prep.progress import log, read_json
 from data_prep.tario import (
     INDEX_VERSION,
     Shard,
@@ -213,21 +214,17 @@ def write_output(plan: Plan, j: int, output_dir: Path, shards: _ShardFiles, exts
     if _record_ok(read_json(record_path), plan, j, tar, last - first):
         return 0, 0
     record_path.unlink(missing_ok=True)  # never leave a record beside a tar being replaced
-    for stale in output_dir.glob(f".{tar.name}.tmp-*"):  # left by a killed earlier run
+    for stale in output_dir.glob(f".{tar.name}.*{TEMP_SUFFIX}*"):  # left by a killed earlier run
         stale.unlink(missing_ok=True)
-    tmp = output_dir / f".{tar.name}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        out = TarAppender(fd)
-        data = sum(_copy_piece(out, shards, piece, plan.starts[piece[0]] + piece[1], exts)
-                   for piece in plan.pieces(first, last))
-        written = out.finish()
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, tar)
+    with atomic_path(tar) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            out = TarAppender(fd)
+            data = sum(_copy_piece(out, shards, piece, plan.starts[piece[0]] + piece[1], exts)
+                       for piece in plan.pieces(first, last))
+            written = out.finish()
+        finally:
+            os.close(fd)
     write_json_atomic(record_path, {"tar": tar.name, "index": j, "samples": last - first, "bytes": written,
                                     "first_sample": first, "chunk_size": plan.chunk_size,
                                     "outputs": plan.outputs, "plan": plan.fingerprint})

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from data_prep.progress import read_json, write_json_atomic
+from data_prep.atomic import atomic_path, write_json_atomic
+from data_prep.progress import read_json
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # POSIX blocking factor 20: tar files are padded to a whole record
@@ -368,11 +369,9 @@ def load_or_build_index(shard: Shard, output_dir: Path, extensions: list[str]) -
     if _valid_meta(meta, shard, extensions) and bin_path.exists():
         return meta, False
     meta, extents = _scan_shard(shard, extensions)
-    bin_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = bin_path.with_name(f".{bin_path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_path(bin_path) as tmp, open(tmp, "wb") as f:
         extents.tofile(f)
-    os.replace(tmp, bin_path)  # the .bin first: a .json record always points at a complete .bin
+    # the .bin first: a .json record always points at a complete .bin
     write_json_atomic(meta_path, meta)
     return meta, True
 

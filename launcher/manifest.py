@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from data_prep.atomic import write_atomic  # launcher callers use manifest.write_atomic
 
 MANIFEST = "manifest.json"
 
@@ -21,20 +21,6 @@ class JobRecord:
     log_pattern: str
     depends_on: list[str]
     backend: str
-
-
-def write_atomic(path: Path, text: str | bytes, mode: int = 0o644) -> None:
-    """Write to a temporary name in the same folder, then rename: never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def save(run_dir: Path, records: list[JobRecord]) -> Path:

@@ -144,13 +144,13 @@ def test_rerun_after_loss_or_kill_is_byte_identical(tmp_path: Path) -> None:
     (out / "000001.tar").unlink()
     # What a task killed mid-write leaves: a partial temporary file, and a finished tar whose count
     # record was not yet written (so nothing partial looks complete).
-    (out / ".000002.tar.tmp-99999").write_bytes(before["000002.tar"][:1000])
+    (out / ".000002.tar.k1ll3d.tmp").write_bytes(before["000002.tar"][:1000])
     (out / "_counts" / "000002.json").unlink()
     (out / "000002.tar").write_bytes(before["000002.tar"][:1536])
     assert run(tmp_path / "raw", out, 6) == 0
     assert tar_bytes(out) == before
     assert (out / "000000.tar").stat().st_mtime_ns == untouched  # matching record: not rewritten
-    assert not list(out.glob(".*.tmp-*"))
+    assert not list(out.glob(".*.tmp*"))
     assert report(out)["tars_written"] == 2
 
 
