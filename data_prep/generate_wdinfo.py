@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import mmap
-import os
-import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,12 +18,9 @@ from typing import Any
 from data_prep.progress import log, read_json
 from data_prep.reorganize_tar import COUNTS_DIR
 from data_prep.tario import scan_members, split_key
+from data_prep.wdinfo import Wdinfo, WdinfoError, write_wdinfo
 
 STEP = "generate_wdinfo"
-
-
-class WdinfoError(RuntimeError):
-    """The tar folder does not hold one complete reorganize_tar output."""
 
 
 def load_records(tar_dir: Path, chunk_size: int) -> list[dict[str, Any]]:
@@ -82,23 +77,11 @@ def verify(tar_dir: Path, records: list[dict[str, Any]]) -> None:
     log(STEP, f"--verify: all {len(records)} tars hold the recorded sample counts")
 
 
-def write_pickle_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            pickle.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def build_wdinfo(tar_dir: Path, chunk_size: int, check: bool) -> dict[str, Any]:
+def build_wdinfo(tar_dir: Path, chunk_size: int, check: bool) -> Wdinfo:
     records = load_records(tar_dir, chunk_size)
     if check:
         verify(tar_dir, records)
-    return {"tar_files": [r["tar"] for r in records], "chunk_size": chunk_size,
-            "total_key_count": sum(r["samples"] for r in records)}
+    return Wdinfo([r["tar"] for r in records], chunk_size, sum(r["samples"] for r in records))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -121,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     except WdinfoError as err:
         print(f"{STEP}: error: {err}", file=sys.stderr)
         return 1
-    write_pickle_atomic(output, info)
-    short = info["total_key_count"] - (len(info["tar_files"]) - 1) * args.chunk_size
-    log(STEP, f"wrote {output}: {len(info['tar_files'])} tars x chunk_size {args.chunk_size}, "
-              f"total_key_count {info['total_key_count']:,}"
+    write_wdinfo(output, info)
+    short = info.total_key_count - (len(info.tar_files) - 1) * args.chunk_size
+    log(STEP, f"wrote {output}: {len(info.tar_files)} tars x chunk_size {args.chunk_size}, "
+              f"total_key_count {info.total_key_count:,}"
               + (f" (last tar short: {short} samples)" if short != args.chunk_size else ""))
     return 0
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from data_prep.wdinfo import WdinfoError, read_wdinfo
 from launcher.layout import DataLayout
 
 
@@ -78,9 +78,12 @@ def data_counts(data_dir: str) -> list[tuple[str, str]]:
         rows.append(("reorganize_tar", reorganized))
     wdinfo = Path(layout.wdinfo)
     if wdinfo.exists():
-        with wdinfo.open("rb") as handle:
-            info = pickle.load(handle)
         where = layout.wdinfo.relative_to(layout.data_dir)
-        rows.append(("generate_wdinfo", f"{where}: {len(info['tar_files'])} tars x {info['chunk_size']}, "
-                                        f"total_key_count {info['total_key_count']:,}"))  # fmt: skip
+        try:
+            info = read_wdinfo(wdinfo)
+        except WdinfoError as err:
+            rows.append(("generate_wdinfo", str(err)))
+        else:
+            count = f"{len(info.tar_files)} tars x {info.chunk_size}, total_key_count {info.total_key_count:,}"
+            rows.append(("generate_wdinfo", f"{where}: {count}"))
     return rows

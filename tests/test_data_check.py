@@ -188,8 +188,8 @@ def test_good_set_through_nemo_loader(tmp_path: Path, nemo_python: str) -> None:
 def test_nemo_itself_yields_nothing_for_png(tmp_path: Path, nemo_python: str) -> None:
     # Bypass the pre-check on purpose: confirm that NeMo's own loader really drops .png samples.
     config = make_config(tmp_path, make_dataset(tmp_path, tars=1, per_tar=4, image_ext="png"))
-    code = ("import json, pathlib; from data_prep import data_check as d; "
-            f"m = d.load_model_config(pathlib.Path({str(config)!r})); "
+    code = ("import json, pathlib; from data_prep import tar_checks as t, nemo_loader_check as d; "
+            f"m = t.load_model_config(pathlib.Path({str(config)!r})); "
             "r = d.run_nemo_loader(m, batches=2, workers=1, mbs=2); "
             "print(json.dumps({'result': r, 'errors': d.loader_errors(r, 2)}))")
     proc = _run_nemo(nemo_python, "-c", code)
