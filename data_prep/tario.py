@@ -1,4 +1,4 @@
-"""Raw ustar block I/O: walk a tar's 512-byte headers, group members into samples, write headers.
+"""Raw ustar block reading: walk a tar's 512-byte headers and group members into samples.
 
 Why not `tarfile`: re-chunking only moves bytes. Parsing the 512-byte headers and copying the data
 blocks untouched is ~10x faster than tarfile's member objects (see benchmarks/bench_reorganize.py),
@@ -10,42 +10,31 @@ read here (`path` and `size` are honoured, the rest dropped: reorganize_tar norm
 GNU 'L' long names are honoured too. Anything this module cannot copy faithfully (pax 'g' global
 headers, GNU sparse/multi-volume members) is rejected with a TarFormatError naming the offset.
 
-The shard index (end of this module) is what reorganize_tar's tasks share: per raw shard, a `.bin`
-of (offset, size) extents of its complete samples in key order, committed by a `.json` record that
-also carries the shard's size and mtime (a changed shard is re-indexed).
+Writing tars is data_prep.tar_writer; the shard index reorganize_tar's tasks share is
+data_prep.shard_index.
 """
 
 from __future__ import annotations
 
-import errno
-import mmap
-import os
 import posixpath
 import zlib
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
-
-from data_prep.atomic import atomic_path, write_json_atomic
-from data_prep.progress import read_json
+from typing import NamedTuple
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # POSIX blocking factor 20: tar files are padded to a whole record
 ZEROS = bytes(RECORD)
 _REGULAR = frozenset(b"07\0")  # regular file, contiguous file, old-style regular file
 _SKIPPED = frozenset(b"123456")  # links, devices, directories, fifos: no sample data
-_SIZE = slice(124, 136)
+SIZE_FIELD = slice(124, 136)
 _CHKSUM = slice(148, 156)
 _ADLER_MOD = 65521
 _ZERO_BLOCK = bytes(BLOCK)
 _TERMINATORS = frozenset(b"\0 ")
 _KNOWN = _REGULAR | _SKIPPED
 _EXTENSIONS = frozenset(b"xLK")  # pax extended header, GNU long name, GNU long link
-INDEX_VERSION = 1  # bump when the index format or the sample rules change
 # copy_file_range errors meaning "not between these files": fall back to sendfile
-_NO_COPY_RANGE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
 
 
 class TarFormatError(ValueError):
@@ -166,7 +155,7 @@ def scan_members(buf: Sequence[int] | bytes, length: int) -> tuple[list[Member],
                 break
             _check_block(block, here)
             kind = block[156]
-            size = _octal_field(block, _SIZE, 135, here)
+            size = _octal_field(block, SIZE_FIELD, 135, here)
             if pax_size is not None and kind not in _EXTENSIONS:
                 size, pax_size = pax_size, None
             data_offset = here + BLOCK
@@ -225,160 +214,3 @@ def index_samples(members: list[Member], extensions: Sequence[str]) -> SampleInd
             for part in parts:
                 extents.extend((part.data_offset, part.size))  # type: ignore[union-attr]
     return SampleIndex(keys, extents, len(found) - len(keys))
-
-
-def _header_template() -> bytearray:
-    """A canonical ustar header with every field fixed except name, size and checksum."""
-    block = bytearray(BLOCK)
-    block[100:108] = b"0000644\0"  # mode rw-r--r--
-    block[108:116] = b"0000000\0"  # uid 0
-    block[116:124] = b"0000000\0"  # gid 0
-    block[136:148] = b"00000000000\0"  # mtime 0: identical bytes whenever the data is identical
-    block[156] = ord("0")
-    block[257:265] = b"ustar\x0000"
-    block[329:337] = b"0000000\0"  # devmajor
-    block[337:345] = b"0000000\0"  # devminor
-    return block
-
-
-_TEMPLATE = bytes(_header_template())
-
-
-def build_header(name: bytes, size: int) -> bytearray:
-    """A canonical ustar header (mode 0644, uid/gid 0, no user names, mtime 0) for a regular file."""
-    if len(name) > 100:
-        raise TarFormatError(f"member name {name!r} longer than 100 bytes")
-    if size >= 8**11:
-        raise TarFormatError(f"member {name!r} of {size} bytes too large for a ustar header")
-    block = bytearray(_TEMPLATE)
-    block[0 : len(name)] = name
-    block[_SIZE] = b"%011o\0" % size
-    # Byte sum (below 65521 for any 100-byte name, so Adler-32's low half is exact) plus 256 for the
-    # checksum field counted as spaces.
-    block[148:156] = b"%06o\0 " % ((zlib.adler32(block) & 0xFFFF) - 1 + 256)
-    return block
-
-
-def end_of_archive(written: int) -> bytes:
-    """Two zero blocks, then zeros up to a whole record, for a tar whose members took `written` bytes."""
-    total = written + 2 * BLOCK
-    return ZEROS[: 2 * BLOCK + (-total) % RECORD]
-
-
-def _write_full(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:  # a short write is rare (signals, full disk) but must not lose bytes
-        view = view[os.write(fd, view):]
-
-
-class TarAppender:
-    """Appends members to an output tar: a rebuilt header written, the data copied inside the kernel.
-
-    os.copy_file_range moves the data without passing it through Python: on this project's 2-core
-    test machine (tmpfs) it copied 1.5 GB of members in 0.78 s against 1.5 s for pread + writev,
-    near `cat` (0.59 s, which uses it too). Each member's zero padding goes out with the next
-    header, so a member costs one write and one copy call. Where the kernel refuses it (input and
-    output on different filesystems: EXDEV; some network filesystems) os.sendfile does the copy.
-    """
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.written = 0  # member bytes (headers + padded data) appended so far
-        self._pending = b""  # the last member's padding, written with the next header
-        self._kernel_copy = hasattr(os, "copy_file_range")
-
-    def add(self, name: bytes, src: int, offset: int, size: int) -> None:
-        """Append `size` bytes at `offset` of the open file `src` as member `name`."""
-        _write_full(self.fd, self._pending + build_header(name, size))
-        end = offset + size
-        while offset < end:
-            offset += self._copy(src, offset, end - offset)
-        self._pending = ZEROS[: padded(size) - size]
-        self.written += BLOCK + padded(size)
-
-    def _copy(self, src: int, offset: int, count: int) -> int:
-        try:
-            if self._kernel_copy:
-                done = os.copy_file_range(src, self.fd, count, offset)
-            else:
-                done = os.sendfile(self.fd, src, offset, count)
-        except OSError as err:
-            if not self._kernel_copy or err.errno not in _NO_COPY_RANGE:
-                raise
-            self._kernel_copy = False  # nothing was copied by the failed call: retry with sendfile
-            return 0
-        if done == 0:
-            raise TarFormatError(f"input ended before offset {offset + count} (shard changed while copied?)")
-        return done
-
-    def finish(self) -> int:
-        """Write the last padding and the end-of-archive blocks; the tar's total size."""
-        end = end_of_archive(self.written)
-        _write_full(self.fd, self._pending + end)
-        return self.written + len(end)
-
-
-@dataclass(frozen=True)
-class Shard:
-    partition: str
-    path: Path
-    stats_successes: int | None  # img2dataset's count from its _stats.json; None when there is none
-    finished: bool = True  # False: an img2dataset shard without _stats.json (never finished), skipped
-
-    @property
-    def rel(self) -> str:
-        return f"{self.partition}/{self.path.name}"
-
-
-def _index_paths(output_dir: Path, shard: Shard) -> tuple[Path, Path]:
-    folder, stem = output_dir / "_index" / shard.partition, shard.path.name.removesuffix(".tar")
-    return folder / f"{stem}.json", folder / f"{stem}.bin"
-
-
-def _valid_meta(meta: Any, shard: Shard, extensions: list[str]) -> bool:
-    if not isinstance(meta, dict) or meta.get("version") != INDEX_VERSION:
-        return False
-    st = shard.path.stat()
-    return (meta.get("size"), meta.get("mtime_ns"), meta.get("extensions")) == (
-        st.st_size, st.st_mtime_ns, extensions)
-
-
-def _scan_shard(shard: Shard, extensions: list[str]) -> tuple[dict[str, Any], array]:
-    """Walk one shard's headers; its index record and extents (complete samples in key order)."""
-    st = shard.path.stat()
-    meta: dict[str, Any] = {"version": INDEX_VERSION, "shard": shard.rel, "size": st.st_size,
-                            "mtime_ns": st.st_mtime_ns, "extensions": extensions,
-                            "stats_successes": shard.stats_successes}
-    if not shard.finished:
-        members, error = [], "no _stats.json: img2dataset never finished this shard; skipped"
-    elif st.st_size == 0:
-        members, error = [], "empty file"
-    else:
-        with open(shard.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            members, error = scan_members(mm, st.st_size)
-    index = index_samples(members, extensions)
-    meta.update(samples=len(index.keys), incomplete=index.incomplete, error=error,
-                keys_seen=len(index.keys) + index.incomplete)
-    return meta, index.extents
-
-
-def load_or_build_index(shard: Shard, output_dir: Path, extensions: list[str]) -> tuple[dict[str, Any], bool]:
-    """The shard's committed index record, building it if no valid one exists; (record, built_here)."""
-    meta_path, bin_path = _index_paths(output_dir, shard)
-    meta = read_json(meta_path)
-    if _valid_meta(meta, shard, extensions) and bin_path.exists():
-        return meta, False
-    meta, extents = _scan_shard(shard, extensions)
-    with atomic_path(bin_path) as tmp, open(tmp, "wb") as f:
-        extents.tofile(f)
-    # the .bin first: a .json record always points at a complete .bin
-    write_json_atomic(meta_path, meta)
-    return meta, True
-
-
-def load_extents(shard: Shard, output_dir: Path, meta: dict[str, Any]) -> array:
-    """The committed extents of a shard indexed by load_or_build_index."""
-    extents = array("q")
-    with open(_index_paths(output_dir, shard)[1], "rb") as f:
-        extents.fromfile(f, meta["samples"] * 2 * len(meta["extensions"]))
-    return extents
