@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.progress import log, read_json, write_json_atomic
+from data_prep.atomic import write_json_atomic
+from data_prep.progress import log, read_json
 
 STEP = "download_assets"
 RECORD = ".complete.json"

@@ -53,7 +53,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_prep.progress import exit_status, log, read_json, task_cpus, write_json_atomic
+from data_prep.atomic import write_json_atomic
+from data_prep.progress import exit_status, log, read_json, task_cpus
 
 STEP = "download_images"
 RESIZE_MODES = ("center_crop", "no", "border", "keep_ratio", "keep_ratio_largest")
