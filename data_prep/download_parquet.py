@@ -26,8 +26,6 @@ Design:
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import sys
 import time
 from collections import Counter
@@ -41,24 +39,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
-from data_prep.atomic import TEMP_SUFFIX, temp_path_beside, write_json_atomic
+from data_prep.atomic import write_json_atomic
+from data_prep.parquet_filters import FILTERS, FilePlan, keep_mask, resolve_columns
+from data_prep.parquet_partitions import (
+    OUTPUT_SCHEMA,
+    PartitionWriter,
+    clean_output_dir,
+    part_name,
+    partition_sizes,
+)
 from data_prep.progress import Progress, exit_status, log, read_json
 from data_prep.source import DataPrepError, list_files, open_source, read_token, source_url
 
 STEP = "download_parquet"
 BATCH_ROWS = 65_536
-OUTPUT_SCHEMA = pa.schema([("url", pa.string()), ("caption", pa.string())])
-PART_NAME = re.compile(r"^part-(\d{5})\.parquet$")
-
-# option name -> (column names tried in order, comparison keeping a row)
-FILTERS: dict[str, tuple[tuple[str, ...], str]] = {
-    "min_width": (("WIDTH",), ">="),
-    "min_height": (("HEIGHT",), ">="),
-    "max_punsafe": (("punsafe",), "<="),
-    "max_pwatermark": (("pwatermark",), "<="),
-    "min_aesthetic": (("aesthetic", "AESTHETIC_SCORE"), ">="),
-}
-
 
 @dataclass(frozen=True)
 class Options:
@@ -74,63 +68,8 @@ class Options:
     max_rows: int | None = None
 
 
-@dataclass(frozen=True)
-class FilePlan:
-    """One source file with its resolved column names."""
-
-    path: str
-    size: int
-    url: str = ""
-    caption: str = ""
-    filter_cols: tuple[tuple[str, str], ...] = ()  # (filter name, column)
-
-
-def part_name(index: int) -> str:
-    return f"part-{index:05d}.parquet"
-
-
 def list_parquet(fs: AbstractFileSystem, root: str, pattern: str) -> list[FilePlan]:
     return [FilePlan(path=f.path, size=f.size) for f in list_files(fs, root, pattern)]
-
-
-def match_column(names: list[str], wanted: tuple[str, ...], option: str, path: str) -> str:
-    by_lower = {name.lower(): name for name in names}
-    for name in wanted:
-        if name.lower() in by_lower:
-            return by_lower[name.lower()]
-    raise DataPrepError(
-        f"{option}: no column {' or '.join(wanted)} in {path}; available columns: {', '.join(names)}"
-    )
-
-
-def resolve_columns(plan: FilePlan, names: list[str], opts: Options) -> FilePlan:
-    filter_cols = tuple(
-        (name, match_column(names, FILTERS[name][0], "--" + name.replace("_", "-"), plan.path))
-        for name in opts.filters
-    )
-    return FilePlan(
-        path=plan.path,
-        size=plan.size,
-        url=match_column(names, (opts.url_col,), "--url-col", plan.path),
-        caption=match_column(names, (opts.caption_col,), "--caption-col", plan.path),
-        filter_cols=filter_cols,
-    )
-
-
-def keep_mask(
-    batch: pa.RecordBatch, plan: FilePlan, opts: Options, dropped: Counter[str] | None
-) -> pa.BooleanArray:
-    """Rows passing every filter; `dropped` credits each removed row to the first filter failing it."""
-    alive = pa.array([True] * batch.num_rows)
-    for name, column in plan.filter_cols:
-        value = opts.filters[name]
-        values = batch.column(column)
-        passed = pc.greater_equal(values, value) if FILTERS[name][1] == ">=" else pc.less_equal(values, value)
-        passed = pc.fill_null(passed, False)
-        if dropped is not None:
-            dropped[name] += pc.sum(pc.and_(alive, pc.invert(passed))).as_py() or 0
-        alive = pc.and_(alive, passed)
-    return alive
 
 
 def iter_batches(fs: AbstractFileSystem, plan: FilePlan, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -157,7 +96,7 @@ def count_pass(
         if rows_kept >= limit:
             break
         names, num_rows = schema_names(fs, plan.path)
-        plan = resolve_columns(plan, names, opts)
+        plan = resolve_columns(plan, names, opts.url_col, opts.caption_col, opts.filters)
         resolved.append(plan)
         if not plan.filter_cols:  # no filter: the footer alone gives the count
             rows_read += num_rows
@@ -166,7 +105,7 @@ def count_pass(
             continue
         for batch in iter_batches(fs, plan, [column for _, column in plan.filter_cols]):
             rows_read += batch.num_rows
-            rows_kept += pc.sum(keep_mask(batch, plan, opts, dropped)).as_py() or 0
+            rows_kept += pc.sum(keep_mask(batch, plan, opts.filters, dropped)).as_py() or 0
             progress.add(batch.num_rows, f"counting, file {i}/{len(plans)}")
             if rows_kept >= limit:
                 break
@@ -175,56 +114,6 @@ def count_pass(
         log(STEP, f"--max-rows {opts.max_rows:,}: keeping the first {opts.max_rows:,} rows that pass the "
                   f"filters (read {len(resolved)} of {len(plans)} file(s))")  # fmt: skip
     return resolved, rows_read, int(min(rows_kept, limit)), dropped
-
-
-def partition_sizes(total: int, n: int) -> list[int]:
-    """`n` sizes summing to `total`, the first `total % n` one larger."""
-    return [total // n + (1 if i < total % n else 0) for i in range(n)]
-
-
-class PartitionWriter:
-    """Fills partitions in order; each is written under a temp name and renamed when full."""
-
-    def __init__(self, out_dir: Path, sizes: list[int]) -> None:
-        self.out_dir = out_dir
-        self.sizes = sizes
-        self.index = 0
-        self.filled = 0
-        self._writer: pq.ParquetWriter | None = None
-        self._tmp: Path | None = None
-
-    @property
-    def remaining(self) -> int:
-        return sum(self.sizes[self.index :]) - self.filled
-
-    def write(self, table: pa.Table) -> None:
-        offset = 0
-        while offset < table.num_rows:
-            if self.index >= len(self.sizes):
-                raise DataPrepError("--source changed while reading: more rows than counted in pass 1")
-            if self._writer is None:
-                self._tmp = temp_path_beside(self.out_dir / part_name(self.index))
-                # URLs and captions are nearly all distinct: dictionary encoding only costs time.
-                self._writer = pq.ParquetWriter(self._tmp, OUTPUT_SCHEMA, use_dictionary=False)
-            take = min(self.sizes[self.index] - self.filled, table.num_rows - offset)
-            self._writer.write_table(table.slice(offset, take))
-            offset += take
-            self.filled += take
-            if self.filled == self.sizes[self.index]:
-                self._finish_current()
-
-    def _finish_current(self) -> None:
-        assert self._writer is not None and self._tmp is not None
-        self._writer.close()
-        os.replace(self._tmp, self.out_dir / part_name(self.index))
-        self._writer, self._tmp = None, None
-        self.index += 1
-        self.filled = 0
-
-    def abort(self) -> None:
-        if self._writer is not None and self._tmp is not None:
-            self._writer.close()
-            self._tmp.unlink(missing_ok=True)
 
 
 def to_output(batch: pa.RecordBatch, plan: FilePlan, mask: pa.BooleanArray) -> pa.Table:
@@ -243,7 +132,7 @@ def write_pass(fs: AbstractFileSystem, plans: list[FilePlan], opts: Options, tot
         for i, plan in enumerate(plans, start=1):
             columns = list(dict.fromkeys([plan.url, plan.caption, *(c for _, c in plan.filter_cols)]))
             for batch in iter_batches(fs, plan, columns):
-                table = to_output(batch, plan, keep_mask(batch, plan, opts, None))
+                table = to_output(batch, plan, keep_mask(batch, plan, opts.filters, None))
                 if opts.max_rows is not None:  # the first max_rows kept rows, as pass 1 counted them
                     table = table.slice(0, writer.remaining)
                 writer.write(table)
@@ -281,15 +170,6 @@ def matching_manifest(out_dir: Path, inputs: dict[str, Any]) -> dict[str, Any] |
         return None
     complete = all((out_dir / p["file"]).is_file() for p in manifest.get("partitions", []))
     return manifest if complete else None
-
-
-def clean_output_dir(out_dir: Path, keep: int) -> None:
-    """Drop leftovers of interrupted runs and partitions beyond the new count."""
-    for path in out_dir.iterdir():
-        match = PART_NAME.match(path.name)
-        stale_part = match is not None and int(match[1]) >= keep
-        if stale_part or (path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX)):
-            path.unlink()
 
 
 def run(opts: Options) -> dict[str, Any]:

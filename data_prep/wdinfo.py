@@ -93,5 +93,7 @@ def shard_plan(tars: int, world: int, workers: int) -> ShardPlan:
     """Example: `shard_plan(10, 4, 2).describe()` -> '... 2 tars per rank, 2 left out of every epoch, ...'"""
     if tars < 0 or world < 1 or workers < 0:
         allowed = "tars >= 0, world >= 1 and workers >= 0"
-        raise ValueError(f"shard_plan: {allowed} are allowed; got tars={tars}, world={world}, workers={workers}")
+        raise ValueError(
+            f"shard_plan: {allowed} are allowed; got tars={tars}, world={world}, workers={workers}"
+        )
     return ShardPlan(tars, world, workers)

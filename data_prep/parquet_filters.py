@@ -1,0 +1,76 @@
+"""Which columns of a source parquet file download_parquet reads, and which rows it keeps (--min-width ...)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_prep.source import DataPrepError
+
+Filters = dict[str, float]  # filter option name (a FILTERS key) -> threshold
+
+# option name -> (column names tried in order, comparison keeping a row)
+FILTERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "min_width": (("WIDTH",), ">="),
+    "min_height": (("HEIGHT",), ">="),
+    "max_punsafe": (("punsafe",), "<="),
+    "max_pwatermark": (("pwatermark",), "<="),
+    "min_aesthetic": (("aesthetic", "AESTHETIC_SCORE"), ">="),
+}
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """One source file with its resolved column names."""
+
+    path: str
+    size: int
+    url: str = ""
+    caption: str = ""
+    filter_cols: tuple[tuple[str, str], ...] = ()  # (filter name, column)
+
+
+def match_column(names: list[str], wanted: tuple[str, ...], option: str, path: str) -> str:
+    by_lower = {name.lower(): name for name in names}
+    for name in wanted:
+        if name.lower() in by_lower:
+            return by_lower[name.lower()]
+    raise DataPrepError(
+        f"{option}: no column {' or '.join(wanted)} in {path}; available columns: {', '.join(names)}"
+    )
+
+
+def resolve_columns(
+    plan: FilePlan, names: list[str], url_col: str, caption_col: str, filters: Filters
+) -> FilePlan:
+    """`plan` with its url, caption and filter columns found among `names` (case-insensitively)."""
+    filter_cols = tuple(
+        (name, match_column(names, FILTERS[name][0], "--" + name.replace("_", "-"), plan.path))
+        for name in filters
+    )
+    return FilePlan(
+        path=plan.path,
+        size=plan.size,
+        url=match_column(names, (url_col,), "--url-col", plan.path),
+        caption=match_column(names, (caption_col,), "--caption-col", plan.path),
+        filter_cols=filter_cols,
+    )
+
+
+def keep_mask(
+    batch: pa.RecordBatch, plan: FilePlan, filters: Filters, dropped: Counter[str] | None
+) -> pa.BooleanArray:
+    """Rows passing every filter; `dropped` credits each removed row to the first filter failing it."""
+    alive = pa.array([True] * batch.num_rows)
+    for name, column in plan.filter_cols:
+        value = filters[name]
+        values = batch.column(column)
+        passed = pc.greater_equal(values, value) if FILTERS[name][1] == ">=" else pc.less_equal(values, value)
+        passed = pc.fill_null(passed, False)
+        if dropped is not None:
+            dropped[name] += pc.sum(pc.and_(alive, pc.invert(passed))).as_py() or 0
+        alive = pc.and_(alive, passed)
+    return alive
