@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 # Run as a script (`python launcher/main.py`), the package's parent must be importable.
 REPO = Path(__file__).resolve().parent.parent
@@ -24,18 +25,17 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from pathlib import PurePosixPath  # noqa: E402
 
 from launcher import backends, manifest, preflight, report  # noqa: E402
-from launcher.config import RootConfig  # noqa: E402
 from launcher.layout import DataLayout  # noqa: E402
 from launcher.spec import Plan  # noqa: E402
-from launcher.stages import nemo_config  # noqa: E402
+from launcher import nemo_config  # noqa: E402
 from launcher.errors import LauncherError  # noqa: E402
 from launcher.pipeline import build_plan  # noqa: E402
 from launcher.stages.common import Facts  # noqa: E402
 from launcher.validate import check_facts, to_schema  # noqa: E402
 
 
-def _preflight(cfg: RootConfig, plan: Plan) -> None:
-    world = nemo_config.shape_or_none(cfg, plan)
+def _preflight(cfg: Any, plan: Plan) -> None:
+    world = nemo_config.world_size(cfg)
     found = preflight.check(cfg, Path(DataLayout(PurePosixPath(cfg.data_dir)).wdinfo), world)
     for note in found.notes:
         print(f"preflight: {note}")

@@ -1,9 +1,11 @@
 """Values that the targeted NeMo (launcher.nemo_version: the container's NeMo) and its Lightning
-accept, for the keys of the training config that they restrict. Data only; each list names where it comes from.
+accept, for the keys of the training config that they restrict, and the rules on those keys. Data only; each list names where it comes from.
 tests/test_nemo_values.py compares them with the installed NeMo/Lightning code.
 """
 
 from __future__ import annotations
+
+from launcher.rules import Choice, Range
 
 # trainer.precision: NeMo's MegatronTrainerBuilder._plugins (nemo/collections/nlp/parts/
 # megatron_trainer_builder.py) turns 16/"16"/"16-mixed"/"bf16"/"bf16-mixed" into its own precision
@@ -46,3 +48,46 @@ SD_PARAMETERIZATIONS: tuple[str, ...] = ("eps", "x0", "v")
 SD_LOSS_TYPES: tuple[str, ...] = ("l1", "l2")
 SD_CONDITIONING_KEYS: tuple[object, ...] = (None, "concat", "crossattn", "hybrid", "adm")
 SD_BETA_SCHEDULES: tuple[str, ...] = ("linear", "cosine", "sqrt_linear", "sqrt")
+
+
+# Keys of NeMo's sections that the launcher derives from or that NeMo restricts; the rest of each
+# section is NeMo's own and passes through as written (sd_train.yaml's meaning).
+TRAINER_RULES = {
+    "num_nodes": Range(1),
+    "devices": Range(1),
+    "precision": Choice(LIGHTNING_PRECISION),
+    # Chained jobs and the "already done" check count towards max_steps: it must be a real number
+    # of steps (Lightning's -1 = unlimited is refused).
+    "max_steps": Range(1),
+    "max_epochs": Range(-1),
+    "log_every_n_steps": Range(1),
+    "gradient_clip_val": Range(0, integer=False),
+    "limit_val_batches": Range(0, integer=False),
+}
+EXP_MANAGER_RULES = {
+    # Lightning's ModelCheckpoint refuses negative values (save_top_k: -1 = keep all).
+    "checkpoint_callback_params.every_n_train_steps": Range(0),
+    "checkpoint_callback_params.save_top_k": Range(-1),
+    "ema.decay": Range(0, 1, integer=False),
+    "ema.every_n_steps": Range(1),
+}
+MODEL_RULES = {
+    "precision": Choice(SD_MODEL_PRECISION),
+    "micro_batch_size": Range(1),
+    "global_batch_size": Range(1),
+    "timesteps": Range(1),
+    "image_size": Range(1),
+    "channels": Range(1),
+    "parameterization": Choice(SD_PARAMETERIZATIONS),
+    "beta_schedule": Choice(SD_BETA_SCHEDULES),
+    "loss_type": Choice(SD_LOSS_TYPES),
+    "conditioning_key": Choice(SD_CONDITIONING_KEYS),
+    "optim.name": Choice(NEMO_OPTIMIZERS),
+    "optim.lr": Range(0, integer=False, above_lo=True),
+    "optim.weight_decay": Range(0, integer=False),
+    "optim.sched.name": Choice(NEMO_SCHEDULERS),
+    "optim.sched.warmup_steps": Range(0),
+    # NeMo's SD loader uses persistent workers: 0 fails there.
+    "data.num_workers": Range(1),
+    "data.synthetic_data_length": Range(1),
+}

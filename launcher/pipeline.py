@@ -1,79 +1,58 @@
-"""Turns a validated config into one Plan: stages in pipeline order, linked by afterok edges."""
+"""Turns a validated config into one Plan: each stage's jobs wait (afterok) only on what they read."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from launcher.config import RootConfig, Stage
+from launcher.registry import STAGES, planned
 from launcher.spec import Dependency, JobSpec, Plan
-from launcher.stages import assets, benchmark, data_check, data_preparation, nemo_config, training
+from launcher.stage import StageSpec
 from launcher.stages.common import Context, Facts
 
-Planner = Callable[[Context], tuple[JobSpec, ...]]
-PLANNERS: dict[Stage, Planner] = {
-    Stage.assets: assets.plan,
-    Stage.data_preparation: data_preparation.plan,
-    Stage.data_check: data_check.plan,
-    Stage.benchmark: benchmark.plan,
-    Stage.training: training.plan,
-}
-# Stages that wait for the stages before them but that no later stage waits for.
-BRANCHES = frozenset({Stage.benchmark})
 
-
-def run_dir(cfg: RootConfig) -> Path:
+def run_dir(cfg: Any) -> Path:
     return Path(cfg.base_results_dir) / cfg.run_name
 
 
-def stages_in_order(cfg: RootConfig) -> list[Stage]:
-    """Pipeline order whatever order the user typed; data_check guards training unless disabled,
-    and the assets they read are staged before anything else."""
-    chosen = set(cfg.stages)
-    if Stage.training in chosen and cfg.data_check.enable:
-        chosen.add(Stage.data_check)
-    if assets.needed(cfg):
-        chosen.add(Stage.assets)
-    return [stage for stage in Stage if stage in chosen]
-
-
 def _sinks(jobs: tuple[JobSpec, ...]) -> tuple[str, ...]:
+    """The stage's last jobs: those no other job of the stage waits for."""
     needed = {dep.job for job in jobs for dep in job.depends_on}
     return tuple(job.name for job in jobs if job.name not in needed)
 
 
-def _link(jobs: tuple[JobSpec, ...], previous: tuple[str, ...]) -> tuple[JobSpec, ...]:
-    """The stage's first jobs wait for the previous stage's last jobs to succeed."""
-    edges = tuple(Dependency(name) for name in previous)
-    return tuple(
-        dataclasses.replace(job, depends_on=job.depends_on + edges) if not job.depends_on else job
-        for job in jobs
-    )
+def _direct_needs(cfg: Any, stage: StageSpec, present: dict[str, StageSpec]) -> tuple[str, ...]:
+    """The planned stages this one needs, less those it already waits for through another of them."""
+    needs = [name for name in stage.needs(cfg) if name in present]
+
+    def reaches(name: str, target: str) -> bool:
+        return any(n == target or reaches(n, target) for n in present[name].needs(cfg) if n in present)
+
+    return tuple(n for n in needs if not any(reaches(other, n) for other in needs if other != n))
 
 
-def build_plan(cfg: RootConfig, facts: Facts) -> Plan:
+def _link(jobs: tuple[JobSpec, ...], waits_for: tuple[str, ...]) -> tuple[JobSpec, ...]:
+    """The stage's first jobs wait for `waits_for` to succeed; its later jobs wait inside the stage."""
+    edges = tuple(Dependency(name) for name in waits_for)
+    return tuple(job if job.depends_on else dataclasses.replace(job, depends_on=edges) for job in jobs)
+
+
+def build_plan(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> Plan:
+    """Pure: the validated config (launcher.validate) and the host's facts in, the Plan out."""
     ctx = Context(cfg=cfg, facts=facts, run_dir=run_dir(cfg))
-    stages = stages_in_order(cfg)
+    present = {stage.name: stage for stage in planned(cfg, stages)}
+    sinks: dict[str, tuple[str, ...]] = {}
     jobs: tuple[JobSpec, ...] = ()
-    previous: tuple[str, ...] = ()
-    for stage in stages:
-        planned = _link(PLANNERS[stage](ctx), previous)
-        jobs += planned
-        if stage not in BRANCHES:
-            previous = _sinks(planned) or previous
-    files: tuple[tuple[Path, str], ...] = ()
+    files: dict[Path, str] = {}
     notes: tuple[str, ...] = ()
-    if Stage.training in stages or Stage.data_check in stages:
-        files = ((nemo_config.config_path(ctx), nemo_config.to_yaml(nemo_config.build(ctx))),)
-    if Stage.training in stages:
-        shape = nemo_config.shape(ctx)
-        notes = (
-            f"training: {shape.nodes} node(s) x {shape.gpus_per_node} GPUs = {shape.world_size} ranks, "
-            f"micro batch {shape.micro_batch_size}, global batch {shape.global_batch_size}: "
-            f"{shape.accumulated_micro_batches} micro-batch(es) accumulated per step",
-        )
-    if Stage.benchmark in stages:
-        files += benchmark.files(ctx)
-        notes += (benchmark.note(ctx),)
-    return Plan(run_dir=ctx.run_dir, jobs=jobs, files=files, notes=notes)
+    for stage in present.values():
+        waits_for = tuple(job for need in _direct_needs(cfg, stage, present) for job in sinks[need])
+        planned_jobs = _link(stage.plan(ctx), waits_for)
+        # A stage without jobs (every step disabled) passes on what it would have waited for.
+        sinks[stage.name] = _sinks(planned_jobs) or waits_for
+        jobs += planned_jobs
+        files.update(stage.files(ctx))
+        notes += stage.notes(ctx)
+    return Plan(run_dir=ctx.run_dir, jobs=jobs, files=tuple(files.items()), notes=notes)

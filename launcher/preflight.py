@@ -9,9 +9,10 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from launcher.config import RootConfig, Runtime, Stage
-from launcher.pipeline import stages_in_order
+from launcher.config import Runtime
+from launcher.registry import planned_names
 
 
 @dataclass
@@ -28,16 +29,16 @@ def _shard_plan(tars: int, world: int, workers: int) -> str:
             + (f", {idle} of {workers} workers per rank idle" if idle else ""))  # fmt: skip
 
 
-def check(cfg: RootConfig, wdinfo: Path, world_size: int) -> Findings:
+def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
     found = Findings()
-    stages = stages_in_order(cfg)
-    if Stage.training not in stages and Stage.benchmark not in stages:
+    stages = planned_names(cfg)
+    if "training" not in stages and "benchmark" not in stages:
         return found
     image = cfg.container.image or ""
     if cfg.container.runtime is Runtime.pyxis and image.startswith("/") and not Path(image).exists():
         found.problems.append(f"container.image: {image} does not exist on this host; build it with "
                               "enroot/import.sh or fix the path")  # fmt: skip
-    if Stage.training not in stages or Stage.data_preparation in stages:
+    if "training" not in stages or "data_preparation" in stages:
         return found
     if cfg.training.model.get("data", {}).get("synthetic_data"):
         return found

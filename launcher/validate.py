@@ -1,35 +1,35 @@
-"""Checks a composed config against the schemas and the rules between values.
+"""The one validation phase: the composed config against the schemas, the rules between values and
+every planned stage's own checks.
 
-Everything here runs before any file is written or any job submitted; each failure is a
-ConfigError that names the key and what is allowed.
+Everything here runs before planning, so before any file is written or any job submitted; each failure
+is a ConfigError that names the key and what is allowed. Planners never raise one.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import typing
+from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from enum import Enum
-from typing import Any, cast
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from launcher.config import Backend, RootConfig, Runtime, Stage
+from launcher.config import BackendName, Runtime
 from launcher.errors import ConfigError
-from launcher.rules import RULE, Each, Problem, slurm_time_seconds
-from launcher.pipeline import stages_in_order
-from launcher.stages import assets
-from launcher.stages.common import Facts, inside_mounts
-from launcher.stages.data_check import MAKE_NEMO_VENV
+from launcher.registry import STAGES, planned_names, root_config_type
+from launcher.rules import RULE, Each, Problem
+from launcher.stage import StageSpec
+from launcher.stages.common import Facts, require_mounted
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 
 
-def _schema_at(path: str) -> Any:
+def _schema_at(root: type, path: str) -> Any:
     """The dataclass (or None) that the dotted config path points into."""
-    node: Any = RootConfig
+    node: Any = root
     for part in [p for p in path.split(".") if p]:
         if not is_dataclass(node):
             return None
@@ -40,12 +40,12 @@ def _schema_at(path: str) -> Any:
     return node
 
 
-def _allowed_at(key: str) -> str | None:
+def _allowed_at(root: type, key: str) -> str | None:
     """What the schema allows at `key` (a field, or an item `field[i]`): its rule's words, or for
     booleans and enums their type's."""
     field_key, _, item = key.partition("[")
     parent, _, name = field_key.rpartition(".")
-    schema = _schema_at(parent)
+    schema = _schema_at(root, parent)
     found = [f for f in fields(schema) if f.name == name] if schema and is_dataclass(schema) else []
     if not found:
         return None
@@ -73,19 +73,19 @@ def _shape_mismatch(schema: Any, given: Any, prefix: str = "") -> str | None:
     return None
 
 
-def _explain(error: OmegaConfBaseException, composed: DictConfig) -> ConfigError:
+def _explain(error: OmegaConfBaseException, composed: DictConfig, root: type) -> ConfigError:
     key = str(getattr(error, "full_key", "") or "")
     if not key:
         plain = OmegaConf.to_container(composed)
-        key = _shape_mismatch(OmegaConf.to_container(OmegaConf.structured(RootConfig)), plain) or "config"
+        key = _shape_mismatch(OmegaConf.to_container(OmegaConf.structured(root)), plain) or "config"
     if isinstance(error, ConfigKeyError):
         parent = key.rpartition(".")[0]
-        schema = _schema_at(parent)
+        schema = _schema_at(root, parent)
         allowed = ", ".join(f.name for f in fields(schema)) if schema and is_dataclass(schema) else "?"
         where = parent or "the top level"
         return ConfigError(key, f"unknown key; allowed keys in {where}: {allowed}")
     message = str(error).splitlines()[0]
-    allowed = _allowed_at(key)
+    allowed = _allowed_at(root, key)
     return ConfigError(key, f"{message}; allowed: {allowed}" if allowed else message)
 
 
@@ -111,26 +111,27 @@ def _show(value: Any) -> str:
     return repr(value.value if isinstance(value, Enum) else value)
 
 
-def to_schema(composed: DictConfig) -> RootConfig:
-    """Merge the composed YAML onto the typed schema (unknown keys, types, enums)."""
+def to_schema(composed: DictConfig, stages: Sequence[StageSpec] = STAGES) -> Any:
+    """Merge the composed YAML onto the typed schema (unknown keys, types, enums), then `check` it."""
+    root = root_config_type(stages)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), composed)
+        merged = OmegaConf.merge(OmegaConf.structured(root), composed)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise ConfigError(missing[0], "a value is required (set it in conf/ or on the command line)")
         OmegaConf.resolve(merged)
-        cfg = cast(RootConfig, OmegaConf.to_object(merged))
+        cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
-        raise _explain(error, composed) from None
-    check(cfg)
+        raise _explain(error, composed, root) from None
+    check(cfg, stages)
     return cfg
 
 
-def _check_container(cfg: RootConfig) -> None:
+def _check_container(cfg: Any) -> None:
     c = cfg.container
     if c.runtime is Runtime.none:
         return
-    if cfg.cluster.backend is Backend.local:
+    if cfg.cluster.backend is BackendName.local:
         raise ConfigError(
             "container.runtime",
             "pyxis is a Slurm plugin and cannot run on cluster.backend=local; use container=none",
@@ -143,48 +144,23 @@ def _check_container(cfg: RootConfig) -> None:
             f"{c.image!r} is a relative squashfs path; pyxis would take it for a registry image. "
             "Give the absolute path",
         )
-    needed = {"data_dir": cfg.data_dir, "base_results_dir": cfg.base_results_dir}
-    for key, path in needed.items():
-        if not inside_mounts(path, c.mounts):
+    for key in ("data_dir", "base_results_dir"):
+        require_mounted(key, getattr(cfg, key), c.mounts)
+
+
+def _check_gpus(cfg: Any, planned: Sequence[StageSpec]) -> None:
+    gpus = cfg.cluster.gpus_per_node
+    for stage in planned:
+        if stage.gpus and gpus < 1:
             raise ConfigError(
-                key,
-                f"{path} is not inside any container mount ({', '.join(c.mounts) or 'none'}); "
-                "add it to container.mounts",
+                "cluster.gpus_per_node",
+                f"{stage.name} needs GPUs but the cluster has {gpus}; choose cluster=aws_p5, cluster=aws_p4de "
+                "or set cluster.gpus_per_node",
             )
 
 
-def _check_assets(cfg: RootConfig) -> None:
-    """The container must see the folders where training reads the staged models."""
-    if Stage.assets not in stages_in_order(cfg) or cfg.container.runtime is not Runtime.pyxis:
-        return
-    mounts = cfg.container.mounts
-    for name, asset in assets.by_name(cfg).items():
-        if not inside_mounts(asset.local_dir, mounts):
-            raise ConfigError(f"assets.{name}.local_dir", f"{asset.local_dir} is not inside any container mount "
-                              f"({', '.join(mounts) or 'none'}); add it to container.mounts")  # fmt: skip
-
-
-def _check_benchmark(cfg: RootConfig) -> None:
-    """Rules between the sweep's fields (each field's own range is declared in launcher/config.py)."""
-    b = cfg.benchmark
-    for key, values in (("micro_batch_sizes", b.micro_batch_sizes), ("nodes", b.nodes)):
-        if len(set(values)) != len(values):
-            raise ConfigError(f"benchmark.{key}", f"{values} repeats a value; allowed: distinct integers")
-    if b.warmup_steps >= b.max_steps:
-        raise ConfigError("benchmark.warmup_steps", f"{b.warmup_steps} leaves no step to measure; allowed: "
-                          f"below benchmark.max_steps ({b.max_steps})")  # fmt: skip
-    if Stage.benchmark not in cfg.stages:
-        return
-    stop = cfg.training.run.stop_before_limit_s
-    if (slurm_time_seconds(b.time_per_task) or 0) <= stop:
-        # A task's NeMo stops itself stop_before_limit_s before the task's limit, as training does.
-        raise ConfigError("benchmark.time_per_task", f"{b.time_per_task} leaves no training time: NeMo stops "
-                          f"training.run.stop_before_limit_s={stop} s before the limit; allowed: a longer time")  # fmt: skip
-    if cfg.cluster.backend is Backend.local and b.nodes != [1]:
-        raise ConfigError("benchmark.nodes", f"{b.nodes}: the local backend runs one node; allowed: [1]")
-
-
-def check(cfg: RootConfig) -> None:
+def check(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> None:
+    """Every rule that needs only the config: each field's own, then the core's, then each stage's."""
     found = first_problem(cfg)
     if found:
         raise ConfigError(found.key, f"{_show(found.value)} {found.reason}; allowed: {found.allowed}")
@@ -195,25 +171,22 @@ def check(cfg: RootConfig) -> None:
                 "secrets are never written into scripts: name a file instead "
                 "(training.run.wandb_api_key_file, hf_token_file) or export it before submitting",
             )
-    _check_benchmark(cfg)
     _check_container(cfg)
-    _check_assets(cfg)
+    names = planned_names(cfg, stages)
+    _check_gpus(cfg, [stage for stage in stages if stage.name in names])
+    for stage in stages:
+        stage.check(cfg, names)
 
 
-def check_facts(cfg: RootConfig, facts: Facts) -> None:
+def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> None:
     """Rules that need the submitting host's facts (where this checkout lives, what it has)."""
-    python = cfg.data_check.python
-    local = cfg.cluster.backend is Backend.local and cfg.container.runtime is Runtime.none
-    if python and local and Stage.data_check in stages_in_order(cfg) and shutil.which(python) is None:
-        raise ConfigError(
-            "data_check.python",
-            f"{python!r} is no interpreter on this machine, where the local backend runs data_check; allowed: "
-            f"a Python with NeMo, e.g. .venv-nemo/bin/python made by `{MAKE_NEMO_VENV}`",
-        )
     c = cfg.container
-    if c.runtime is Runtime.pyxis and c.code_dir is None and not inside_mounts(facts.code_dir, c.mounts):
-        raise ConfigError(
-            "container.code_dir",
-            f"this checkout ({facts.code_dir}) is not inside any container mount: put it on a mounted "
-            "file system (e.g. /fsx) or set container.code_dir=/workspace/launcher (the image's copy)",
+    if c.runtime is Runtime.pyxis and c.code_dir is None:
+        remedy = (
+            "put this checkout on a mounted file system (e.g. /fsx) or set "
+            "container.code_dir=/workspace/launcher (the image's copy)"
         )
+        require_mounted("container.code_dir", facts.code_dir, c.mounts, remedy)
+    names = planned_names(cfg, stages)
+    for stage in stages:
+        stage.host_check(cfg, names, facts)

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest_plugins = ["slurm_cluster"]
 
-from launcher.config import RootConfig  # noqa: E402
+from launcher.registry import RootConfig  # noqa: E402
 from launcher.stages.common import Facts  # noqa: E402
 from launcher.main import compose_config as _compose  # noqa: E402
 from launcher.validate import to_schema  # noqa: E402

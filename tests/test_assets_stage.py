@@ -1,4 +1,4 @@
-"""The assets stage: planned first whenever data_check or training runs, and its job run for real
+"""The assets stage: planned whenever a stage reads the models, only those waiting for it, and its job run for real
 (local backend and the real Slurm test cluster) against the fake Hub, token read from a file."""
 
 from __future__ import annotations
@@ -32,14 +32,22 @@ def _dry_run(tmp_path: Path, *overrides: str) -> dict[str, list[str]]:
     return {r.name: r.depends_on for r in manifest.load(run)}
 
 
-def test_assets_come_first_and_every_later_stage_waits_for_them(tmp_path: Path) -> None:
+def test_assets_come_first_and_only_the_jobs_that_read_them_wait_for_them(tmp_path: Path) -> None:
     jobs = _dry_run(tmp_path, "stages=[training,data_preparation]")
     assert list(jobs) == ["pretrained_assets", "download_parquet", "download_images", "reorganize_tar",
                           "generate_wdinfo", "data_check", "sd_860m_res_256"]  # fmt: skip
     assert jobs["pretrained_assets"] == []
-    assert jobs["download_parquet"] == ["afterok:pretrained_assets"]
-    assert jobs["data_check"] == ["afterok:generate_wdinfo"]
+    # Data preparation reads no model: an asset failure (a token, a licence) must not hold it up.
+    assert jobs["download_parquet"] == []
+    # The model check reads the data and the models; training reads both through data_check's guard.
+    assert jobs["data_check"] == ["afterok:generate_wdinfo", "afterok:pretrained_assets"]
     assert jobs["sd_860m_res_256"] == ["afterok:data_check"]
+
+
+def test_without_the_model_check_training_waits_for_the_assets_itself(tmp_path: Path) -> None:
+    jobs = _dry_run(tmp_path, "stages=[data_preparation,training]", "data_check.model_check=false")
+    assert jobs["data_check"] == ["afterok:generate_wdinfo"]
+    assert jobs["sd_860m_res_256"] == ["afterok:pretrained_assets", "afterok:data_check"]
     script = (tmp_path / "results/sd_pretrain/assets/pretrained_assets.sbatch").read_text()
     vae = f"stabilityai/sd-vae-ft-mse 31f26fdeee1355a5c34592e401dd41e45d25a493 {tmp_path}/models/sd-vae-ft-mse"
     assert f"--asset vae {vae} config.json diffusion_pytorch_model.safetensors" in script

@@ -19,12 +19,13 @@ from conftest import FIXED_FACTS, REPO, compose_config
 from PIL import Image
 
 from launcher.bench.cases import Case, Sweep
-from launcher.config import RootConfig
+from launcher.registry import RootConfig
 from launcher.errors import ConfigError
 from launcher.main import launch
 from launcher.pipeline import build_plan
 from launcher.spec import DependencyKind
-from launcher.stages import benchmark, nemo_config
+from launcher import nemo_config
+from launcher.stages import benchmark
 from launcher.stages.common import Context
 from launcher.validate import to_schema
 
@@ -99,7 +100,7 @@ def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> 
     plan = build_plan(_cfg(*SWEEP, "stages=[data_preparation,benchmark,training]", "training.trainer.num_nodes=2",
                            "benchmark.synthetic_data=false"), FIXED_FACTS)  # fmt: skip
     edges = {job.name: [f"{d.kind.value}:{d.job}" for d in job.depends_on] for job in plan.jobs}
-    assert edges["data_check"] == ["afterok:generate_wdinfo"]
+    assert edges["data_check"] == ["afterok:generate_wdinfo", "afterok:pretrained_assets"]
     assert edges["bench_n1"] == edges["bench_n2"] == ["afterok:data_check"]
     assert edges["sd_860m_res_256"] == ["afterok:data_check"]  # not bench_report
 

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.config import RootConfig
+from launcher.registry import RootConfig
 from launcher.errors import ConfigError
 from launcher.main import launch
 from launcher.rules import (

@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from hf_fake_hub import FakeHub
 
-from launcher.config import RootConfig
+from launcher.registry import RootConfig
 from launcher.pipeline import build_plan
 from launcher.stages import assets
 from launcher.stages.common import Facts

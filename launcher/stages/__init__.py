@@ -1,1 +1,2 @@
-"""Stage planners: pure functions from the validated config to job specs."""
+"""One module per stage, each ending in `STAGE = StageSpec(...)` (launcher/stage.py); launcher/registry.py
+lists them in pipeline order."""

@@ -1,26 +1,57 @@
 """assets: one CPU job stages the pretrained CLIP text encoder and VAE that training loads.
 
-It runs first whenever data_check or training is planned, so that a wrong repo id, revision or
-token fails in minutes instead of after hours of data preparation.
+It is planned whenever a planned stage reads them (data_check's model check, the benchmark sweep,
+training), and only those wait for it: a wrong repo id, revision or token never holds up data preparation.
 """
 
 from __future__ import annotations
 
-from launcher.config import AssetConfig, RootConfig, Stage
-from launcher.spec import JobSpec
-from launcher.stages.common import Context, cpu_resources, make_job
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
-STAGE = "assets"
+from omegaconf import MISSING
+
+from launcher.config import JobResources, Runtime
+from launcher.rules import ABS_PATH, Each, Pattern, ruled
+from launcher.spec import JobSpec
+from launcher.stage import StageSpec
+from launcher.stages.common import Context, cpu_resources, make_job, require_mounted
+
+NAME = "assets"
 JOB_NAME = "pretrained_assets"
 
+HUB_REPO_ID = Pattern(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", "a Hub repo id: owner/name")
+COMMIT_SHA = Pattern(r"[0-9a-f]{40}", "a 40-hex commit sha (the repo's History on the Hub): pin one")
+REPO_FILE = Pattern(r"(?!-)(?!.*(?:^|/)\.\.(?:/|$))[^/\x00-\x1f][^\x00-\x1f]*",
+                    "a file name in the repo (a relative path, no '..', not starting with '-' or '/')")
 
-def needed(cfg: RootConfig) -> bool:
-    """The stages that read the assets (the sweep builds the training model) were chosen and the user did
-    not turn the download off."""
-    return cfg.assets.enable and bool({Stage.data_check, Stage.benchmark, Stage.training} & set(cfg.stages))
+
+@dataclass
+class AssetConfig:
+    """One Hub model repo pinned to a commit; only `files` are fetched, into `local_dir`."""
+
+    repo_id: str = ruled(HUB_REPO_ID, MISSING)
+    # A 40-hex commit sha: a branch name would let the files change under a running project.
+    revision: str = ruled(COMMIT_SHA, MISSING)
+    files: list[str] = ruled(Each(REPO_FILE, min_items=1), factory=list)
+    local_dir: str = ruled(ABS_PATH, MISSING)
 
 
-def by_name(cfg: RootConfig) -> dict[str, AssetConfig]:
+@dataclass
+class AssetsConfig:
+    """Pretrained parts of the model that training loads but never trains (CLIP text encoder, VAE)."""
+
+    # Downloaded by one CPU job before data preparation/data_check/training (when those run).
+    enable: bool = True
+    dir: str = ruled(ABS_PATH, MISSING)
+    # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
+    hf_token_file: Optional[str] = ruled(ABS_PATH, None)
+    text_encoder: AssetConfig = field(default_factory=AssetConfig)
+    vae: AssetConfig = field(default_factory=AssetConfig)
+    resources: JobResources = field(default_factory=JobResources)
+
+
+def by_name(cfg: Any) -> dict[str, AssetConfig]:
     """Every asset under the name its config key has (and the job's log uses)."""
     return {"text_encoder": cfg.assets.text_encoder, "vae": cfg.assets.vae}
 
@@ -35,7 +66,24 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     # The token reaches the job as HF_TOKEN, read from the file at run time (never written here).
     secrets = (("HF_TOKEN", assets.hf_token_file),) if assets.hf_token_file else ()
     job = make_job(
-        ctx, stage=STAGE, name=JOB_NAME, argv=ctx.module("data_prep.download_assets", *args),
+        ctx, stage=NAME, name=JOB_NAME, argv=ctx.module("data_prep.download_assets", *args),
         resources=cpu_resources(ctx, assets.resources), secret_files=secrets,
     )  # fmt: skip
     return (job,)
+
+
+def _check(cfg: Any, planned: frozenset[str]) -> None:
+    """The container must see the folders where training reads the staged models."""
+    if NAME not in planned or cfg.container.runtime is not Runtime.pyxis:
+        return
+    for name, asset in by_name(cfg).items():
+        require_mounted(f"assets.{name}.local_dir", asset.local_dir, cfg.container.mounts)
+
+
+STAGE = StageSpec(
+    name=NAME,
+    config=AssetsConfig,
+    plan=plan,
+    auto=lambda cfg: cfg.assets.enable,
+    check=_check,
+)

@@ -9,22 +9,48 @@ values) and samples GPU memory beside it. A report job follows all arrays whatev
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from launcher import nemo_config
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
-from launcher.config import Backend
+from launcher.config import BackendName, JobResources
+from launcher.errors import ConfigError
+from launcher.rules import Each, Range, SlurmTime, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
-from launcher.stages import nemo_config, training
+from launcher.stage import StageSpec
+from launcher.stages import training
 from launcher.stages.common import Context, cpu_resources, make_job
 
-STAGE = "benchmark"
+NAME = "benchmark"
 REPORT_JOB = "bench_report"
 # One rank that runs out of memory must end its task at once: without this srun waits for the other
 # ranks, which sit in NCCL collectives until NCCL's timeout or the task's time limit.
 KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
+
+
+@dataclass
+class BenchmarkConfig:
+    """The throughput sweep: one array per node count over the micro batch sizes (conf/benchmark/)."""
+
+    micro_batch_sizes: list[int] = ruled(Each(Range(1), min_items=1), factory=lambda: [32, 64, 128])
+    nodes: list[int] = ruled(Each(Range(1), min_items=1), factory=lambda: [1])
+    # Optimizer steps per task; the first warmup_steps are left out of every number.
+    max_steps: int = ruled(Range(1), 50)
+    warmup_steps: int = ruled(Range(0), 10)
+    # NeMo's synthetic data (no dataset, no loader cost); false reads the prepared data under data_dir.
+    synthetic_data: bool = True
+    time_per_task: str = ruled(SlurmTime(), "00:30:00")
+    # Array tasks of one node count running at once (null = as many as Slurm allows).
+    array_throttle: Optional[int] = ruled(Range(1), None)
+    # Seconds between nvidia-smi samples of GPU memory beside each task.
+    memory_sample_s: float = ruled(Range(0, integer=False, above_lo=True), 2.0)
+    report_resources: JobResources = field(
+        default_factory=lambda: JobResources(cpus_per_task=1, mem="4G", time="00:10:00")
+    )
 
 
 def job_name(nodes: int) -> str:
@@ -32,8 +58,12 @@ def job_name(nodes: int) -> str:
 
 
 def sweep(ctx: Context) -> Sweep:
-    b = ctx.cfg.benchmark
-    gpus = max(ctx.cfg.cluster.gpus_per_node, 1)  # a cluster without GPUs runs one rank per node
+    return _sweep(ctx.cfg)
+
+
+def _sweep(cfg: Any) -> Sweep:
+    b = cfg.benchmark
+    gpus = max(cfg.cluster.gpus_per_node, 1)  # a cluster without GPUs runs one rank per node
     cases = tuple(
         Case(job=job_name(nodes), task=i, nodes=nodes, gpus_per_node=gpus, micro_batch_size=mbs)
         for nodes in b.nodes
@@ -43,9 +73,9 @@ def sweep(ctx: Context) -> Sweep:
                  memory_sample_s=b.memory_sample_s, cases=cases)  # fmt: skip
 
 
-def case_context(ctx: Context, case: Case) -> Context:
-    """The run's context with the training section changed only where the sweep says."""
-    b, tr = ctx.cfg.benchmark, ctx.cfg.training
+def _case_cfg(cfg: Any, case: Case) -> Any:
+    """The run's config with the training section changed only where the sweep says."""
+    b, tr = cfg.benchmark, cfg.training
     model: dict[str, Any] = {"micro_batch_size": case.micro_batch_size,
                              "global_batch_size": case.global_batch_size}  # fmt: skip
     if b.synthetic_data:
@@ -60,7 +90,11 @@ def case_context(ctx: Context, case: Case) -> Context:
         trainer={**tr.trainer, "num_nodes": case.nodes, "max_steps": b.max_steps},
         model=merged,  # type: ignore[arg-type]
     )
-    return dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, training=changed))
+    return dataclasses.replace(cfg, training=changed)
+
+
+def case_context(ctx: Context, case: Case) -> Context:
+    return dataclasses.replace(ctx, cfg=_case_cfg(ctx.cfg, case))
 
 
 def case_config(ctx: Context, case: Case) -> dict[str, Any]:
@@ -100,9 +134,9 @@ def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
     argv = (python, "-u", wrapper, "--bench-dir", str(bench_dir(ctx.run_dir)), "--job", cases[0].job,
             "--sample-s", str(b.memory_sample_s), "--", python, "-u", run.script)  # fmt: skip
     # Tasks on one machine would measure each other: the local backend runs them one at a time.
-    throttle = 1 if ctx.cfg.cluster.backend is Backend.local else b.array_throttle
+    throttle = 1 if ctx.cfg.cluster.backend is BackendName.local else b.array_throttle
     job = make_job(
-        ctx, stage=STAGE, name=cases[0].job, argv=argv, resources=_resources(ctx, cases[0]),
+        ctx, stage=NAME, name=cases[0].job, argv=argv, resources=_resources(ctx, cases[0]),
         array=Array(len(cases), throttle), secret_files=training.secret_files_of(ctx),
         env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
     )  # fmt: skip
@@ -115,15 +149,60 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     sweeps = [_sweep_job(ctx, [case for case in cases if case.job == name]) for name in names]
     after_all = tuple(Dependency(job.name, DependencyKind.afterany) for job in sweeps)
     report = make_job(
-        ctx, stage=STAGE, name=REPORT_JOB, argv=ctx.module("launcher.bench.report", bench_dir(ctx.run_dir)),
+        ctx, stage=NAME, name=REPORT_JOB, argv=ctx.module("launcher.bench.report", bench_dir(ctx.run_dir)),
         resources=cpu_resources(ctx, ctx.cfg.benchmark.report_resources), depends_on=after_all,
     )  # fmt: skip
     return (*sweeps, report)
 
 
-def note(ctx: Context) -> str:
+def _notes(ctx: Context) -> tuple[str, ...]:
     s, b = sweep(ctx), ctx.cfg.benchmark
-    return (f"benchmark: {len(b.nodes)} node count(s) x {len(b.micro_batch_sizes)} micro batch size(s) = "
+    return ((f"benchmark: {len(b.nodes)} node count(s) x {len(b.micro_batch_sizes)} micro batch size(s) = "
             f"{len(s.cases)} tasks of {s.max_steps} steps ({s.warmup_steps} warm-up steps excluded), "
             f"{'synthetic' if s.synthetic_data else 'real'} data; "
-            f"report: {bench_dir(ctx.run_dir) / 'report.md'}")  # fmt: skip
+            f"report: {bench_dir(ctx.run_dir) / 'report.md'}"),)  # fmt: skip
+
+
+def _needs(cfg: Any) -> tuple[str, ...]:
+    """The staged models (the sweep builds the training model); the prepared data, and the data check
+    that guards GPU time, only when it reads real data."""
+    return ("assets",) if cfg.benchmark.synthetic_data else ("assets", "data_preparation", "data_check")
+
+
+def _check(cfg: Any, planned: frozenset[str]) -> None:
+    """Rules between the sweep's fields (each field's own range is declared on it), and every case's
+    NeMo config as training's checks see it."""
+    b = cfg.benchmark
+    for key, values in (("micro_batch_sizes", b.micro_batch_sizes), ("nodes", b.nodes)):
+        if len(set(values)) != len(values):
+            raise ConfigError(f"benchmark.{key}", f"{values} repeats a value; allowed: distinct integers")
+    if b.warmup_steps >= b.max_steps:
+        raise ConfigError(
+            "benchmark.warmup_steps",
+            f"{b.warmup_steps} leaves no step to measure; allowed: below benchmark.max_steps ({b.max_steps})",
+        )
+    if NAME not in planned:
+        return
+    stop = cfg.training.run.stop_before_limit_s
+    if (slurm_time_seconds(b.time_per_task) or 0) <= stop:
+        # A task's NeMo stops itself stop_before_limit_s before the task's limit, as training does.
+        raise ConfigError(
+            "benchmark.time_per_task",
+            f"{b.time_per_task} leaves no training time: NeMo stops training.run.stop_before_limit_s={stop} s "
+            "before the limit; allowed: a longer time",
+        )
+    if cfg.cluster.backend is BackendName.local and b.nodes != [1]:
+        raise ConfigError("benchmark.nodes", f"{b.nodes}: the local backend runs one node; allowed: [1]")
+    for case in _sweep(cfg).cases:
+        nemo_config.check(_case_cfg(cfg, case))
+
+
+STAGE = StageSpec(
+    name=NAME,
+    config=BenchmarkConfig,
+    plan=plan,
+    needs=_needs,
+    check=_check,
+    files=files,
+    notes=_notes,
+)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from launcher.config import JobResources, RootConfig, Runtime
+from launcher.config import JobResources, Runtime
+from launcher.errors import ConfigError
 from launcher.layout import DataLayout
 from launcher.spec import Array, Container, Dependency, JobSpec, Resources
 
@@ -23,7 +25,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class Context:
-    cfg: RootConfig
+    # The root config (launcher.registry.RootConfig: the core keys and one section per stage).
+    cfg: Any
     facts: Facts
     run_dir: Path
 
@@ -144,3 +147,10 @@ def inside_mounts(path: str, mounts: list[str]) -> bool:
         if src == dst and PurePosixPath(path).is_relative_to(dst):
             return True
     return False
+
+
+def require_mounted(key: str, path: str, mounts: list[str], remedy: str = "add it to container.mounts") -> None:
+    """The one refusal of a path that a pyxis job would not see at the same place."""
+    if not inside_mounts(path, mounts):
+        listed = ", ".join(mounts) or "none"
+        raise ConfigError(key, f"{path} is not inside any container mount ({listed}); {remedy}")

@@ -2,54 +2,122 @@
 
 from __future__ import annotations
 
-from launcher.config import Runtime
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from launcher import nemo_config
+from launcher.config import BackendName, JobResources, Runtime
 from launcher.errors import ConfigError
 from launcher.quoting import q
-from launcher.spec import JobSpec, Resources
-from launcher.stages import nemo_config
-from launcher.stages.common import Context, cpu_resources, make_job
+from launcher.rules import Range, Text, ruled
+from launcher.spec import JobSpec
+from launcher.stage import StageSpec
+from launcher.stages.common import Context, Facts, cpu_resources, make_job
 
-STAGE = "data_check"
+NAME = "data_check"
 # What makes the NeMo interpreter that data_check needs without a container (README, requirements-nemo.txt).
 MAKE_NEMO_VENV = "python3 -m venv .venv-nemo && .venv-nemo/bin/pip install -r requirements-nemo.txt"
 
 
-def planned_world_size(ctx: Context) -> int:
-    """Data-parallel ranks of the training plan (1 on a cluster without GPUs, e.g. local)."""
-    if ctx.cfg.cluster.gpus_per_node < 1:
-        return 1
-    return nemo_config.shape(ctx).world_size
+@dataclass
+class DataCheckConfig:
+    enable: bool = True
+    # Interpreter with NeMo; null = training.run.python in a container, else the NeMo venv
+    # (.venv-nemo beside this checkout, see requirements-nemo.txt) or this launcher's own.
+    python: Optional[str] = ruled(Text(), None)
+    batches: int = ruled(Range(1), 4)
+    # Also build NeMo's UNet, VAE (staged weights, every key) and text encoder on CPU.
+    model_check: bool = True
+    # NeMo's loader uses persistent workers: 0 is refused there.
+    num_workers: int = ruled(Range(1), 1)
+    micro_batch_size: int = ruled(Range(1), 4)
+    resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=4, mem="16G"))
 
 
-def nemo_python(ctx: Context) -> str:
-    dc, run = ctx.cfg.data_check, ctx.cfg.training.run
+def _nemo_python(cfg: Any, facts: Facts) -> str | None:
+    dc, run = cfg.data_check, cfg.training.run
     if dc.python:
         return dc.python
-    if ctx.cfg.container.runtime is Runtime.pyxis:
-        return run.python or ctx.python
-    if ctx.facts.nemo_python:
-        return ctx.facts.nemo_python
-    # The job's own interpreter has no torch: the check would end in a traceback in its log.
-    raise ConfigError(
-        "data_check.python",
-        f"None and this checkout has no NeMo interpreter ({ctx.facts.code_dir}/.venv-nemo/bin/python) to run "
-        f"data_check without a container; allowed: create it with `cd {q(ctx.facts.code_dir)} && {MAKE_NEMO_VENV}`, "
-        "or set data_check.python to a Python with NeMo",
-    )
+    if cfg.container.runtime is Runtime.pyxis:
+        return run.python or cfg.container.python or "python3"
+    return facts.nemo_python
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     dc = ctx.cfg.data_check
+    python = _nemo_python(ctx.cfg, ctx.facts)
+    assert python, "refused by the host check"
     argv = (
-        nemo_python(ctx), "-m", "data_prep.data_check",
-        "--training-config", str(nemo_config.config_path(ctx)),
-        "--world-size", str(planned_world_size(ctx)),
-        "--batches", str(dc.batches),
-        "--num-workers", str(dc.num_workers),
-        "--micro-batch-size", str(dc.micro_batch_size),
-        "--report", str(ctx.run_dir / STAGE / "report.json"),
+        python,
+        "-m",
+        "data_prep.data_check",
+        "--training-config",
+        str(nemo_config.config_path(ctx)),
+        "--world-size",
+        str(nemo_config.world_size(ctx.cfg)),
+        "--batches",
+        str(dc.batches),
+        "--num-workers",
+        str(dc.num_workers),
+        "--micro-batch-size",
+        str(dc.micro_batch_size),
+        "--report",
+        str(ctx.run_dir / NAME / "report.json"),
         *(("--model-check",) if dc.model_check else ()),
-    )  # fmt: skip
-    resources: Resources = cpu_resources(ctx, dc.resources)
-    return (make_job(ctx, stage=STAGE, name="data_check", argv=argv, resources=resources,
-                     env=nemo_config.OFFLINE_HUB_ENV),)
+    )
+    resources = cpu_resources(ctx, dc.resources)
+    job = make_job(
+        ctx, stage=NAME, name="data_check", argv=argv, resources=resources, env=nemo_config.OFFLINE_HUB_ENV
+    )
+    return (job,)
+
+
+def _needs(cfg: Any) -> tuple[str, ...]:
+    """The data it reads; the staged models only when it builds them (the model check)."""
+    return ("data_preparation", "assets") if cfg.data_check.model_check else ("data_preparation",)
+
+
+def _check(cfg: Any, planned: frozenset[str]) -> None:
+    if NAME in planned:
+        nemo_config.check(cfg)
+
+
+def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
+    """Without a container the check runs on this machine's NeMo interpreter, which must exist."""
+    if NAME not in planned:
+        return
+    python = cfg.data_check.python
+    local = cfg.cluster.backend is BackendName.local and cfg.container.runtime is Runtime.none
+    if python and local and shutil.which(python) is None:
+        raise ConfigError(
+            "data_check.python",
+            f"{python!r} is no interpreter on this machine, where the local backend runs data_check; allowed: "
+            f"a Python with NeMo, e.g. .venv-nemo/bin/python made by `{MAKE_NEMO_VENV}`",
+        )
+    if _nemo_python(cfg, facts) is None:
+        # The job's own interpreter has no torch: the check would end in a traceback in its log.
+        raise ConfigError(
+            "data_check.python",
+            f"None and this checkout has no NeMo interpreter ({facts.code_dir}/.venv-nemo/bin/python) to run "
+            f"data_check without a container; allowed: create it with `cd {q(facts.code_dir)} && "
+            f"{MAKE_NEMO_VENV}`, or set data_check.python to a Python with NeMo",
+        )
+
+
+def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
+    """It reads the training config that sd_train.py would read."""
+    return ((nemo_config.config_path(ctx), nemo_config.to_yaml(nemo_config.build(ctx))),)
+
+
+STAGE = StageSpec(
+    name=NAME,
+    config=DataCheckConfig,
+    plan=plan,
+    needs=_needs,
+    auto=lambda cfg: cfg.data_check.enable,
+    check=_check,
+    host_check=_host_check,
+    files=_files,
+)

@@ -7,12 +7,16 @@ generate_wdinfo; the two download steps must then be disabled (the preset does i
 
 from __future__ import annotations
 
-from launcher.config import DataPreparationConfig, RootConfig, Runtime
+from typing import Any
+
+from launcher.config import Runtime
 from launcher.errors import ConfigError
 from launcher.spec import Array, JobSpec
-from launcher.stages.common import Context, after, cpu_resources, inside_mounts, make_job
+from launcher.stage import StageSpec
+from launcher.stages.common import Context, after, cpu_resources, make_job, require_mounted
+from launcher.stages.data_preparation_config import DataPreparationConfig
 
-STAGE = "data_preparation"
+NAME = "data_preparation"
 
 
 def _optional_flags(pairs: dict[str, object]) -> tuple[str, ...]:
@@ -105,33 +109,39 @@ def _wdinfo_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def check(cfg: RootConfig) -> None:
+def _check(cfg: Any, planned: frozenset[str]) -> None:
     """Rules between the data sources' settings (the schema checks types)."""
     dp, key = cfg.data_preparation, "data_preparation"
-    if not dp.tars.enable:
+    if NAME not in planned or not dp.tars.enable:
         return
     if not dp.tars.source:
         raise ConfigError(f"{key}.tars.source", "required with tars.enable: a folder or fsspec URL of tars")
-    if "://" not in dp.tars.source and not dp.tars.source.startswith("/"):
-        raise ConfigError(f"{key}.tars.source", f"{dp.tars.source!r}: give an absolute folder (jobs start "
-                          "elsewhere) or an fsspec URL such as s3://bucket/tars/")
-    mounts = cfg.container.mounts
     local = "://" not in dp.tars.source
-    if cfg.container.runtime is Runtime.pyxis and local and not inside_mounts(dp.tars.source, mounts):
-        raise ConfigError(f"{key}.tars.source", f"{dp.tars.source} is not inside any container mount "
-                          f"({', '.join(mounts) or 'none'}): the jobs read it through links; add it to "
-                          "container.mounts")
-    steps = {"download_parquet": dp.download_parquet.enable, "download_images": dp.download_images.enable,
-             "demo": dp.demo.enable}
+    if local and not dp.tars.source.startswith("/"):
+        raise ConfigError(
+            f"{key}.tars.source",
+            f"{dp.tars.source!r}: give an absolute folder (jobs start elsewhere) or an fsspec URL such as "
+            "s3://bucket/tars/",
+        )
+    if cfg.container.runtime is Runtime.pyxis and local:
+        remedy = "the jobs read it through links; add it to container.mounts"
+        require_mounted(f"{key}.tars.source", dp.tars.source, cfg.container.mounts, remedy)
+    steps = {
+        "download_parquet": dp.download_parquet.enable,
+        "download_images": dp.download_images.enable,
+        "demo": dp.demo.enable,
+    }
     enabled = [name for name, on in steps.items() if on]
     if enabled:
-        raise ConfigError(f"{key}.tars.enable", f"your own tars replace the downloads, but {', '.join(enabled)} "
-                          "enabled too: use data_preparation=webdataset_tars (it disables them)")
+        raise ConfigError(
+            f"{key}.tars.enable",
+            f"your own tars replace the downloads, but {', '.join(enabled)} enabled too: use "
+            "data_preparation=webdataset_tars (it disables them)",
+        )
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     dp = ctx.cfg.data_preparation
-    check(ctx.cfg)
     steps: list[tuple[str, bool, tuple[str, ...], object, Array | None]] = [
         ("make_demo_source", dp.demo.enable,
          ctx.module("data_prep.demo", "--output-dir", ctx.layout.demo_dir,
@@ -154,8 +164,11 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
             continue
         deps = after(jobs[-1].name) if jobs else ()
         jobs.append(make_job(
-            ctx, stage=STAGE, name=name, argv=argv,
+            ctx, stage=NAME, name=name, argv=argv,
             resources=cpu_resources(ctx, resources),  # type: ignore[arg-type]
             array=array, depends_on=deps,
         ))  # fmt: skip
     return tuple(jobs)
+
+
+STAGE = StageSpec(name=NAME, config=DataPreparationConfig, plan=plan, check=_check)

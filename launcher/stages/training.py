@@ -2,17 +2,52 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from launcher import nemo_config
+from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.quoting import q
+from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
-from launcher.stages import nemo_config
+from launcher.stage import StageSpec
 from launcher.stages.common import Context, make_job
 
-STAGE = "training"
+NAME = "training"
+
+
+@dataclass
+class TrainingRunConfig:
+    name: str = ruled(PATH_COMPONENT, "sd_860m_res_256")
+    time_limit: Optional[str] = ruled(SlurmTime(), None)
+    # Jobs submitted one after the other (afterany + singleton): K x time_limit of training.
+    chain: int = ruled(Range(1), 1)
+    script: str = ruled(Text(), "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py")
+    # NeMo's interpreter (inside the container); null = the job interpreter.
+    python: Optional[str] = ruled(Text(), "python3")
+    # NeMo stops and checkpoints this long before the job's time limit (exp_manager.max_time_per_run
+    # is derived from it); it also covers container start and model build, which NeMo's timer does not count.
+    stop_before_limit_s: int = ruled(Range(0), 1200)
+    # Slurm may requeue the job after a node failure or preemption; it resumes from its checkpoint.
+    requeue: bool = True
+    # Secrets are read inside the job from these files; never written into scripts or configs.
+    wandb_api_key_file: Optional[str] = ruled(ABS_PATH, None)
+    hf_token_file: Optional[str] = ruled(ABS_PATH, None)
+
+
+
+@dataclass
+class TrainingConfig:
+    run: TrainingRunConfig = field(default_factory=TrainingRunConfig)
+    trainer: dict[str, Any] = ruled(Nested(TRAINER_RULES), factory=dict)
+    exp_manager: dict[str, Any] = ruled(Nested(EXP_MANAGER_RULES), factory=dict)
+    model: dict[str, Any] = ruled(Nested(MODEL_RULES), factory=dict)
 
 
 def resources(ctx: Context) -> Resources:
     cl = ctx.cfg.cluster
-    s = nemo_config.shape(ctx)
+    s = nemo_config.shape(ctx.cfg)
     cpus = (cl.cpus_per_node // s.gpus_per_node) if cl.cpus_per_node else 1
     return Resources(
         nodes=s.nodes,
@@ -20,7 +55,7 @@ def resources(ctx: Context) -> Resources:
         cpus_per_task=max(cpus, 1),
         gpus_per_node=s.gpus_per_node,
         mem=cl.gpu_job_mem,
-        time=nemo_config.time_limit(ctx),
+        time=nemo_config.time_limit(ctx.cfg),
         exclusive=cl.exclusive_gpu_jobs,
         partition=cl.partition,
     )
@@ -69,8 +104,44 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         name = run.name if run.chain == 1 else f"{run.name}_part{part}"
         deps = (Dependency(jobs[-1].name, DependencyKind.afterany),) if jobs else ()
         jobs.append(make_job(
-            ctx, stage=STAGE, name=name, argv=argv, resources=resources(ctx), depends_on=deps,
+            ctx, stage=NAME, name=name, argv=argv, resources=resources(ctx), depends_on=deps,
             sbatch_args=sbatch_args, prologue=_done_check(ctx), secret_files=secret_files_of(ctx),
             singleton=run.chain > 1, slurm_name=run.name, env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
         ))  # fmt: skip
     return tuple(jobs)
+
+
+def _needs(cfg: Any) -> tuple[str, ...]:
+    """The prepared data (unless synthetic), the data check that guards it, the staged CLIP and VAE."""
+    synthetic = cfg.training.model.get("data", {}).get("synthetic_data")
+    return ("assets", "data_check") if synthetic else ("assets", "data_preparation", "data_check")
+
+
+def _check(cfg: Any, planned: frozenset[str]) -> None:
+    if NAME in planned:
+        nemo_config.check(cfg)
+
+
+def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
+    return ((nemo_config.config_path(ctx), nemo_config.to_yaml(nemo_config.build(ctx))),)
+
+
+def _notes(ctx: Context) -> tuple[str, ...]:
+    s = nemo_config.shape(ctx.cfg)
+    return (
+        f"training: {s.nodes} node(s) x {s.gpus_per_node} GPUs = {s.world_size} ranks, "
+        f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
+        f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step",
+    )
+
+
+STAGE = StageSpec(
+    name=NAME,
+    config=TrainingConfig,
+    plan=plan,
+    needs=_needs,
+    gpus=True,
+    check=_check,
+    files=_files,
+    notes=_notes,
+)

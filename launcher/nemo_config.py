@@ -1,7 +1,8 @@
-"""The resolved NeMo config that sd_train.py reads (and data_check reads the same file).
+"""The resolved NeMo config that sd_train.py reads (data_check and the benchmark sweep read it too).
 
 Derived values are computed here, never retyped in YAML: devices/num_nodes from the cluster,
-dataset paths from the data layout, the log folder from the run.
+dataset paths from the data layout, the log folder from the run. `check` refuses every config that
+`build` could not turn into a config NeMo runs; the stages that build one call it from their checks.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.config import RootConfig
 from launcher.rules import slurm_time_seconds
-from launcher.spec import Plan
-from launcher.stages.common import Context, Facts
+from launcher.stages.common import Context
 
 # NeMo jobs read the staged CLIP and VAE only: no rank may reach for the Hub.
 OFFLINE_HUB_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -38,12 +37,9 @@ class TrainingShape:
         return self.global_batch_size // (self.micro_batch_size * self.world_size)
 
 
-def shape_or_none(cfg: RootConfig, plan: Plan) -> int:
-    """Data-parallel ranks of the planned training (1 without GPUs)."""
-    if cfg.cluster.gpus_per_node < 1:
-        return 1
-    ctx = Context(cfg=cfg, facts=Facts(python="", code_dir=""), run_dir=plan.run_dir)
-    return shape(ctx).world_size
+def world_size(cfg: Any) -> int:
+    """Data-parallel ranks of the planned training (1 on a cluster without GPUs, e.g. local)."""
+    return shape(cfg).world_size if cfg.cluster.gpus_per_node >= 1 else 1
 
 
 def config_path(ctx: Context) -> Path:
@@ -54,8 +50,8 @@ def results_dir(ctx: Context) -> Path:
     return ctx.run_dir / "training" / "results"
 
 
-def time_limit(ctx: Context) -> str:
-    return ctx.cfg.training.run.time_limit or ctx.cfg.cluster.time_limit
+def time_limit(cfg: Any) -> str:
+    return cfg.training.run.time_limit or cfg.cluster.time_limit
 
 
 def nemo_duration(total_seconds: int) -> str:
@@ -70,23 +66,29 @@ def nemo_duration(total_seconds: int) -> str:
     return f"{days:02d}:{hours:02d}:{minutes:02d}:{secs:02d}"
 
 
-def max_time_per_run(ctx: Context) -> str:
+def _time_limit_key(cfg: Any) -> str:
+    return "training.run.time_limit" if cfg.training.run.time_limit else "cluster.time_limit"
+
+
+def max_time_per_run(cfg: Any) -> str:
     """NeMo's own clean stop (exp_manager.max_time_per_run): the job's limit less the margin."""
-    run = ctx.cfg.training.run
-    key = "training.run.time_limit" if run.time_limit else "cluster.time_limit"
-    limit = slurm_time_seconds(time_limit(ctx)) or 0  # validated: a finite Slurm time
-    if limit <= run.stop_before_limit_s:
+    limit = slurm_time_seconds(time_limit(cfg)) or 0  # validated: a finite Slurm time
+    return nemo_duration(limit - cfg.training.run.stop_before_limit_s)
+
+
+def _check_time(cfg: Any) -> None:
+    run = cfg.training.run
+    if (slurm_time_seconds(time_limit(cfg)) or 0) <= run.stop_before_limit_s:
         raise ConfigError(
             "training.run.stop_before_limit_s",
-            f"{run.stop_before_limit_s} s leaves no training time in the job's limit {time_limit(ctx)} ({key}); "
-            "lower it or raise the limit",
+            f"{run.stop_before_limit_s} s leaves no training time in the job's limit {time_limit(cfg)} "
+            f"({_time_limit_key(cfg)}); lower it or raise the limit",
         )
-    return nemo_duration(limit - run.stop_before_limit_s)
 
 
-def check_pretrained(ctx: Context) -> None:
+def _check_pretrained(cfg: Any) -> None:
     """Real data needs the real VAE and a local text encoder (the job runs with the Hub offline)."""
-    model = ctx.cfg.training.model
+    model = cfg.training.model
     if model.get("data", {}).get("synthetic_data"):
         return
     vae = (model.get("first_stage_config") or {}).get("from_pretrained")
@@ -107,15 +109,19 @@ def check_pretrained(ctx: Context) -> None:
         )
 
 
-def shape(ctx: Context) -> TrainingShape:
-    tr = ctx.cfg.training
-    gpus = ctx.cfg.cluster.gpus_per_node
-    if gpus < 1:
-        raise ConfigError(
-            "cluster.gpus_per_node",
-            f"training needs GPUs but the cluster has {gpus}; choose cluster=aws_p5, cluster=aws_p4de "
-            "or set cluster.gpus_per_node",
-        )
+def shape(cfg: Any) -> TrainingShape:
+    """Nodes, GPUs and batch sizes of the training job (the cluster must have GPUs: see `check`)."""
+    tr = cfg.training
+    return TrainingShape(
+        nodes=int(tr.trainer.get("num_nodes", 1)),
+        gpus_per_node=cfg.cluster.gpus_per_node,
+        micro_batch_size=int(tr.model.get("micro_batch_size", 1)),
+        global_batch_size=int(tr.model.get("global_batch_size", 1)),
+    )
+
+
+def _check_shape(cfg: Any) -> None:
+    tr, gpus = cfg.training, cfg.cluster.gpus_per_node
     devices = tr.trainer.get("devices", gpus)
     if devices != gpus:
         raise ConfigError(
@@ -123,19 +129,21 @@ def shape(ctx: Context) -> TrainingShape:
             f"is {devices} but cluster.gpus_per_node is {gpus}: one task per GPU, they must agree "
             "(leave trainer.devices unset)",
         )
-    s = TrainingShape(
-        nodes=int(tr.trainer.get("num_nodes", 1)),
-        gpus_per_node=gpus,
-        micro_batch_size=int(tr.model.get("micro_batch_size", 1)),
-        global_batch_size=int(tr.model.get("global_batch_size", 1)),
-    )
-    _check_batch(s)
+    _check_batch(shape(cfg))
     if tr.trainer.get("accumulate_grad_batches", 1) != 1:
         raise ConfigError(
             "training.trainer.accumulate_grad_batches",
             "must stay 1: Megatron accumulates global_batch_size / (micro x data-parallel) itself",
         )
-    return s
+
+
+def check(cfg: Any) -> None:
+    """Everything that would keep `build` from writing a config NeMo runs; the batch arithmetic only
+    where there are GPUs (without them the config is written for data_check, as a world of one)."""
+    _check_pretrained(cfg)
+    _check_time(cfg)
+    if cfg.cluster.gpus_per_node >= 1:
+        _check_shape(cfg)
 
 
 def _check_batch(s: TrainingShape) -> None:
@@ -157,17 +165,15 @@ def build(ctx: Context) -> dict[str, Any]:
 
     Without GPUs (the local backend) it is written for data_check only, as a world of one GPU.
     """
+    tr = ctx.cfg.training
     if ctx.cfg.cluster.gpus_per_node < 1:
-        tr = ctx.cfg.training
         s = TrainingShape(int(tr.trainer.get("num_nodes", 1)), 1, 1, 1)
     else:
-        s = shape(ctx)
-    tr = ctx.cfg.training
-    check_pretrained(ctx)
+        s = shape(ctx.cfg)
     layout = ctx.layout
     exp_manager: dict[str, Any] = {"explicit_log_dir": str(results_dir(ctx))}
     if tr.exp_manager.get("max_time_per_run") is None:
-        exp_manager["max_time_per_run"] = max_time_per_run(ctx)
+        exp_manager["max_time_per_run"] = max_time_per_run(ctx.cfg)
     derived = {
         "name": tr.run.name,
         "trainer": {"devices": s.gpus_per_node, "num_nodes": s.nodes},

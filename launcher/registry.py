@@ -1,0 +1,54 @@
+"""The stages, in pipeline order, and the root config built from their sections.
+
+The one place that reads the stage modules: adding a stage means adding its module to `STAGES`
+(docs/adding-a-stage.md). Everything here takes the stage list as an argument so that a test can
+plan with a stage of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import field, make_dataclass
+from typing import Any
+
+from launcher.config import CoreConfig
+from launcher.rules import Choice, Each, ruled
+from launcher.stage import StageSpec
+from launcher.stages import assets, benchmark, data_check, data_preparation, training
+
+# Pipeline order: a stage may need (wait for) only stages before it.
+STAGES: tuple[StageSpec, ...] = (
+    assets.STAGE,
+    data_preparation.STAGE,
+    data_check.STAGE,
+    benchmark.STAGE,
+    training.STAGE,
+)
+
+
+def root_config_type(stages: Sequence[StageSpec] = STAGES) -> type:
+    """The schema the composed YAML is merged onto: the core keys, `stages`, one section per stage."""
+    names = tuple(stage.name for stage in stages)
+    chosen = ruled(Each(Choice(names), min_items=1), factory=lambda: ["data_preparation"])
+    sections = [(stage.name, stage.config, field(default_factory=stage.config)) for stage in stages]
+    return make_dataclass("RootConfig", [("stages", list[str], chosen), *sections], bases=(CoreConfig,))
+
+
+RootConfig = root_config_type()
+
+
+def planned(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> tuple[StageSpec, ...]:
+    """The chosen stages, plus every `auto` stage that a planned stage needs, in pipeline order."""
+    by_name = {stage.name: stage for stage in stages}
+    chosen = set(cfg.stages)
+    pending = list(chosen)
+    while pending:
+        for need in by_name[pending.pop()].needs(cfg):
+            if need not in chosen and by_name[need].auto(cfg):
+                chosen.add(need)
+                pending.append(need)
+    return tuple(stage for stage in stages if stage.name in chosen)
+
+
+def planned_names(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> frozenset[str]:
+    return frozenset(stage.name for stage in planned(cfg, stages))

@@ -1,0 +1,77 @@
+"""The stage contract: everything the launcher knows about a stage, declared in the stage's own module.
+
+A stage module (launcher/stages/<name>.py) ends with `STAGE = StageSpec(...)`; launcher/registry.py lists
+the modules in pipeline order and is the only place that reads them. docs/adding-a-stage.md says how to add one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.spec import JobSpec
+from launcher.stages.common import Context, Facts
+
+# `cfg` below is the root config that launcher.registry builds from every stage's section.
+Planner = Callable[[Context], tuple[JobSpec, ...]]
+Check = Callable[[Any, frozenset[str]], None]
+HostCheck = Callable[[Any, frozenset[str], Facts], None]
+
+
+def no_stages(cfg: Any) -> tuple[str, ...]:
+    return ()
+
+
+def never(cfg: Any) -> bool:
+    return False
+
+
+def no_check(cfg: Any, planned: frozenset[str]) -> None:
+    return None
+
+
+def no_host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
+    return None
+
+
+def no_files(ctx: Context) -> tuple[tuple[Path, str], ...]:
+    return ()
+
+
+def no_notes(ctx: Context) -> tuple[str, ...]:
+    return ()
+
+
+def no_status(run_dir: Path) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: its config section, its planner, its checks and what it needs.
+
+    `plan` is pure and never raises a config error: `check` (the config alone) and `host_check` (with the
+    submitting host's facts) find every error first. Both get the names of the planned stages.
+    """
+
+    # The stage's name in `stages=[...]`, its config section `cfg.<name>` and its conf group conf/<name>/.
+    name: str
+    # The dataclass of `cfg.<name>` (its fields declare their rules and help, launcher/rules.py).
+    config: type
+    plan: Planner
+    # Earlier stages whose output this stage's jobs read (or that must pass first). Its first jobs wait
+    # (afterok) for the last jobs of those that are planned in the same launch, and for nothing else.
+    needs: Callable[[Any], tuple[str, ...]] = no_stages
+    # Planned whenever a planned stage needs it, not only when named in `stages` (assets, data_check).
+    auto: Callable[[Any], bool] = never
+    # Its jobs need GPUs: refused on a cluster with cluster.gpus_per_node=0.
+    gpus: bool = False
+    check: Check = no_check
+    host_check: HostCheck = no_host_check
+    # Files written beside the scripts (path, text) and lines printed with the plan.
+    files: Callable[[Context], tuple[tuple[Path, str], ...]] = no_files
+    notes: Callable[[Context], tuple[str, ...]] = no_notes
+    # Lines `status` shows for this stage's progress, read from the run folder.
+    status: Callable[[Path], list[str]] = no_status

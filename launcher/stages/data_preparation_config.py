@@ -1,0 +1,100 @@
+"""Schema of the data_preparation section (conf/data_preparation/): one dataclass per step.
+
+Data only; launcher/stages/data_preparation.py plans the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from launcher.config import StepConfig
+from launcher.rules import ABS_PATH, Choice, Each, Pattern, Range, Text, ruled
+
+
+@dataclass
+class DownloadParquetConfig(StepConfig):
+    source: str = ruled(Text(), "laion/laion-art")
+    # HF commit (or tag/branch) to read; only for an HF source (repo id or hf://datasets/...).
+    revision: Optional[str] = ruled(Text(), None)
+    pattern: str = ruled(Text(), "*.parquet")
+    url_col: str = ruled(Text(), "URL")
+    caption_col: str = ruled(Text(), "TEXT")
+    min_width: Optional[int] = ruled(Range(0), None)
+    min_height: Optional[int] = ruled(Range(0), None)
+    # LAION's punsafe/pwatermark are probabilities; its aesthetic score runs from 0 to 10.
+    max_punsafe: Optional[float] = ruled(Range(0, 1, integer=False), None)
+    max_pwatermark: Optional[float] = ruled(Range(0, 1, integer=False), None)
+    min_aesthetic: Optional[float] = ruled(Range(0, 10, integer=False), None)
+    # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
+    hf_token_file: Optional[str] = ruled(ABS_PATH, None)
+    # Keep only the first N rows that pass the filters (a smoke-size run); null = all.
+    max_rows: Optional[int] = ruled(Range(1), None)
+
+
+# img2dataset 1.47.0's default: images whose X-Robots-Tag carries one of these are not downloaded.
+ROBOTS_DIRECTIVES = ["noai", "noimageai", "noindex", "noimageindex"]
+
+
+@dataclass
+class DownloadImagesConfig(StepConfig):
+    array_throttle: Optional[int] = ruled(Range(1), None)
+    image_size: int = ruled(Range(1), 256)
+    # img2dataset's resize modes.
+    resize_mode: str = ruled(Choice(("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")), "center_crop")
+    # JPEG quality (img2dataset encodes jpg).
+    encode_quality: int = ruled(Range(0, 100), 95)
+    processes: Optional[int] = ruled(Range(1), None)
+    threads: Optional[int] = ruled(Range(1), None)
+    samples_per_shard: int = ruled(Range(1), 1000)
+    timeout: int = ruled(Range(1), 10)
+    retries: int = ruled(Range(0), 0)
+    # Added to img2dataset's User-Agent as "(compatible; <token>; +https://github.com/rom1504/img2dataset)".
+    user_agent_token: Optional[str] = ruled(Text(), None)
+    disallowed_header_directives: list[str] = ruled(Each(Text()), factory=lambda: list(ROBOTS_DIRECTIVES))
+
+
+# A tar member suffix: joined with ',' on reorganize_tar's command line.
+EXTENSION = Pattern(r"[A-Za-z0-9][A-Za-z0-9_.]*", "a file extension such as jpg (letters, digits, '_', '.')")
+
+
+@dataclass
+class ReorganizeTarConfig(StepConfig):
+    num_tasks: int = ruled(Range(1), 1)
+    tar_chunk_size: int = ruled(Range(1), 1000)
+    extensions: list[str] = ruled(Each(EXTENSION, min_items=1), factory=lambda: ["jpg", "txt"])
+    keep_remainder: bool = False
+
+
+@dataclass
+class TarsConfig(StepConfig):
+    """Bring your own webdataset tars (jpg + txt members): fetched (or linked) in place of the downloads."""
+
+    enable: bool = False
+    # A local folder (absolute path) or any fsspec URL (s3://..., hf://datasets/<repo>@<rev>/...).
+    source: Optional[str] = ruled(Text(), None)
+    pattern: str = ruled(Text(), "*.tar")
+    hf_token_file: Optional[str] = ruled(ABS_PATH, None)
+
+
+@dataclass
+class GenerateWdinfoConfig(StepConfig):
+    verify: bool = False
+
+
+@dataclass
+class DemoConfig:
+    enable: bool = False
+    # data_prep.demo needs at least 10 (one of each kind of broken row, and good ones).
+    num_images: int = ruled(Range(10), 240)
+
+
+@dataclass
+class DataPreparationConfig:
+    num_partitions: int = ruled(Range(1), 64)
+    demo: DemoConfig = field(default_factory=DemoConfig)
+    download_parquet: DownloadParquetConfig = field(default_factory=DownloadParquetConfig)
+    download_images: DownloadImagesConfig = field(default_factory=DownloadImagesConfig)
+    tars: TarsConfig = field(default_factory=TarsConfig)
+    reorganize_tar: ReorganizeTarConfig = field(default_factory=ReorganizeTarConfig)
+    generate_wdinfo: GenerateWdinfoConfig = field(default_factory=GenerateWdinfoConfig)

@@ -1,0 +1,101 @@
+"""The stage contract: a stage added as one module (here, one test file) is validated, planned, linked
+by need and run, with no change anywhere else (docs/adding-a-stage.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FIXED_FACTS, REPO, compose_config
+
+from launcher.backends import get, prepare
+from launcher.errors import ConfigError
+from launcher.pipeline import build_plan
+from launcher.registry import STAGES, planned_names
+from launcher.rules import Range, Text, ruled
+from launcher.spec import JobSpec, Resources
+from launcher.stage import StageSpec
+from launcher.stages.common import Context, Facts, make_job
+from launcher.validate import check_facts, to_schema
+
+
+@dataclass
+class GreetingConfig:
+    greeting: str = ruled(Text(), "hello")
+    times: int = ruled(Range(1, 3), 1)
+
+
+def _plan(ctx: Context) -> tuple[JobSpec, ...]:
+    g = ctx.cfg.greeting
+    out = ctx.run_dir / "greeting" / "out.txt"
+    argv = ("bash", "-c", 'for _ in $(seq "$1"); do echo "$2"; done > "$3"', "greet", g.times, g.greeting, out)
+    return (make_job(ctx, stage="greeting", name="greet", argv=tuple(map(str, argv)), resources=Resources()),)
+
+
+def _check(cfg: Any, planned: frozenset[str]) -> None:
+    if "greeting" in planned and "bye" in cfg.greeting.greeting:
+        raise ConfigError("greeting.greeting", "is a farewell; allowed: a greeting")
+
+
+GREETING = StageSpec(
+    name="greeting",
+    config=GreetingConfig,
+    plan=_plan,
+    needs=lambda cfg: ("data_preparation",),
+    check=_check,
+    notes=lambda ctx: (f"greeting: {ctx.cfg.greeting.times} time(s)",),
+)
+WITH_GREETING = (*STAGES, GREETING)
+
+
+def _cfg(tmp_path: Path, *overrides: str) -> Any:
+    composed = compose_config([f"cluster.shared_dir={tmp_path}", *overrides])
+    return to_schema(composed, WITH_GREETING)
+
+
+def test_a_new_stage_is_planned_after_what_it_needs_with_its_section_and_notes(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "stages=[greeting,data_preparation]", "+greeting.greeting=good day")
+    plan = build_plan(cfg, FIXED_FACTS, WITH_GREETING)
+    assert [job.name for job in plan.jobs][-2:] == ["generate_wdinfo", "greet"]
+    assert [d.job for d in plan.job("greet").depends_on] == ["generate_wdinfo"]
+    assert "greeting: 1 time(s)" in plan.notes
+    assert "'good day'" in dict(prepare(plan).scripts)[plan.job("greet")]
+
+
+def test_a_new_stage_alone_waits_for_nothing_and_is_not_known_without_its_module(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "stages=[greeting]")
+    assert planned_names(cfg, WITH_GREETING) == {"greeting"}
+    assert build_plan(cfg, FIXED_FACTS, WITH_GREETING).job("greet").depends_on == ()
+    with pytest.raises(ConfigError, match="'greeting' is not a choice; allowed: one of 'assets', .*'training'"):
+        to_schema(compose_config([f"cluster.shared_dir={tmp_path}", "stages=[greeting]"]))
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "allowed"),
+    [
+        ("+greeting.times=7", "greeting.times", "an integer from 1 to 3"),
+        ("+greeting.greeting=goodbye", "greeting.greeting", "a farewell; allowed: a greeting"),
+        ("+greeting.colour=red", "greeting.colour", "allowed keys in greeting: greeting, times"),
+    ],
+)
+def test_a_new_stage_s_rules_and_checks_run_in_the_one_validation_phase(
+    tmp_path: Path, override: str, key: str, allowed: str
+) -> None:
+    with pytest.raises(ConfigError, match=allowed) as error:
+        _cfg(tmp_path, "stages=[greeting]", override)
+    assert error.value.key == key
+
+
+def test_a_new_stage_runs_on_the_local_backend(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "stages=[greeting]", "+greeting.times=2", "+greeting.greeting=hi there")
+    facts = Facts(python=sys.executable, code_dir=str(REPO))
+    check_facts(cfg, facts, WITH_GREETING)
+    plan = build_plan(cfg, facts, WITH_GREETING)
+    ids = get("local", parallelism=1).schedule(prepare(plan))
+    assert (plan.run_dir / "greeting" / "out.txt").read_text() == "hi there\nhi there\n"
+    jobs = json.loads((plan.run_dir / "manifest.json").read_text())["jobs"]
+    assert [(job["name"], job["job_id"]) for job in jobs] == [("greet", ids["greet"])]
