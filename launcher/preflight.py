@@ -6,11 +6,11 @@ that does not see /fsx). Notes say what the planned world does with the data.
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
 from launcher.config import Runtime
 from launcher.registry import planned_names
 
@@ -19,14 +19,6 @@ from launcher.registry import planned_names
 class Findings:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def _shard_plan(tars: int, world: int, workers: int) -> str:
-    per_rank, left_out = divmod(tars, world)
-    idle = max(workers - per_rank, 0)
-    return (f"wdinfo lists {tars} tars for {world} ranks: {per_rank} tars per rank, {left_out} left out of "
-            f"every epoch, {per_rank / max(workers, 1):.1f} tars per loader worker"
-            + (f", {idle} of {workers} workers per rank idle" if idle else ""))  # fmt: skip
 
 
 def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
@@ -46,12 +38,15 @@ def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
         found.problems.append(f"data_dir: no {wdinfo}; run data preparation first (stages=[data_preparation,"
                               "training]) or point data_dir at prepared data")  # fmt: skip
         return found
-    with wdinfo.open("rb") as handle:
-        tars = len(pickle.load(handle)["tar_files"])
+    try:
+        tars = len(read_wdinfo(wdinfo).tar_files)
+    except WdinfoError as error:
+        found.problems.append(f"data_dir: {error}")
+        return found
     workers = int(cfg.training.model.get("data", {}).get("num_workers", 1))
     if tars < world_size:
         found.problems.append(f"data_dir: {wdinfo} lists {tars} tars but training has {world_size} ranks: NeMo's "
                               "sampler gives a rank no data; use fewer nodes or a smaller tar_chunk_size")  # fmt: skip
     else:
-        found.notes.append(_shard_plan(tars, world_size, workers))
+        found.notes.append(shard_plan(tars, world_size, workers).describe())
     return found
