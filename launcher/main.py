@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from pathlib import PurePosixPath  # noqa: E402
 
-from launcher import backends, manifest, preflight, report  # noqa: E402
+from launcher import backends, manifest, preflight, summary  # noqa: E402
 from launcher.layout import DataLayout  # noqa: E402
 from launcher.spec import Plan  # noqa: E402
 from launcher import nemo_config  # noqa: E402
@@ -65,13 +65,13 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     if cfg.dry_run:
         backends.write_files(request)
         manifest.save(run_dir, backends.records(request, {}, "dry_run"))
-        report.dry_run(request)
+        summary.dry_run(request)
         return run_dir
     backend_name = cfg.cluster.backend.value
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
-    report.starting(request, backend_name)
+    summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)
-    report.submitted(request, job_ids, backend_name, cfg.data_dir)
+    summary.submitted(request, job_ids, backend_name, cfg.data_dir)
     return run_dir
 
 

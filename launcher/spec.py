@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from launcher.paths import RunPaths
+
 
 class DependencyKind(str, Enum):
     afterok = "afterok"
@@ -95,8 +97,7 @@ class Plan:
         raise KeyError(name)
 
     def script_path(self, job: JobSpec) -> Path:
-        return self.run_dir / job.stage / f"{job.name}.sbatch"
+        return RunPaths(self.run_dir).script(job.stage, job.name)
 
     def log_pattern(self, job: JobSpec) -> Path:
-        suffix = "%A_%a" if job.array else "%j"
-        return self.run_dir / job.stage / "logs" / f"{job.name}_{suffix}.out"
+        return RunPaths(self.run_dir).log_pattern(job.stage, job.name, job.array is not None)

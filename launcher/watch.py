@@ -24,6 +24,7 @@ from typing import Any
 from launcher import manifest
 from launcher.data_status import data_counts
 from launcher.manifest import JobRecord
+from launcher.paths import RunPaths, logs_glob
 from launcher.quoting import join
 
 
@@ -96,8 +97,8 @@ def slurm_states(ids: list[str]) -> dict[str, list[tuple[str, str]]]:
     return {job_id: parse_scontrol(_run(["scontrol", "show", "job", "-o", job_id]).stdout) for job_id in ids}
 
 
-def local_states(record: JobRecord) -> list[tuple[str, str]]:
-    path = Path(record.script).with_name(f"{record.name}.state.json")
+def local_states(run_dir: Path, record: JobRecord) -> list[tuple[str, str]]:
+    path = RunPaths(run_dir).state_file(record.stage, record.name)
     if not path.exists():
         return [("UNKNOWN", "?")]
     state = json.loads(path.read_text())
@@ -114,7 +115,7 @@ def status(run_dir: Path) -> list[JobStatus]:
         if record.backend == "dry_run" or not record.job_id:
             rows = [("NOT_SUBMITTED", "-")]
         elif record.backend == "local":
-            rows = local_states(record)
+            rows = local_states(run_dir, record)
         else:
             rows = from_slurm.get(record.job_id) or [("UNKNOWN", "?")]
         out.append(JobStatus(record, Counter(s for s, _ in rows), Counter(c for _, c in rows)))
@@ -122,9 +123,7 @@ def status(run_dir: Path) -> list[JobStatus]:
 
 
 def newest_log(record: JobRecord) -> Path | None:
-    pattern = Path(record.log_pattern)
-    glob = re.sub(r"%[Aaj]", "*", pattern.name)
-    logs = sorted(pattern.parent.glob(glob), key=lambda p: p.stat().st_mtime)
+    logs = logs_glob(record.log_pattern)
     return logs[-1] if logs else None
 
 

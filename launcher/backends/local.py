@@ -17,19 +17,10 @@ from pathlib import Path
 from launcher import manifest
 from launcher.backends import Request, records, write_files
 from launcher.errors import LauncherError
+from launcher.paths import RunPaths, concrete_log
 from launcher.spec import DependencyKind, JobSpec, Plan
 
 LOCAL_BIN = Path(__file__).resolve().parent / "local_bin"
-STATE_SUFFIX = ".state.json"
-
-
-def state_path(plan_run_dir: Path, job: JobSpec) -> Path:
-    return plan_run_dir / job.stage / f"{job.name}{STATE_SUFFIX}"
-
-
-def _log_path(plan: Plan, job: JobSpec, job_id: str, task: int | None) -> Path:
-    pattern = str(plan.log_pattern(job))
-    return Path(pattern.replace("%A", job_id).replace("%a", str(task)).replace("%j", job_id))
 
 
 def _task_env(job: JobSpec, job_id: str, task: int | None) -> dict[str, str]:
@@ -64,7 +55,7 @@ class LocalBackend:
     name: str = "local"
 
     def _run_task(self, plan: Plan, job: JobSpec, job_id: str, task: int | None) -> int:
-        log = _log_path(plan, job, job_id, task)
+        log = concrete_log(plan.log_pattern(job), job_id, task)
         with open(log, "w") as out:
             done = subprocess.run(
                 ["bash", str(plan.script_path(job))],
@@ -93,7 +84,7 @@ class LocalBackend:
             states[job.name] = "CANCELLED" if blocked else ("COMPLETED" if not any(codes) else "FAILED")
             record = {"state": states[job.name], "exit_codes": codes,
                       "seconds": round(time.monotonic() - start, 2), "blocked_by": blocked}  # fmt: skip
-            manifest.write_atomic(state_path(plan.run_dir, job), json.dumps(record) + "\n")
+            manifest.write_atomic(RunPaths(plan.run_dir).state_file(job.stage, job.name), json.dumps(record) + "\n")
             print(f"  {job.stage}/{job.name}: {states[job.name]} in {record['seconds']} s", flush=True)
         failed = [name for name, state in states.items() if state != "COMPLETED"]
         if failed:

@@ -18,6 +18,7 @@ from typing import Any
 
 from launcher import manifest
 from launcher.bench.cases import Case, Sweep, bench_dir, task_dir
+from launcher.paths import concrete_log
 from launcher.throughput import STEP_KEY, step_timings
 
 # PyTorch >= 2.5 raises torch.OutOfMemoryError (torch.cuda.OutOfMemoryError before) with the text
@@ -62,8 +63,7 @@ def task_log(run_dir: Path, case: Case) -> Path | None:
     record = records.get(case.job)
     if record is None or not record.job_id:
         return None
-    pattern = record.log_pattern.replace("%A", record.job_id).replace("%a", str(case.task))
-    path = Path(pattern.replace("%j", record.job_id))
+    path = concrete_log(record.log_pattern, record.job_id, case.task)
     return path if path.exists() else None
 
 

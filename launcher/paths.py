@@ -1,0 +1,46 @@
+"""Every file a run's job owns, named in one place (after submitit's JobPaths).
+
+The sbatch script, its Slurm log pattern, the concrete log of one job or array task, the glob that finds
+those logs, and the local backend's state file all derive from the run folder, the job's stage and name,
+and whether it is an array; nothing else in the launcher spells these names.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# Slurm's filename patterns: %A array master id, %a array task index, %j job id.
+_SLURM_PATTERN = re.compile(r"%[Aaj]")
+
+
+class RunPaths:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.run_dir / stage
+
+    def script(self, stage: str, name: str) -> Path:
+        return self.stage_dir(stage) / f"{name}.sbatch"
+
+    def log_pattern(self, stage: str, name: str, array: bool) -> Path:
+        suffix = "%A_%a" if array else "%j"
+        return self.stage_dir(stage) / "logs" / f"{name}_{suffix}.out"
+
+    def state_file(self, stage: str, name: str) -> Path:
+        """Where the local backend records a job's final state (Slurm keeps its own in sacct)."""
+        return self.stage_dir(stage) / f"{name}.state.json"
+
+
+def concrete_log(log_pattern: str | Path, job_id: str, task: int | None = None) -> Path:
+    """The log Slurm writes for one job (task None) or one array task, from the job's log pattern."""
+    values = {"%A": job_id, "%a": str(task), "%j": job_id}
+    return Path(_SLURM_PATTERN.sub(lambda m: values[m.group(0)], str(log_pattern)))
+
+
+def logs_glob(log_pattern: str | Path) -> list[Path]:
+    """Every log written under a pattern (all jobs and tasks), oldest first."""
+    pattern = Path(log_pattern)
+    found = pattern.parent.glob(_SLURM_PATTERN.sub("*", pattern.name))
+    return sorted(found, key=lambda p: p.stat().st_mtime)
