@@ -17,7 +17,7 @@ from pathlib import Path
 import submitit
 
 from launcher.config import Runtime
-from launcher.main import REPO, compose_config
+from launcher.cli import REPO, compose_config
 from launcher.quoting import q
 from launcher.render import container_options
 from launcher.stages.common import Context, Facts, container, job_env

@@ -15,7 +15,7 @@ from conftest import compose_config
 from hf_fake_hub import FakeHub
 
 from launcher import manifest
-from launcher.main import launch
+from launcher.cli import launch
 
 TOKEN = "hf_stage_secret_789"
 CLIP_FILES = ["config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json",

@@ -12,7 +12,7 @@ STEPS = ["download_parquet", "download_images", "reorganize_tar", "generate_wdin
 
 
 def test_launcher_and_data_check_import_without_nemo_or_torch() -> None:
-    code = ("import sys, launcher.main, launcher.executor, data_prep.data_check; "
+    code = ("import sys, launcher.cli, launcher.executor, data_prep.data_check; "
             "heavy = {'torch', 'nemo', 'megatron'} & {m.split('.')[0] for m in sys.modules}; "
             "assert not heavy, heavy")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -21,7 +21,7 @@ from PIL import Image
 from launcher.bench.cases import Case, Sweep
 from launcher.registry import RootConfig
 from launcher.errors import ConfigError
-from launcher.main import launch
+from launcher.cli import launch
 from launcher.pipeline import build_plan
 from launcher.spec import DependencyKind
 from launcher import nemo_config

@@ -18,7 +18,7 @@ from conftest import compose_config
 from nemo_cpu.harness import SD_TRAIN_CPU, write_tiny_assets
 from nemo_cpu.tiny import TINY_OVERRIDES
 
-from launcher.main import launch
+from launcher.cli import launch
 from launcher.throughput import step_timings
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from conftest import REPO, compose_config
 from PIL import Image
 
 from launcher import manifest
-from launcher.main import launch
+from launcher.cli import launch
 
 pytestmark = pytest.mark.slow
 STANDIN = REPO / "tests" / "standin_sd_train.py"

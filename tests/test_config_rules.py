@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.registry import RootConfig
 from launcher.errors import ConfigError
-from launcher.main import launch
+from launcher.cli import launch
 from launcher.rules import (
     MAX_SLURM_TIME_S,
     PATH_COMPONENT,

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, compose_config
 
 from launcher.errors import ConfigError
-from launcher.main import launch, main
+from launcher.cli import launch, main
 from launcher.stages.common import Facts
 
 BAD_INPUTS = [

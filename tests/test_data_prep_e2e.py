@@ -20,7 +20,7 @@ from conftest import compose_config
 from PIL import Image
 
 from launcher import manifest
-from launcher.main import launch
+from launcher.cli import launch
 
 pytestmark = pytest.mark.slow
 CHUNK = 20

@@ -13,7 +13,7 @@ from conftest import FIXED_FACTS, REPO, compose_config
 from omegaconf import OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.main import launch
+from launcher.cli import launch
 from launcher.pipeline import build_plan
 from launcher.spec import JobSpec
 from launcher.validate import to_schema

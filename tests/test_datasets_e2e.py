@@ -33,8 +33,8 @@ from data_prep import demo
 from data_prep.serve import serve_folder
 from launcher import manifest
 from launcher.data_status import data_counts
-from launcher.main import launch
-from launcher.watch import newest_log
+from launcher.cli import launch
+from launcher.paths import newest_log
 
 pytestmark = pytest.mark.slow
 CHUNK = 10
@@ -142,7 +142,7 @@ def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
     for record in records:
         assert record.job_id and record.backend == "slurm"
         states = {j.state for j in slurm_cluster.wait_jobs(record.job_id, timeout=300)}
-        log = newest_log(record)
+        log = newest_log(record.log_pattern)
         assert states == {"COMPLETED"}, (record.name, states, log.read_text()[-3000:] if log else None)
     assert [r.name for r in records] == ["download_parquet", "download_images", "reorganize_tar",
                                          "generate_wdinfo", "data_check"]  # fmt: skip

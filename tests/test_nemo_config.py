@@ -15,7 +15,7 @@ from test_render import _shellcheck
 from omegaconf import OmegaConf
 
 from launcher.errors import ConfigError, LauncherError
-from launcher.main import launch
+from launcher.cli import launch
 from launcher.nemo_version import CPU_NEMO_VERSION, NEMO_CONTAINER
 
 def _saved(tmp_path: Path, *extra: str) -> tuple[Path, object]:

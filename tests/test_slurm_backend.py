@@ -22,7 +22,7 @@ from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
 from launcher.errors import SubmitError
 from launcher.spec import Container, JobSpec, Plan, Resources
-from launcher.watch import status
+from launcher.status.states import status
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from launcher import manifest
 from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
-from launcher.main import launch
+from launcher.cli import launch
 from launcher.spec import JobSpec, Plan, Resources
 
 

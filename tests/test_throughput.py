@@ -167,7 +167,7 @@ def test_real_nemo_progress_bar_is_parsed(tmp_path: Path) -> None:
 def test_status_shows_training_progress_from_the_log(tmp_path: Path) -> None:
     """`python -m launcher status` reads the training job's newest log with the saved NeMo config."""
     from launcher import manifest as run_manifest
-    from launcher.watch import training_progress
+    from launcher.stages.training_status import training_progress
 
     run = tmp_path / "run"
     logs = run / "training" / "logs"

@@ -15,7 +15,7 @@ import pytest
 from conftest import compose_config
 
 from launcher import manifest
-from launcher.main import launch
+from launcher.cli import launch
 from hf_fake_hub import FakeHub
 from nemo_cpu.harness import write_tiny_assets
 from nemo_cpu.tiny import TINY_OVERRIDES

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from launcher import nemo_config
+from launcher.bench.report import progress_lines
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
 from launcher.config import BackendName, JobResources
 from launcher.errors import ConfigError
@@ -205,4 +206,5 @@ STAGE = StageSpec(
     check=_check,
     files=files,
     notes=_notes,
+    status=progress_lines,
 )

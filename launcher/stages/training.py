@@ -12,6 +12,7 @@ from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
+from launcher.stages import training_status
 from launcher.stages.common import Context, make_job
 
 NAME = "training"
@@ -144,4 +145,5 @@ STAGE = StageSpec(
     check=_check,
     files=_files,
     notes=_notes,
+    status=training_status.status_lines,
 )

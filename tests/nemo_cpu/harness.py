@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from launcher.main import compose_config, launch
+from launcher.cli import compose_config, launch
 from nemo_cpu.tiny import TINY_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[2]
