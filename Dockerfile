@@ -45,12 +45,12 @@ RUN python3 -m venv --without-pip /opt/venv \
     && python3 -m pip --python /opt/venv/bin/python install --no-cache-dir \
         "img2dataset==${IMG2DATASET_VERSION}" "webdataset>=0.2.86,<0.3" "huggingface_hub>=0.24" \
         "pyarrow>=14" "fsspec>=2024.6" "pandas>=2,<3" "omegaconf>=2.3,<2.4" "pillow>=10" \
-        "matplotlib==3.10.8" \
+        "matplotlib==3.10.8" "tensorboard==2.21.0" \
     && /opt/venv/bin/python -c 'import pathlib, sysconfig; \
         pth = pathlib.Path(sysconfig.get_paths()["purelib"], "sd_launcher.pth"); \
         pth.write_text("/workspace/launcher\n")'
 COPY data_prep/ /workspace/launcher/data_prep/
-# The benchmark's task wrapper and report run in this image (launcher/bench/, stdlib + matplotlib).
+# The benchmark's task wrapper and report, and the training plot (launcher/plot.py), run in this image.
 COPY launcher/ /workspace/launcher/launcher/
 
 # The environment AWS documents for EFA. FI_EFA_USE_DEVICE_RDMA is left out: only p4d/p4de/p5 have

@@ -50,21 +50,11 @@ def training_progress(run_dir: Path) -> list[str]:
 
 
 def tensorboard_lines(run_dir: Path) -> list[str]:
-    """Where training writes TensorBoard events and the command that opens them.
+    """Where training writes TensorBoard events (launcher.plot.training_logs) and the command that opens them."""
+    from launcher.plot import training_logs
 
-    NeMo's exp_manager with `explicit_log_dir` and `create_tensorboard_logger` gives Lightning's
-    TensorBoardLogger that folder with an empty name and version (nemo/utils/exp_manager.py,
-    check_explicit_log_dir and configure_loggers), so the event files lie directly in it.
-    """
-    from omegaconf import OmegaConf
-
-    folders = []
-    for path in sorted((run_dir / "training").glob("*.yaml")):
-        exp = OmegaConf.load(path).get("exp_manager") or {}
-        if exp.get("create_tensorboard_logger") and exp.get("explicit_log_dir"):
-            folders.append(Path(exp["explicit_log_dir"]))
     lines = []
-    for folder in dict.fromkeys(folders):
+    for folder in (log.folder for log in training_logs(run_dir)):
         shown = run_dir / relative_to_run(folder, run_dir)
         events = len(list(folder.glob("events.out.tfevents.*")))
         lines.append(

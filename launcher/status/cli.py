@@ -1,9 +1,10 @@
-"""Watch a run from its manifest: status, logs (like `tail -f`), cancel, compare.
+"""Watch a run from its manifest: status, logs (like `tail -f`), cancel, compare, plot.
 
 python -m launcher status <run_dir> [--watch [--interval SECONDS]]      (installed: sd-status ...)
 python -m launcher logs <run_dir> <job> [--follow]
 python -m launcher cancel <run_dir>
 python -m launcher compare <run_dir A> <run_dir B>    (two benchmark sweeps side by side)
+python -m launcher plot <run_dir> [--out PNG]    (train loss, learning rate, img/s per GPU against step)
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m launcher", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("status", "logs", "cancel", "compare"):
+    for name in ("status", "logs", "cancel", "compare", "plot"):
         p = sub.add_parser(name)
         p.add_argument("run_dir", type=Path, help="<base_results_dir>/<run_name>")
         if name == "status":
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--interval", type=_seconds, default=30.0, help="seconds between refreshes (default 30)"
             )
+        if name == "plot":
+            p.add_argument("--out", type=Path, default=None, help="default <run_dir>/plots/training.png")
         if name == "compare":
             p.add_argument("other_run_dir", type=Path, help="the run to compare with the first (B)")
         if name == "logs":
@@ -81,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             from launcher.bench.compare import compare
 
             print(compare(args.run_dir, args.other_run_dir), end="")
+            return 0
+        if args.command == "plot":
+            from launcher.plot import write_plot
+
+            print(write_plot(args.run_dir, args.out))
             return 0
         return _cancel(args.run_dir)
     except FileNotFoundError as error:
