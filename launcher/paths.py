@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 # Slurm's filename patterns: %A array master id, %a array task index, %j job id.
 _SLURM_PATTERN = re.compile(r"%[Aaj]")
+
+
+def run_dir_of(cfg: Any) -> Path:
+    """<base_results_dir>/<run_name>: the folder of everything a launch writes."""
+    return Path(cfg.base_results_dir) / cfg.run_name
 
 
 class RunPaths:

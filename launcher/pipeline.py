@@ -7,14 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.paths import run_dir_of
 from launcher.registry import STAGES, planned
 from launcher.spec import Dependency, JobSpec, Plan
 from launcher.stage import StageSpec
 from launcher.stages.common import Context, Facts
-
-
-def run_dir(cfg: Any) -> Path:
-    return Path(cfg.base_results_dir) / cfg.run_name
 
 
 def _sinks(jobs: tuple[JobSpec, ...]) -> tuple[str, ...]:
@@ -41,7 +38,7 @@ def _link(jobs: tuple[JobSpec, ...], waits_for: tuple[str, ...]) -> tuple[JobSpe
 
 def build_plan(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> Plan:
     """Pure: the validated config (launcher.validate) and the host's facts in, the Plan out."""
-    ctx = Context(cfg=cfg, facts=facts, run_dir=run_dir(cfg))
+    ctx = Context(cfg=cfg, facts=facts, run_dir=run_dir_of(cfg))
     present = {stage.name: stage for stage in planned(cfg, stages)}
     sinks: dict[str, tuple[str, ...]] = {}
     jobs: tuple[JobSpec, ...] = ()

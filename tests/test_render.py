@@ -51,6 +51,13 @@ CASES = {
         "container.python=python3",
         "data_preparation.tars.source='s3://bucket/my tars/'",
     ],
+    "aws_p5_train_samples": [
+        "cluster=aws_p5",
+        "stages=[training,samples]",
+        "training.trainer.num_nodes=1",
+        "training.model.global_batch_size=1024",
+        "training.run.chain=2",
+    ],
     "aws_p5_benchmark": [
         "cluster=aws_p5",
         "stages=[benchmark]",

@@ -1,0 +1,57 @@
+"""NeMo's training checkpoints in a run: which are finished, their step, their EMA twin, their hparams.yaml.
+
+NeMoModelCheckpoint names each checkpoint `<filename>-step=<N>-...ckpt` (the preset's filename puts the step
+in), writes `<name>-EMA.ckpt` beside it when EMA is on (the EMA weights as the state dict), and keeps an
+`<name less -EMA>-unfinished` marker while one is being written. exp_manager saves the model config as
+`hparams.yaml` in explicit_log_dir, the parent of `checkpoints/`. Stdlib only: the job imports it too.
+
+>>> step_of(Path("stable-diffusion--reduced_train_loss=0.99-step=4-consumed_samples=8.0-last-EMA.ckpt"))
+4
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_STEP = re.compile(r"-step=(\d+)")
+EMA_SUFFIX = "-EMA.ckpt"
+
+
+def step_of(path: Path) -> int | None:
+    found = _STEP.search(path.name)
+    return int(found.group(1)) if found else None
+
+
+def unfinished_marker(path: Path) -> Path:
+    """The marker NeMo keeps beside a checkpoint while writing it (shared by its EMA twin)."""
+    return path.with_name(path.name.removesuffix(".ckpt").removesuffix("-EMA") + "-unfinished")
+
+
+def is_ema(path: Path) -> bool:
+    return path.name.endswith(EMA_SUFFIX)
+
+
+def ema_twin(path: Path) -> Path:
+    """`x.ckpt` -> `x-EMA.ckpt` (an -EMA checkpoint is its own twin)."""
+    return path if is_ema(path) else path.with_name(path.name.removesuffix(".ckpt") + EMA_SUFFIX)
+
+
+def hparams_of(checkpoint: Path) -> Path:
+    return checkpoint.parent.parent / "hparams.yaml"
+
+
+def finished(folder: Path, ema: bool) -> list[Path]:
+    """Finished checkpoints with a step in their name, oldest step first: the EMA ones when `ema`."""
+    found = [
+        path
+        for path in folder.glob("*.ckpt")
+        if is_ema(path) == ema and step_of(path) is not None and not unfinished_marker(path).exists()
+    ]
+    # At one step NeMo may keep a top-k and a -last copy of the same weights: either will do.
+    return sorted(found, key=lambda path: (step_of(path) or 0, path.name))
+
+
+def newest(folder: Path, ema: bool) -> Path | None:
+    done = finished(folder, ema)
+    return done[-1] if done else None

@@ -1,0 +1,204 @@
+"""The samples job: NeMo's own conversion and inference on one training checkpoint, then a labelled grid.
+
+    <nemo python> <repo>/launcher/sampling/job.py <run>/samples/samples.json
+
+Started by path with NeMo's interpreter, so NeMo keeps the image's PYTHONPATH (this file finds its own
+package from its path). Steps, each a child process of NVIDIA's example scripts:
+1. the checkpoint: samples.json's, else the run's newest finished one (its -EMA twin when EMA is on);
+2. `convert_ckpt_to_nemo.py --model_type stable_diffusion` with the run's hparams.yaml -> model.nemo
+   (skipped when a previous run of this job already wrote it);
+3. `sd_infer.py` on a config written here (fixed prompts, seed, sampler, steps; the trained resolution);
+4. grid.png, samples.json (what was sampled, how), and the training plot (`python -m launcher.plot`).
+Everything lands in <run>/samples/step_<N>/; each file appears only once complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # started by path: find this repo
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
+from launcher.sampling.checkpoints import ema_twin, hparams_of, newest, step_of
+from launcher.sampling.grid import grid_image
+from launcher.sampling.resolution import trained_size
+from launcher.sampling.settings import SamplingSettings
+
+# NeMo's inference images are named after the prompt's first characters (pipeline.py, save_to_file).
+NAME_CHARS = 50
+
+
+def checkpoint_to_sample(s: SamplingSettings) -> Path:
+    if s.checkpoint:
+        given = Path(s.checkpoint)
+        return ema_twin(given) if s.ema and ema_twin(given).exists() else given
+    found = newest(Path(s.checkpoints_dir), s.ema)
+    if found is None:
+        kind = "EMA (-EMA.ckpt) " if s.ema else ""
+        raise SystemExit(f"samples: no finished {kind}checkpoint in {s.checkpoints_dir}")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def nemo_env() -> dict[str, str]:
+    """A world of one process, as torchrun would describe it: the inference setup forces Lightning's
+    TorchElasticEnvironment (parts/utils.py), which reads these, and conversion's initialize_distributed
+    reads RANK, WORLD_SIZE and MASTER_*."""
+    world = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    return {**os.environ, **world, "MASTER_PORT": str(_free_port())}
+
+
+def _run(argv: list[str], what: str) -> None:
+    print(f"samples: {what}: {' '.join(argv)}", flush=True)
+    done = subprocess.run(argv, env=nemo_env(), check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"samples: {what} failed (exit {done.returncode})")
+
+
+def convert(s: SamplingSettings, checkpoint: Path, nemo_file: Path) -> None:
+    # NeMo's save_to writes in place: a temporary name, renamed once complete.
+    with atomic_path(nemo_file) as tmp:
+        partial = tmp.with_name(tmp.name + ".nemo")
+        argv = [
+            s.nemo_python,
+            "-u",
+            s.convert_script,
+            "--checkpoint_folder",
+            str(checkpoint.parent),
+            "--checkpoint_name",
+            checkpoint.name,
+            "--hparams_file",
+            str(hparams_of(checkpoint)),
+            "--nemo_file_path",
+            str(partial),
+            "--model_type",
+            "stable_diffusion",
+        ]
+        try:
+            _run(argv, "convert (NeMo's convert_ckpt_to_nemo.py)")
+            partial.replace(tmp)
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+def infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
+    """sd_infer.yaml's keys (examples/.../stable_diffusion/conf/sd_infer.yaml), every one given."""
+    return {
+        "name": "stable-diffusion-samples",
+        "infer": {
+            "unconditional_guidance_scale": s.guidance_scale,
+            "num_images_per_prompt": s.images_per_prompt,
+            "batch_size": s.batch_size,
+            "height": size[0],
+            "width": size[1],
+            "down_factor": 8,
+            "inference_steps": s.steps,
+            "sampler_type": s.sampler,
+            "eta": 0,
+            "output_type": "pil",
+            "save_to_file": True,
+            "out_path": str(out),
+            "seed": s.seed,
+            "prompts": list(s.prompts),
+        },
+        "trainer": {
+            "devices": 1,
+            "num_nodes": 1,
+            "accelerator": "gpu",
+            "precision": s.precision,
+            "logger": False,
+        },
+        "model": {"restore_from_path": str(nemo_file), "precision": s.precision},
+    }
+
+
+def sample(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, step_dir: Path) -> Path:
+    """NeMo's sd_infer.py into a fresh folder, which replaces images/ once every image is written."""
+    from omegaconf import OmegaConf
+
+    images, partial = step_dir / "images", step_dir / ".images.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    config = step_dir / "sd_infer.yaml"
+    write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(infer_config(s, size, nemo_file, partial))))
+    argv = [s.nemo_python, "-u", s.infer_script, "--config-path", str(step_dir), "--config-name", config.name]
+    _run(argv, "sample (NeMo's sd_infer.py)")
+    shutil.rmtree(images, ignore_errors=True)
+    partial.rename(images)
+    return images
+
+
+def image_rows(s: SamplingSettings, images: Path) -> list[tuple[str, list[Path]]]:
+    rows = []
+    for prompt in s.prompts:
+        paths = [images / f"{prompt[:NAME_CHARS]}_{i}.png" for i in range(s.images_per_prompt)]
+        missing = [p.name for p in paths if not p.exists()]
+        if missing:
+            raise SystemExit(f"samples: sd_infer.py wrote no {missing[0]} in {images}")
+        rows.append((prompt, paths))
+    return rows
+
+
+def write_plot(s: SamplingSettings) -> None:
+    """The training curves beside the samples; a run without events yet is reported, not fatal."""
+    env = {**os.environ, "PYTHONPATH": s.code_dir}
+    argv = [s.plot_python, "-m", "launcher.plot", s.run_dir]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    print(f"samples: training plot: {(done.stdout + done.stderr).strip()}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    s = SamplingSettings.from_json(Path(argv[0]).read_text())
+    checkpoint = checkpoint_to_sample(s)
+    step = step_of(checkpoint)
+    step_dir = s.samples_dir / f"step_{step}"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    print(f"samples: checkpoint {checkpoint} (step {step})", flush=True)
+    from omegaconf import OmegaConf
+
+    trained = trained_size(OmegaConf.to_container(OmegaConf.load(hparams_of(checkpoint)).cfg))
+    size = (s.resolution, s.resolution) if s.resolution else trained
+    if size is None:
+        raise SystemExit(f"samples: {hparams_of(checkpoint)} fixes no image size: set samples.resolution")
+    nemo_file = step_dir / "model.nemo"
+    if not nemo_file.exists():
+        convert(s, checkpoint, nemo_file)
+    images = sample(s, size, nemo_file, step_dir)
+    title = (
+        f"{Path(s.run_dir).name}  step {step}{'  EMA' if s.ema else ''}  {s.sampler} {s.steps} steps  "
+        f"guidance {s.guidance_scale}  seed {s.seed}  {size[1]}x{size[0]}"
+    )
+    with atomic_path(step_dir / "grid.png") as tmp:
+        grid_image(image_rows(s, images), title).save(tmp, format="PNG")
+    record = {
+        "checkpoint": str(checkpoint),
+        "step": step,
+        "ema": s.ema,
+        "height": size[0],
+        "width": size[1],
+        "prompts": list(s.prompts),
+        "images_per_prompt": s.images_per_prompt,
+        "seed": s.seed,
+        "sampler": s.sampler,
+        "steps": s.steps,
+        "guidance_scale": s.guidance_scale,
+        "precision": s.precision,
+    }
+    write_json_atomic(step_dir / "samples.json", record)
+    print(f"samples: grid {step_dir / 'grid.png'}", flush=True)
+    write_plot(s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,49 @@
+"""What the samples job does, decided at planning time and written beside its script (samples.json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    run_dir: str
+    # This run's training checkpoints; the newest finished one is sampled unless `checkpoint` is given.
+    checkpoints_dir: str
+    checkpoint: str | None
+    # NeMo's EMA weights (`-EMA.ckpt`) when training kept them (training.exp_manager.ema.enable).
+    ema: bool
+    # NeMo's interpreter and NVIDIA's example scripts (inside the container).
+    nemo_python: str
+    convert_script: str
+    infer_script: str
+    # The job interpreter with this repo on its path, for the training plot.
+    plot_python: str
+    code_dir: str
+    prompts: tuple[str, ...]
+    images_per_prompt: int
+    batch_size: int
+    seed: int
+    sampler: str
+    steps: int
+    guidance_scale: float
+    # None: the resolution the checkpoint's hparams.yaml trained at.
+    resolution: int | None
+    precision: str
+
+    @property
+    def samples_dir(self) -> Path:
+        return Path(self.run_dir) / "samples"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> SamplingSettings:
+        data: dict[str, Any] = json.loads(text)
+        data["prompts"] = tuple(data["prompts"])
+        return cls(**data)
