@@ -72,3 +72,16 @@ def run_sd_train(nemo_python: str, config: Path, log: Path) -> subprocess.Comple
     )
     log.write_text(proc.stdout + proc.stderr)
     return proc
+
+
+CONVERT_CPU = Path(__file__).resolve().parent / "convert_cpu.py"
+SD_INFER_CPU = Path(__file__).resolve().parent / "sd_infer_cpu.py"
+
+
+def samples_on_cpu(nemo_python: str) -> list[str]:
+    """The samples job's NeMo parts as the CPU runners (NeMo's own code, CUDA calls patched)."""
+    return [
+        f"samples.python={nemo_python}",
+        f"samples.convert_script={CONVERT_CPU}",
+        f"samples.infer_script={SD_INFER_CPU}",
+    ]
