@@ -10,9 +10,7 @@ time over the GPUs, both read from the run's training config. The samples job wr
 
 from __future__ import annotations
 
-import argparse
 import io
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,26 +128,3 @@ def write_plot(run_dir: Path, out: Path | None = None) -> Path:
     title = f"{run_dir.name}: global batch {log.global_batch_size}, {log.gpus} GPU(s)"
     write_atomic(out, plot_png(training_curves(log), title))
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m launcher plot",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("run_dir", type=Path, help="<base_results_dir>/<run_name>")
-    parser.add_argument(
-        "--out", type=Path, default=None, help="PNG to write (default <run_dir>/plots/training.png)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        print(write_plot(args.run_dir, args.out))
-    except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

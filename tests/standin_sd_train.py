@@ -1,7 +1,8 @@
 """STAND-IN for NeMo's sd_train.py: trains nothing. It reads the config the launcher wrote and prints
 what its rank sees, so the real training and benchmark sbatch scripts can run on a CPU-only test cluster.
 
-With checkpoints on (training): resumes from the newest fake checkpoint and writes the next one (rank 0).
+With checkpoints on (training): resumes from the newest fake checkpoint and writes the next one (rank 0),
+its -EMA twin when exp_manager.ema.enable, and hparams.yaml (the model config), as NeMo does.
 With `exp_manager.create_checkpoint_callback: false` (a benchmark task): "runs" trainer.max_steps steps,
 rank 0 drawing NeMo's progress bar (tqdm with NeMo's CustomProgressBar format, redrawn as NeMo's is:
 counter first, then the step's metrics) with MADE-UP step timings: 1.00 s for the first SLOW_STEPS steps, then
@@ -104,6 +105,10 @@ def main() -> None:
     checkpoints.mkdir(parents=True, exist_ok=True)
     name = f"stable-diffusion--reduced_train_loss=0.10-step={step + 1}-consumed_samples={step + 1}.0.ckpt"
     (checkpoints / name).write_text("fake checkpoint written by the stand-in\n")
+    if (cfg["exp_manager"].get("ema") or {}).get("enable"):  # NeMo's EMA callback writes a twin
+        (checkpoints / name.replace(".ckpt", "-EMA.ckpt")).write_text("fake EMA checkpoint (stand-in)\n")
+    # exp_manager saves the model config beside checkpoints/, as NeMo's conversion reads it.
+    (checkpoints.parent / "hparams.yaml").write_text(yaml.safe_dump({"cfg": cfg["model"]}))
     if os.environ.get("STANDIN_REQUEUE_ONCE") and not int(seen["SLURM_RESTART_COUNT"] or 0):
         # What happens after a node failure or preemption: Slurm requeues the job (--requeue).
         os.system(f"scontrol requeue {os.environ['SLURM_JOB_ID']}")

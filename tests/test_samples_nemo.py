@@ -88,7 +88,8 @@ def test_newest_checkpoint_is_converted_sampled_and_gridded(trained: Path, nemo_
     names = sorted(p.name for p in (step_dir / "images").iterdir())
     assert names == sorted(f"{prompt}_{i}.png" for prompt in PROMPTS for i in range(2))
     with Image.open(step_dir / "images" / names[0]) as image:
-        assert image.size == (256, 256) and len(set(image.get_flattened_data())) > 1000  # a picture, not a flat fill
+        # A picture, not a flat fill.
+        assert image.size == (256, 256) and len(set(image.get_flattened_data())) > 1000
     with Image.open(step_dir / "grid.png") as grid:
         assert grid.size == (LABEL_W + 2 * (256 + PAD) + PAD, TITLE_H + 3 * (256 + PAD) + PAD)
     # The .nemo holds the EMA weights, not the trained ones (which differ after 4 steps at this rate).

@@ -21,13 +21,12 @@ None there for stable_diffusion, so convert_main leaves it out.
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sd_train_cpu import patch_for_cpu
+from sd_train_cpu import patch_for_cpu, run_entry
 
 
 def patch_convert_for_cpu() -> list[str]:
@@ -102,16 +101,7 @@ def convert_main() -> None:
 
 
 def main() -> None:
-    for line in patch_convert_for_cpu():
-        print(f"convert_cpu: patched {line}", flush=True)
-    script = os.environ.get("NEMO_SD_CONVERT")
-    if script:
-        print(f"convert_cpu: running NeMo's own {script}", flush=True)
-        sys.argv[0] = script
-        runpy.run_path(script, run_name="__main__")
-        return
-    print("convert_cpu: running convert_main (NEMO_SD_CONVERT not set)", flush=True)
-    convert_main()
+    run_entry("convert_cpu", patch_convert_for_cpu(), "NEMO_SD_CONVERT", convert_main, "convert_main")
 
 
 if __name__ == "__main__":

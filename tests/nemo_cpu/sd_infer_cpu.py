@@ -18,14 +18,12 @@ CUDA-only calls replaced, besides training's (sd_train_cpu.patch_for_cpu):
 
 from __future__ import annotations
 
-import os
-import runpy
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sd_train_cpu import patch_for_cpu
+from sd_train_cpu import patch_for_cpu, run_entry
 
 CPU_OVERRIDE = "trainer.accelerator=cpu"
 
@@ -83,18 +81,11 @@ def sd_infer_main(cfg: Any) -> None:
 
 
 def main() -> None:
-    for line in patch_infer_for_cpu():
-        print(f"sd_infer_cpu: patched {line}", flush=True)
-    script = os.environ.get("NEMO_SD_INFER")
-    if script:
-        print(f"sd_infer_cpu: running NeMo's own {script}", flush=True)
-        sys.argv[0] = script
-        runpy.run_path(script, run_name="__main__")
-        return
+    patched = patch_infer_for_cpu()
     from nemo.core.config import hydra_runner
 
-    print("sd_infer_cpu: running sd_infer_main (NEMO_SD_INFER not set)", flush=True)
-    hydra_runner(config_path=".", config_name="sd_infer")(sd_infer_main)()
+    entry = hydra_runner(config_path=".", config_name="sd_infer")(sd_infer_main)
+    run_entry("sd_infer_cpu", patched, "NEMO_SD_INFER", entry, "sd_infer_main")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import functools
 import os
 import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,19 +153,27 @@ def sd_train_main(cfg: Any) -> None:
     trainer.fit(model)
 
 
-def main() -> None:
-    for line in patch_for_cpu():
-        print(f"sd_train_cpu: patched {line}", flush=True)
-    script = os.environ.get("NEMO_SD_TRAIN")
+def run_entry(runner: str, patched: list[str], env_var: str, fallback: Callable[[], None], name: str) -> None:
+    """What every CPU runner does once patched: NVIDIA's own file when `env_var` names it, else the
+    runner's replica of it (`fallback`, called `name` in the log)."""
+    for line in patched:
+        print(f"{runner}: patched {line}", flush=True)
+    script = os.environ.get(env_var)
     if script:
-        print(f"sd_train_cpu: running NeMo's own {script}", flush=True)
+        print(f"{runner}: running NeMo's own {script}", flush=True)
         sys.argv[0] = script
         runpy.run_path(script, run_name="__main__")
         return
+    print(f"{runner}: running {name} ({env_var} not set)", flush=True)
+    fallback()
+
+
+def main() -> None:
+    patched = patch_for_cpu()
     from nemo.core.config import hydra_runner
 
-    print("sd_train_cpu: running sd_train_main (NEMO_SD_TRAIN not set)", flush=True)
-    hydra_runner(config_path=".", config_name="sd_train")(sd_train_main)()
+    entry = hydra_runner(config_path=".", config_name="sd_train")(sd_train_main)
+    run_entry("sd_train_cpu", patched, "NEMO_SD_TRAIN", entry, "sd_train_main")
 
 
 if __name__ == "__main__":

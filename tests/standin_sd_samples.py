@@ -1,0 +1,53 @@
+"""STAND-IN for NeMo's convert_ckpt_to_nemo.py and sd_infer.py: converts and samples nothing, so the real
+samples job (launcher/sampling/job.py) can run on a CPU-only test cluster.
+
+Called with conversion's arguments (`--checkpoint_folder ... --nemo_file_path OUT`) it writes a fake OUT;
+called with sd_infer's (`--config-path DIR --config-name NAME`) it writes, as NeMo's pipeline names them,
+`<prompt[:50]>_<i>.png` for every prompt and image, each a flat colour of the config's height x width.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+from PIL import Image
+
+
+def convert(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    for name in (
+        "--checkpoint_folder",
+        "--checkpoint_name",
+        "--hparams_file",
+        "--nemo_file_path",
+        "--model_type",
+    ):
+        parser.add_argument(name, required=True)
+    args = parser.parse_args(argv)
+    assert (Path(args.checkpoint_folder) / args.checkpoint_name).is_file() and Path(
+        args.hparams_file
+    ).is_file()
+    Path(args.nemo_file_path).write_text(f"fake .nemo of {args.checkpoint_name} (stand-in)\n")
+    print(f"standin convert {args.checkpoint_name}", flush=True)
+
+
+def infer(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config-path", required=True)
+    parser.add_argument("--config-name", required=True)
+    args = parser.parse_args(argv)
+    cfg = yaml.safe_load((Path(args.config_path) / args.config_name).read_text())["infer"]
+    out = Path(cfg["out_path"])
+    out.mkdir(parents=True, exist_ok=True)
+    for n, prompt in enumerate(cfg["prompts"]):
+        for i in range(cfg["num_images_per_prompt"]):
+            colour = (40 * n % 256, 80 * i % 256, 128)
+            Image.new("RGB", (cfg["width"], cfg["height"]), colour).save(out / f"{prompt[:50]}_{i}.png")
+    print(f"standin infer {len(cfg['prompts'])} prompt(s) at {cfg['height']}x{cfg['width']}", flush=True)
+
+
+if __name__ == "__main__":
+    (convert if "--nemo_file_path" in sys.argv else infer)(sys.argv[1:])

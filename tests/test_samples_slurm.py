@@ -1,0 +1,91 @@
+"""training -> samples on the real Slurm test cluster, with STAND-INs for the GPU parts: NeMo's sd_train.py
+(tests/standin_sd_train.py), its convert_ckpt_to_nemo.py and sd_infer.py (tests/standin_sd_samples.py),
+and pyxis (the SPANK stand-in that runs no container). The samples job itself is the real one."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+from PIL import Image
+
+from launcher import manifest
+from launcher.cli import launch
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parent
+TRAIN, SAMPLE = TESTS / "standin_sd_train.py", TESTS / "standin_sd_samples.py"
+
+
+def _launch(shared: Path, *overrides: str) -> dict[str, str]:
+    (shared / "nemo.sqsh").write_bytes(b"hsqs")  # preflight checks that the image exists
+    wdinfo = shared / "data/tarfiles_reorganized/wdinfo.pkl"
+    wdinfo.parent.mkdir(parents=True, exist_ok=True)
+    tars = [f"{i:06d}.tar" for i in range(8)]  # never read by the stand-in
+    wdinfo.write_bytes(pickle.dumps({"tar_files": tars, "chunk_size": 4, "total_key_count": 32}))
+    run = launch(
+        compose_config(
+            [
+                "cluster=slurm",
+                "container=pyxis",
+                "stages=[training,samples]",
+                "data_check.enable=false",
+                "assets.enable=false",
+                f"cluster.shared_dir={shared}",
+                f"container.image={shared}/nemo.sqsh",
+                f"container.python={sys.executable}",
+                f"container.code_dir={TESTS.parent}",
+                f"container.mounts=[{shared}:{shared},{TESTS.parent}:{TESTS.parent}]",
+                f"training.run.script={TRAIN}",
+                f"training.run.python={sys.executable}",
+                "training.trainer.num_nodes=1",
+                "training.model.micro_batch_size=4",
+                "training.model.global_batch_size=32",
+                "cluster.gpu_job_mem=1G",
+                "training.run.chain=2",
+                "training.trainer.max_steps=2",
+                f"samples.python={sys.executable}",
+                f"samples.convert_script={SAMPLE}",
+                f"samples.infer_script={SAMPLE}",
+                "samples.mem=1G",
+                "samples.images_per_prompt=2",
+                *overrides,
+            ]
+        )
+    )
+    return {r.name: r.job_id for r in manifest.load(run) if r.job_id}
+
+
+def test_samples_wait_for_the_last_training_part_and_status_shows_the_grid(
+    slurm_cluster, slurm_shared: Path
+) -> None:
+    ids = _launch(slurm_shared)
+    parts = [slurm_cluster.wait_job(ids[f"sd_860m_res_256_part{k}"], timeout=120) for k in range(2)]
+    assert [p.state for p in parts] == ["COMPLETED"] * 2
+    assert slurm_cluster.wait_job(ids["samples"], timeout=120).state == "COMPLETED"
+    run = slurm_shared / "results/sd_pretrain"
+    record = next(r for r in manifest.load(run) if r.name == "samples")
+    assert record.depends_on == ["afterok:sd_860m_res_256_part1"]  # submitted as afterok:<its job id>
+    # It ran after the last part: the step-2 EMA checkpoint (part 1 wrote it) is the one sampled.
+    log = (run / f"samples/logs/samples_{ids['samples']}.out").read_text()
+    assert "-step=2-consumed_samples=2.0-EMA.ckpt (step 2)" in log and "standin convert" in log
+    with Image.open(run / "samples/step_2/grid.png") as grid:
+        assert grid.height > 8 * 256  # 8 default prompts, one row each, at the trained 256 px
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher", "status", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "samples: newest grid samples/step_2/grid.png (1 checkpoint(s) sampled)" in status.stdout
+
+
+def test_failed_training_cancels_the_samples(slurm_cluster, slurm_shared: Path) -> None:
+    ids = _launch(slurm_shared, "training.run.chain=1", "training.run.python=/nonexistent/python")
+    assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=60).state == "FAILED"
+    assert slurm_cluster.wait_job(ids["samples"], timeout=60).state == "CANCELLED"
