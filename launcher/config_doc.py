@@ -1,10 +1,13 @@
 """The configuration reference (docs/configuration.md), generated from the schema's rules and help texts.
 
 python -m launcher.config_doc --write     (after changing a field; tests/test_config_doc.py checks it)
+    python -m launcher.config_doc --check     (exit 1 when it is out of date)
+    python -m launcher.config_doc             (print it)
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 import typing
@@ -112,18 +115,24 @@ def reference(root: type) -> str:
 def main(argv: list[str]) -> int:
     from launcher.registry import RootConfig
 
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.config_doc",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help=f"write {REFERENCE.name}")
+    action.add_argument("--check", action="store_true", help=f"exit 1 when {REFERENCE.name} is out of date")
+    args = parser.parse_args(argv)
     text = reference(RootConfig)
-    if argv == ["--write"]:
+    if args.write:
         REFERENCE.write_text(text)
         print(f"wrote {REFERENCE}")
-        return 0
-    if argv == ["--check"]:
-        current = REFERENCE.read_text() if REFERENCE.exists() else ""
-        if current != text:
-            print(f"{REFERENCE} is out of date: run python -m launcher.config_doc --write", file=sys.stderr)
-            return 1
-        return 0
-    print(text, end="")
+    elif args.check and (not REFERENCE.exists() or REFERENCE.read_text() != text):
+        print(f"{REFERENCE} is out of date: run python -m launcher.config_doc --write", file=sys.stderr)
+        return 1
+    elif not args.check:
+        print(text, end="")
     return 0
 
 
