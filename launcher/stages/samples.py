@@ -45,27 +45,45 @@ DEFAULT_PROMPTS = [
 class SamplesConfig:
     """Sampling one checkpoint with NeMo's sd_infer.py (conf/samples/default.yaml)."""
 
-    # A training .ckpt; null = this run's newest finished checkpoint.
-    checkpoint: str | None = ruled(ABS_PATH, None)
-    prompts: list[str] = ruled(Each(PROMPT, min_items=1), factory=lambda: list(DEFAULT_PROMPTS))
-    images_per_prompt: int = ruled(Range(1, 16), 4)
-    seed: int = ruled(Range(0, 2**31 - 1), 1234)
-    sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS")
-    steps: int = ruled(Range(1, 1000), 50)
-    guidance_scale: float = ruled(Range(1, 30, integer=False), 7.5)
-    # null = the resolution the model was trained at (the only one allowed).
-    resolution: int | None = ruled(Range(64, 4096), None)
-    batch_size: int = ruled(Range(1, 256), 8)
-    precision: str = ruled(Choice(("16-mixed", "bf16-mixed", "32-true")), "16-mixed")
-    # NeMo's interpreter and NVIDIA's example scripts inside the container.
-    python: str = ruled(Text(), "python3")
-    convert_script: str = ruled(Text(), "/opt/NeMo/examples/multimodal/convert_ckpt_to_nemo.py")
-    infer_script: str = ruled(
-        Text(), "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_infer.py"
+    checkpoint: str | None = ruled(
+        ABS_PATH, None, help="A training .ckpt to sample; null = this run's newest finished checkpoint."
     )
-    time_limit: str = ruled(SlurmTime(), "01:00:00")
-    # One GPU of a node: not the whole node's memory (cluster.gpu_job_mem is training's).
-    mem: str | None = ruled(SLURM_MEM, "64G")
+    prompts: list[str] = ruled(
+        Each(PROMPT, min_items=1),
+        factory=lambda: list(DEFAULT_PROMPTS),
+        help="One grid row each; NeMo names each image after the first 50 characters.",
+    )
+    images_per_prompt: int = ruled(Range(1, 16), 4, help="Grid columns: images per prompt.")
+    seed: int = ruled(
+        Range(0, 2**31 - 1), 1234, help="Starting noise: the same at every checkpoint, so grids compare."
+    )
+    sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's sampler (infer.sampler_type).")
+    steps: int = ruled(
+        Range(1, 1000), 50, help="Sampling steps (PLMS/DDIM: a divisor of the 1000 timesteps)."
+    )
+    guidance_scale: float = ruled(Range(1, 30, integer=False), 7.5, help="Classifier-free guidance scale.")
+    resolution: int | None = ruled(
+        Range(64, 4096), None, help="null = the resolution the model was trained at (the only one allowed)."
+    )
+    batch_size: int = ruled(Range(1, 256), 8, help="Images generated at once.")
+    precision: str = ruled(
+        Choice(("16-mixed", "bf16-mixed", "32-true")),
+        "16-mixed",
+        help="Inference precision (trainer.precision).",
+    )
+    python: str = ruled(Text(), "python3", help="NeMo's interpreter in the container.")
+    convert_script: str = ruled(
+        Text(), "/opt/NeMo/examples/multimodal/convert_ckpt_to_nemo.py", help="NeMo's checkpoint conversion."
+    )
+    infer_script: str = ruled(
+        Text(),
+        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_infer.py",
+        help="NeMo's text-to-image inference.",
+    )
+    time_limit: str = ruled(SlurmTime(), "01:00:00", help="The samples job's time limit.")
+    mem: str | None = ruled(
+        SLURM_MEM, "64G", help="Memory of the one-GPU job (not the whole node's, unlike training's)."
+    )
 
 
 def _ema(cfg: Any) -> bool:
