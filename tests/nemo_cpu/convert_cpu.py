@@ -8,14 +8,12 @@ NEMO_SD_CONVERT=<path to that file> this runs it as is; without, `convert_main()
 calls in the same order for model_type stable_diffusion (v2.0.0 and v2.4.0 are identical): parse the same
 arguments, `initialize_distributed`, then `convert`: hparams.yaml's `cfg` as the model config, a trainer
 from MegatronTrainerBuilder, model parallel state of size 1, `MegatronLatentDiffusion.load_from_checkpoint`
-with the hparams file, NLPSaveRestoreConnector, `save_to`. The real file also imports NeVA, CLIP, Imagen
-and ControlNet models, which NeMo 2.4.1's CPU venv cannot import.
+with the hparams file, NLPSaveRestoreConnector, `save_to`. With NVIDIA's v2.0.0 file (NEMO_SD_CONVERT) this
+runner writes a .nemo with the same members and sizes as with convert_main.
 
 CUDA-only calls replaced, besides training's (sd_train_cpu.patch_for_cpu):
 - nemo.utils.distributed.initialize_distributed: `rank % torch.cuda.device_count()` (0 here) and the
   NCCL backend -> device count 1 during that call, and gloo (the same single-process group).
-megatron-core 0.13 (this venv) no longer takes `pipeline_model_parallel_split_rank`; the real file passes
-None there for stable_diffusion, so convert_main leaves it out.
 """
 
 from __future__ import annotations
@@ -86,7 +84,9 @@ def convert_main() -> None:
     app_state.pipeline_model_parallel_size = app_state.tensor_model_parallel_size = 1
     app_state.pipeline_model_parallel_split_rank = None
     app_state.model_parallel_size = 1
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1, pipeline_model_parallel_split_rank=None
+    )
     app_state.pipeline_model_parallel_rank = parallel_state.get_pipeline_model_parallel_rank()
     app_state.tensor_model_parallel_rank = parallel_state.get_tensor_model_parallel_rank()
     checkpoint_path = inject_model_parallel_rank(os.path.join(args.checkpoint_folder, args.checkpoint_name))

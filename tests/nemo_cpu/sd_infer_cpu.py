@@ -6,6 +6,7 @@ The script is not in NeMo's wheel. With NEMO_SD_INFER=<path to that file> this r
 `sd_infer_main()` below makes the same calls (v2.0.0 and v2.4.0 are identical): the same
 model_cfg_modifier, `setup_trainer_and_model_for_inference(MegatronLatentDiffusion, ...)` (which restores
 the .nemo), `model.cuda().eval()`, a CPU torch.Generator seeded with infer.seed, NeMo's `pipeline`.
+NVIDIA's v2.0.0 file run through this runner (NEMO_SD_INFER) wrote byte-identical images.
 
 CUDA-only calls replaced, besides training's (sd_train_cpu.patch_for_cpu):
 - torch.nn.Module.cuda and Lightning's override of it -> the module itself (sd_infer.py and
