@@ -1,6 +1,7 @@
 """Training curves of a run: train loss, learning rate and images/s per GPU against step.
 
     python -m launcher plot <run_dir> [--out PNG]      (default <run_dir>/plots/training.png)
+    python -m launcher.plot <run_dir>                  (the same, importing nothing of the status CLI)
 
 Read from the TensorBoard events NeMo's training writes (exp_manager.create_tensorboard_logger): the
 scalars MegatronLatentDiffusion logs every trainer.log_every_n_steps (`reduced_train_loss`, `lr`) and
@@ -11,6 +12,7 @@ time over the GPUs, both read from the run's training config. The samples job wr
 from __future__ import annotations
 
 import io
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,3 +130,7 @@ def write_plot(run_dir: Path, out: Path | None = None) -> Path:
     title = f"{run_dir.name}: global batch {log.global_batch_size}, {log.gpus} GPU(s)"
     write_atomic(out, plot_png(training_curves(log), title))
     return out
+
+
+if __name__ == "__main__":  # the samples job's call: stdlib, omegaconf, tensorboard and matplotlib only
+    print(write_plot(Path(sys.argv[1])))

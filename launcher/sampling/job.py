@@ -8,7 +8,7 @@ package from its path). Steps, each a child process of NVIDIA's example scripts:
 2. `convert_ckpt_to_nemo.py --model_type stable_diffusion` with the run's hparams.yaml -> model.nemo
    (skipped when a previous run of this job already wrote it);
 3. `sd_infer.py` on a config written here (fixed prompts, seed, sampler, steps; the trained resolution);
-4. grid.png, samples.json (what was sampled, how), and the training plot (`python -m launcher plot`).
+4. grid.png, samples.json (what was sampled, how), and the training plot (`python -m launcher.plot`).
 Everything lands in <run>/samples/step_<N>/; each file appears only once complete.
 """
 
@@ -152,7 +152,7 @@ def image_rows(s: SamplingSettings, images: Path) -> list[tuple[str, list[Path]]
 def write_plot(s: SamplingSettings) -> None:
     """The training curves beside the samples; a run without events yet is reported, not fatal."""
     env = {**os.environ, "PYTHONPATH": s.code_dir}
-    argv = [s.plot_python, "-m", "launcher", "plot", s.run_dir]
+    argv = [s.plot_python, "-m", "launcher.plot", s.run_dir]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     print(f"samples: training plot: {(done.stdout + done.stderr).strip()}", flush=True)
 
