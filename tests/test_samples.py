@@ -77,6 +77,14 @@ def test_a_checkpoint_that_does_not_exist_is_refused(make_config: Callable, tmp_
         check_facts(cfg, FIXED_FACTS)
 
 
+def test_a_checkpoint_outside_the_container_mounts_is_refused(make_config: Callable) -> None:
+    pyxis = ["cluster=aws_p5", "cluster.shared_dir=/fsx", "stages=[samples]"]
+    with pytest.raises(
+        ConfigError, match=r"samples.checkpoint: /data/x-step=1\.ckpt is not inside any container mount"
+    ):
+        make_config(*pyxis, "samples.checkpoint='/data/x-step=1.ckpt'")
+
+
 def test_a_checkpoint_without_its_hparams_is_refused(make_config: Callable, tmp_path: Path) -> None:
     folder = _checkpoints(tmp_path / "other", CKPT.format(step=7, tail=""))
     (folder.parent / "hparams.yaml").unlink()

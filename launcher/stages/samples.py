@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config
+from launcher.config import Runtime
 from launcher.errors import ConfigError
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Pattern, Range, SlurmTime, Text, ruled
@@ -23,7 +24,7 @@ from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import SamplingSettings
 from launcher.spec import JobSpec, Resources
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, Facts, make_job
+from launcher.stages.common import Context, Facts, make_job, require_mounted
 
 NAME = "samples"
 JOB_NAME = "samples"
@@ -182,9 +183,11 @@ def _check_steps(cfg: Any) -> None:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    """Steps the sampler can take, and prompts NeMo would save over each other (it names images by
-    their first 50 characters)."""
+    """Steps the sampler can take, a checkpoint the container sees, and prompts NeMo would save over
+    each other (it names images by their first 50 characters)."""
     _check_steps(cfg)
+    if NAME in planned and cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
+        require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
     seen: dict[str, int] = {}
     for i, prompt in enumerate(cfg.samples.prompts):
         head = prompt[:NAME_CHARS]
