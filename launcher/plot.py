@@ -133,4 +133,7 @@ def write_plot(run_dir: Path, out: Path | None = None) -> Path:
 
 
 if __name__ == "__main__":  # the samples job's call: stdlib, omegaconf, tensorboard and matplotlib only
-    print(write_plot(Path(sys.argv[1])))
+    try:
+        print(write_plot(Path(sys.argv[1])))
+    except FileNotFoundError as error:
+        sys.exit(f"error: {error}")

@@ -6,7 +6,7 @@ Started by path with NeMo's interpreter, so NeMo keeps the image's PYTHONPATH (t
 package from its path). Steps, each a child process of NVIDIA's example scripts:
 1. the checkpoint: samples.json's, else the run's newest finished one (its -EMA twin when EMA is on);
 2. `convert_ckpt_to_nemo.py --model_type stable_diffusion` with the run's hparams.yaml -> model.nemo
-   (skipped when a previous run of this job already wrote it);
+   (skipped when a previous run of this job converted that same checkpoint: model.nemo.source);
 3. `sd_infer.py` on a config written here (fixed prompts, seed, sampler, steps; the trained resolution);
 4. grid.png, samples.json (what was sampled, how), and the training plot (`python -m launcher.plot`).
 Everything lands in <run>/samples/step_<N>/; each file appears only once complete.
@@ -170,9 +170,12 @@ def main(argv: list[str]) -> int:
     size = (s.resolution, s.resolution) if s.resolution else trained
     if size is None:
         raise SystemExit(f"samples: {hparams_of(checkpoint)} fixes no image size: set samples.resolution")
-    nemo_file = step_dir / "model.nemo"
-    if not nemo_file.exists():
+    nemo_file, source = step_dir / "model.nemo", step_dir / "model.nemo.source"
+    # Reused only for the very checkpoint it came from (another run's step N lands in the same folder).
+    if not (nemo_file.exists() and source.exists() and source.read_text() == str(checkpoint)):
+        source.unlink(missing_ok=True)
         convert(s, checkpoint, nemo_file)
+        write_atomic(source, str(checkpoint))
     images = sample(s, size, nemo_file, step_dir)
     title = (
         f"{Path(s.run_dir).name}  step {step}{'  EMA' if s.ema else ''}  {s.sampler} {s.steps} steps  "
