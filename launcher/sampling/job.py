@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # started by path: find this repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
-from launcher.sampling.checkpoints import ema_twin, hparams_of, newest, step_of
+from launcher.sampling.checkpoints import ema_twin, hparams_of, is_ema, newest, step_of
 from launcher.sampling.grid import grid_image
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import SamplingSettings
@@ -178,7 +178,7 @@ def main(argv: list[str]) -> int:
         write_atomic(source, str(checkpoint))
     images = sample(s, size, nemo_file, step_dir)
     title = (
-        f"{Path(s.run_dir).name}  step {step}{'  EMA' if s.ema else ''}  {s.sampler} {s.steps} steps  "
+        f"{Path(s.run_dir).name}  step {step}{'  EMA' if is_ema(checkpoint) else ''}  {s.sampler} {s.steps} steps  "
         f"guidance {s.guidance_scale}  seed {s.seed}  {size[1]}x{size[0]}"
     )
     with atomic_path(step_dir / "grid.png") as tmp:
@@ -186,7 +186,7 @@ def main(argv: list[str]) -> int:
     record = {
         "checkpoint": str(checkpoint),
         "step": step,
-        "ema": s.ema,
+        "ema": is_ema(checkpoint),
         "height": size[0],
         "width": size[1],
         "prompts": list(s.prompts),
