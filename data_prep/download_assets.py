@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import write_json_atomic
+from data_prep.download_file import FileAsset, FileAssetError, stage_file
 from data_prep.progress import log, read_json
 
 STEP = "download_assets"
@@ -214,12 +215,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--asset",
         nargs="+",
         action="append",
-        required=True,
+        default=[],
         metavar="NAME REPO_ID REVISION LOCAL_DIR FILE",
         help="one asset: a name for the log, the model repo, its commit sha, the folder, "
         "and the repo's files to fetch (repeat --asset for more)",
     )
+    parser.add_argument(
+        "--file",
+        nargs=4,
+        action="append",
+        default=[],
+        metavar=("NAME", "URL", "SHA256", "PATH"),
+        help="one file from a URL, pinned by its sha256 (data_prep/download_file.py)",
+    )
     args = parser.parse_args(argv)
+    if not args.asset and not args.file:
+        parser.error("give at least one --asset or --file")
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # a Slurm log gets one line per file, not a redrawn bar
@@ -228,7 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for asset in [parse_asset(words) for words in args.asset]:
             stage(asset)
-    except AssetError as exc:
+        for name, url, sha256, path in args.file:
+            stage_file(FileAsset(name, url, sha256, Path(path)))
+    except (AssetError, FileAssetError) as exc:
         print(f"{STEP}: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -22,6 +22,11 @@ JOB_NAME = "pretrained_assets"
 
 HUB_REPO_ID = Pattern(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", "a Hub repo id: owner/name")
 COMMIT_SHA = Pattern(r"[0-9a-f]{40}", "a 40-hex commit sha (the repo's History on the Hub): pin one")
+URL = Pattern(r"https?://[^\s]+", "an http(s) URL without spaces")
+SHA256 = Pattern(r"[0-9a-f]{64}", "a 64-hex sha256")
+# The evaluation's CLIP score loads the text encoder's repo as a whole CLIP model (openai's repo holds the
+# image tower too), with its image preprocessing.
+CLIP_SCORE_FILES = ("preprocessor_config.json",)
 REPO_FILE = Pattern(
     r"(?!-)(?!.*(?:^|/)\.\.(?:/|$))[^/\x00-\x1f][^\x00-\x1f]*",
     "a file name in the repo (a relative path, no '..', not starting with '-' or '/')",
@@ -49,6 +54,15 @@ class AssetConfig:
 
 
 @dataclass
+class FileAssetConfig:
+    """One file from a URL, pinned by its sha256 (data_prep/download_file.py)."""
+
+    url: str = ruled(URL, MISSING, help="Where the file is downloaded from.")
+    sha256: str = ruled(SHA256, MISSING, help="The file's sha256: other bytes are refused.")
+    path: str = ruled(ABS_PATH, MISSING, help="Where the file is staged.")
+
+
+@dataclass
 class AssetsConfig:
     """Pretrained parts of the model that training loads but never trains (CLIP text encoder, VAE)."""
 
@@ -63,6 +77,8 @@ class AssetsConfig:
     )
     text_encoder: AssetConfig = field(default_factory=AssetConfig)
     vae: AssetConfig = field(default_factory=AssetConfig)
+    # Staged only for the evaluation stage (FID's Inception network).
+    inception: FileAssetConfig = field(default_factory=FileAssetConfig)
     resources: JobResources = field(default_factory=JobResources)
 
 
@@ -71,13 +87,24 @@ def by_name(cfg: Any) -> dict[str, AssetConfig]:
     return {"text_encoder": cfg.assets.text_encoder, "vae": cfg.assets.vae}
 
 
-def _asset_args(name: str, asset: AssetConfig) -> tuple[str, ...]:
-    return ("--asset", name, asset.repo_id, asset.revision, asset.local_dir, *asset.files)
+def _asset_args(name: str, asset: AssetConfig, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    files = [*asset.files, *(f for f in extra if f not in asset.files)]
+    return ("--asset", name, asset.repo_id, asset.revision, asset.local_dir, *files)
+
+
+def _evaluating(cfg: Any) -> bool:
+    return "evaluation" in cfg.stages
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     assets = ctx.cfg.assets
-    args = [word for name, asset in by_name(ctx.cfg).items() for word in _asset_args(name, asset)]
+    evaluating = _evaluating(ctx.cfg)
+    args: list[str] = []
+    for name, asset in by_name(ctx.cfg).items():
+        args += _asset_args(name, asset, CLIP_SCORE_FILES if evaluating and name == "text_encoder" else ())
+    if evaluating:
+        f = assets.inception
+        args += ["--file", "inception", f.url, f.sha256, f.path]
     # The token reaches the job as HF_TOKEN, read from the file at run time (never written here).
     secrets = (("HF_TOKEN", assets.hf_token_file),) if assets.hf_token_file else ()
     job = make_job(
@@ -97,6 +124,8 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         return
     for name, asset in by_name(cfg).items():
         require_mounted(f"assets.{name}.local_dir", asset.local_dir, cfg.container.mounts)
+    if _evaluating(cfg):
+        require_mounted("assets.inception.path", cfg.assets.inception.path, cfg.container.mounts)
 
 
 STAGE = StageSpec(

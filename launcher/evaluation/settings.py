@@ -1,0 +1,53 @@
+"""What the evaluation's jobs do, decided at planning time and written beside their scripts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    run_dir: str
+    coco_root: str
+    num_images: int
+    guidance_scales: tuple[float, ...]
+    seed: int
+    sampler: str
+    steps: int
+    batch_size: int
+    precision: str
+    # NeMo tasks per node of one guidance scale (one per GPU), each its own process.
+    tasks_per_node: int
+    nemo_python: str
+    generate_script: str
+    # The score's interpreter (torch, torchmetrics, torch-fidelity, transformers) and the plot's.
+    score_python: str
+    plot_python: str
+    code_dir: str
+    inception_weights: str
+    clip_dir: str
+
+    @property
+    def eval_dir(self) -> Path:
+        return Path(self.run_dir) / "evaluation"
+
+    @property
+    def samples_dir(self) -> Path:
+        return Path(self.run_dir) / "samples"
+
+    def images_dir(self, scale: float) -> Path:
+        """generate_fid_images.py's folder for one scale: fid.save_path / str(scale)."""
+        return self.eval_dir / "images" / str(float(scale))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> EvaluationSettings:
+        data: dict[str, Any] = json.loads(text)
+        data["guidance_scales"] = tuple(data["guidance_scales"])
+        return cls(**data)
