@@ -49,6 +49,11 @@ RUN python3 -m venv --without-pip /opt/venv \
     && /opt/venv/bin/python -c 'import pathlib, sysconfig; \
         pth = pathlib.Path(sysconfig.get_paths()["purelib"], "sd_launcher.pth"); \
         pth.write_text("/workspace/launcher\n")'
+# The evaluation's score job: NeMo's torch with torchmetrics' FID/CLIP score and the FID network's code
+# (torch-fidelity), in a venv on top of the image's packages so that NeMo's own stay as validated.
+RUN python3 -m venv --system-site-packages --without-pip /opt/eval \
+    && python3 -m pip --python /opt/eval/bin/python install --no-cache-dir \
+        "torchmetrics==1.9.0" "torch-fidelity==0.3.0"
 COPY data_prep/ /workspace/launcher/data_prep/
 # The benchmark's task wrapper and report, and the training plot (launcher/plot.py), run in this image.
 COPY launcher/ /workspace/launcher/launcher/

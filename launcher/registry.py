@@ -14,7 +14,7 @@ from typing import Any
 from launcher.config import CoreConfig
 from launcher.rules import Choice, Each, ruled
 from launcher.stage import StageSpec
-from launcher.stages import assets, benchmark, data_check, data_preparation, samples, training
+from launcher.stages import assets, benchmark, data_check, data_preparation, evaluation, samples, training
 
 # Pipeline order: a stage may need (wait for) only stages before it.
 STAGES: tuple[StageSpec, ...] = (
@@ -24,6 +24,7 @@ STAGES: tuple[StageSpec, ...] = (
     benchmark.STAGE,
     training.STAGE,
     samples.STAGE,
+    evaluation.STAGE,
 )
 
 

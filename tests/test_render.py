@@ -58,6 +58,12 @@ CASES = {
         "training.model.global_batch_size=1024",
         "training.run.chain=2",
     ],
+    "aws_p5_samples_evaluation": [
+        "cluster=aws_p5",
+        "stages=[samples,evaluation]",
+        "evaluation.coco_root=/fsx/coco2014",
+        "evaluation.guidance_scales=[2,5,8]",
+    ],
     "aws_p5_benchmark": [
         "cluster=aws_p5",
         "stages=[benchmark]",

@@ -1,0 +1,225 @@
+"""evaluation: FID and CLIP score on COCO-2014 val over a range of guidance scales, with a plot.
+
+Three jobs: `eval_captions` (CPU) samples `num_images` captions with a seed; `eval_generate`, a GPU array
+with one task per guidance scale, runs NeMo's own generate_fid_images.py (one process per GPU) on the
+model the samples job converted last; `eval_score` (one GPU) computes FID against the val2014 images and
+CLIP score, and writes evaluation/results.{csv,md} and fid_clip.png. Chosen with samples it waits for
+them; alone it evaluates the newest model.nemo under <run>/samples/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher import nemo_config
+from launcher.config import JobResources, Runtime
+from launcher.errors import ConfigError
+from launcher.evaluation.captions import CAPTIONS_JSON
+from launcher.evaluation.settings import EvaluationSettings
+from launcher.paths import run_dir_of
+from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
+from launcher.sampling.checkpoints import newest_converted
+from launcher.spec import Array, JobSpec, Resources
+from launcher.stage import StageSpec
+from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
+
+NAME = "evaluation"
+CAPTIONS_JOB, GENERATE_JOB, SCORE_JOB = "eval_captions", "eval_generate", "eval_score"
+
+
+@dataclass
+class EvaluationConfig:
+    """FID and CLIP score on COCO-2014 val (conf/evaluation/default.yaml)."""
+
+    coco_root: str | None = ruled(
+        ABS_PATH, None, help="COCO-2014 with val2014/ and annotations/captions_val2014.json (you supply it)."
+    )
+    num_images: int = ruled(Range(2), 30000, help="Captions sampled, one image generated per scale each.")
+    seed: int = ruled(
+        Range(0, 2**31 - 1), 2014, help="Caption sample and starting noise: same seed, same captions."
+    )
+    guidance_scales: list[float] = ruled(
+        Each(Range(1, 30, integer=False), min_items=1),
+        factory=lambda: [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+        help="One array task per scale.",
+    )
+    sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's sampler.")
+    steps: int = ruled(Range(1, 1000), 50, help="Sampling steps (PLMS/DDIM: a divisor of 1000).")
+    batch_size: int = ruled(Range(1, 256), 8, help="Images generated at once per GPU.")
+    precision: str = ruled(
+        Choice(("16-mixed", "bf16-mixed", "32-true")), "16-mixed", help="Generation precision."
+    )
+    python: str = ruled(Text(), "python3", help="NeMo's interpreter in the container.")
+    generate_script: str = ruled(
+        Text(),
+        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/generate_fid_images.py",
+        help="NeMo's FID image generation.",
+    )
+    score_python: str = ruled(
+        Text(), "/opt/eval/bin/python", help="An interpreter with torch, torchmetrics and torch-fidelity."
+    )
+    generate_time: str = ruled(SlurmTime(), "04:00:00", help="Time limit of each generation task.")
+    score_time: str = ruled(SlurmTime(), "02:00:00", help="Time limit of the score job.")
+    score_mem: str | None = ruled(SLURM_MEM, "64G", help="Memory of the one-GPU score job.")
+    captions_resources: JobResources = field(
+        default_factory=lambda: JobResources(cpus_per_task=1, mem="4G", time="00:20:00")
+    )
+
+
+def settings(ctx: Context) -> EvaluationSettings:
+    ev, assets = ctx.cfg.evaluation, ctx.cfg.assets
+    return EvaluationSettings(
+        run_dir=str(ctx.run_dir),
+        coco_root=str(ev.coco_root),
+        num_images=ev.num_images,
+        guidance_scales=tuple(float(g) for g in ev.guidance_scales),
+        seed=ev.seed,
+        sampler=ev.sampler,
+        steps=ev.steps,
+        batch_size=ev.batch_size,
+        precision=ev.precision,
+        tasks_per_node=max(ctx.cfg.cluster.gpus_per_node, 1),
+        nemo_python=ev.python,
+        generate_script=ev.generate_script,
+        score_python=ev.score_python,
+        plot_python=ctx.python,
+        code_dir=ctx.code_dir,
+        inception_weights=assets.inception.path,
+        clip_dir=assets.text_encoder.local_dir,
+    )
+
+
+def settings_path(run: Path) -> Path:
+    return run / NAME / "evaluation.json"
+
+
+def _gpu_resources(ctx: Context, tasks: int, time: str, mem: str | None) -> Resources:
+    cl = ctx.cfg.cluster
+    gpus = tasks if cl.gpus_per_node >= 1 else None  # a cluster without GPUs (local) runs on CPU
+    cpus = max(cl.cpus_per_node // max(cl.gpus_per_node, 1), 1) if cl.cpus_per_node else 1
+    return Resources(
+        nodes=1,
+        ntasks_per_node=tasks,
+        cpus_per_task=cpus,
+        gpus_per_node=gpus,
+        mem=mem,
+        time=time,
+        partition=cl.partition,
+    )
+
+
+def plan(ctx: Context) -> tuple[JobSpec, ...]:
+    ev, s = ctx.cfg.evaluation, settings(ctx)
+    config = str(settings_path(ctx.run_dir))
+    captions = make_job(
+        ctx,
+        stage=NAME,
+        name=CAPTIONS_JOB,
+        resources=cpu_resources(ctx, ev.captions_resources),
+        argv=ctx.module(
+            "launcher.evaluation.captions",
+            "--coco-root",
+            ev.coco_root,
+            "--num",
+            ev.num_images,
+            "--seed",
+            ev.seed,
+            "--out",
+            ctx.run_dir / NAME,
+        ),
+    )
+    generate = make_job(
+        ctx,
+        stage=NAME,
+        name=GENERATE_JOB,
+        argv=(ev.python, "-u", f"{ctx.code_dir}/launcher/evaluation/generate.py", config),
+        resources=_gpu_resources(ctx, s.tasks_per_node, ev.generate_time, ctx.cfg.cluster.gpu_job_mem),
+        array=Array(len(ev.guidance_scales)),
+        depends_on=after(CAPTIONS_JOB),
+        env=nemo_config.OFFLINE_HUB_ENV,
+        with_code=False,
+    )
+    score = make_job(
+        ctx,
+        stage=NAME,
+        name=SCORE_JOB,
+        argv=(ev.score_python, "-u", f"{ctx.code_dir}/launcher/evaluation/score.py", config),
+        resources=_gpu_resources(ctx, 1, ev.score_time, ev.score_mem),
+        depends_on=after(GENERATE_JOB),
+        env=nemo_config.OFFLINE_HUB_ENV,
+        with_code=False,
+    )
+    return captions, generate, score
+
+
+def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
+    return ((settings_path(ctx.run_dir), settings(ctx).to_json()),)
+
+
+def _notes(ctx: Context) -> tuple[str, ...]:
+    ev = ctx.cfg.evaluation
+    return (
+        f"evaluation: {ev.num_images} COCO captions (seed {ev.seed}) x {len(ev.guidance_scales)} guidance "
+        f"scale(s) {list(ev.guidance_scales)}; results: {ctx.run_dir / NAME}/results.md, fid_clip.png",
+    )
+
+
+def _check(cfg: Any, planned: frozenset[str]) -> None:
+    ev = cfg.evaluation
+    if NAME not in planned:
+        return
+    if not ev.coco_root:
+        raise ConfigError(
+            "evaluation.coco_root",
+            "is null: the evaluation needs COCO-2014 (val2014/ and annotations/captions_val2014.json); allowed: "
+            "the absolute folder holding them",
+        )
+    if len(set(ev.guidance_scales)) != len(ev.guidance_scales):
+        raise ConfigError("evaluation.guidance_scales", f"{list(ev.guidance_scales)} repeats a value")
+    if ev.sampler in ("PLMS", "DDIM") and 1000 % ev.steps:
+        raise ConfigError("evaluation.steps", f"{ev.steps} does not divide 1000, which {ev.sampler} needs")
+    if cfg.container.runtime is Runtime.pyxis:
+        require_mounted("evaluation.coco_root", ev.coco_root, cfg.container.mounts)
+
+
+def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
+    """COCO as the jobs will read it, and a model to evaluate (the samples job converts it)."""
+    if NAME not in planned:
+        return
+    root = Path(cfg.evaluation.coco_root)
+    for needed in ("val2014", CAPTIONS_JSON):
+        if not (root / needed).exists():
+            raise ConfigError(
+                "evaluation.coco_root",
+                f"{root} has no {needed}; allowed: a COCO-2014 folder with val2014/ and {CAPTIONS_JSON}",
+            )
+    if "samples" not in planned and newest_converted(run_dir_of(cfg) / "samples") is None:
+        raise ConfigError(
+            "stages",
+            f"evaluation alone needs a model the samples job converted ({run_dir_of(cfg)}/samples/step_<N>/"
+            "model.nemo) and there is none; allowed: stages=[samples,evaluation] (or with training)",
+        )
+
+
+def status_lines(run: Path) -> list[str]:
+    results = run / NAME / "results.md"
+    return (
+        [f"evaluation: FID and CLIP score in {NAME}/results.md, plot {NAME}/fid_clip.png"]
+        if results.exists()
+        else []
+    )
+
+
+STAGE = StageSpec(
+    name=NAME,
+    config=EvaluationConfig,
+    plan=plan,
+    needs=lambda cfg: ("assets", "samples"),
+    check=_check,
+    host_check=_host_check,
+    files=_files,
+    notes=_notes,
+    status=status_lines,
+)

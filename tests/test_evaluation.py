@@ -1,0 +1,140 @@
+"""The evaluation stage without NeMo: seeded captions in NeMo's format, its plan and edges, the assets it
+adds, every refusal, and the pinned-URL download of FID's Inception weights.
+
+NeMo's generation and the scores run in tests/test_evaluation_nemo.py; tests/test_fid_reference.py
+checks the FID against the reference implementation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from coco_fixture import make_coco
+from conftest import FIXED_FACTS
+
+from data_prep.download_file import FileAsset, FileAssetError, sha256_of, stage_file
+from data_prep.serve import serve_folder
+from launcher.errors import ConfigError
+from launcher.pipeline import build_plan
+from launcher.spec import DependencyKind
+from launcher.validate import check_facts
+
+GPU = ["cluster=slurm", "cluster.gpus_per_node=8", "training.trainer.num_nodes=1", "data_check.enable=false"]
+
+
+def _captions(coco: Path, out: Path, seed: int, num: int = 12) -> subprocess.CompletedProcess[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher.evaluation.captions",
+        "--coco-root",
+        str(coco),
+        "--num",
+        str(num),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_same_seed_samples_the_same_captions_as_nemo_reads_them(tmp_path: Path) -> None:
+    coco = make_coco(tmp_path / "coco")
+    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+        assert _captions(coco, tmp_path / name, seed).returncode == 0
+    picked = {name: json.loads((tmp_path / name / "captions.json").read_text()) for name in "abc"}
+    assert picked["a"] == picked["b"] and picked["a"] != picked["c"]
+    files = sorted((tmp_path / "a" / "captions").iterdir())
+    assert [f.name for f in files] == [f"{i:06d}.txt" for i in range(12)]
+    # generate_fid_images.py reads each file with readlines(): one caption, one line.
+    for path, row in zip(files, picked["a"], strict=True):
+        assert path.read_text().splitlines() == [row["caption"]] and "\n" not in row["caption"]
+    too_many = _captions(coco, tmp_path / "d", 7, num=41)
+    assert too_many.returncode == 2 and "41 captions asked, the file has 40" in too_many.stderr
+
+
+def _model_converted(run: Path) -> None:
+    """What the samples job leaves: a .nemo and the checkpoint it came from."""
+    step = run / "samples" / "step_4"
+    step.mkdir(parents=True)
+    (step / "model.nemo").write_bytes(b"stand-in")
+    (step / "model.nemo.source").write_text(str(run / "training/results/checkpoints/x-step=4-EMA.ckpt"))
+
+
+def test_plan_captions_then_one_generation_task_per_scale_then_the_score(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    coco = make_coco(tmp_path / "coco")
+    cfg = make_config(*GPU, "stages=[training,samples,evaluation]", f"evaluation.coco_root={coco}")
+    check_facts(cfg, FIXED_FACTS)
+    plan = build_plan(cfg, FIXED_FACTS)
+    jobs = {job.name: job for job in plan.jobs}
+    edges = {name: [(d.job, d.kind) for d in jobs[name].depends_on] for name in jobs}
+    assert edges["eval_captions"] == [("samples", DependencyKind.afterok)]
+    assert edges["eval_generate"] == [("eval_captions", DependencyKind.afterok)]
+    assert edges["eval_score"] == [("eval_generate", DependencyKind.afterok)]
+    generate = jobs["eval_generate"]
+    assert generate.array is not None and generate.array.size == 8  # the 8 default guidance scales
+    assert (generate.resources.ntasks_per_node, generate.resources.gpus_per_node) == (8, 8)
+    assets = " ".join(jobs["pretrained_assets"].argv)
+    assert "preprocessor_config.json" in assets and "--file inception https://github.com/toshas/" in assets
+    without = build_plan(make_config(*GPU, "stages=[training,samples]"), FIXED_FACTS)
+    other = " ".join(next(j for j in without.jobs if j.name == "pretrained_assets").argv)
+    assert "preprocessor_config.json" not in other and "--file" not in other
+
+
+@pytest.mark.parametrize(
+    ("remove", "message"),
+    [
+        ("val2014", "has no val2014; allowed: a COCO-2014 folder"),
+        ("annotations/captions_val2014.json", "has no annotations/captions_val2014.json"),
+    ],
+)
+def test_missing_coco_parts_are_refused(
+    make_config: Callable, tmp_path: Path, remove: str, message: str
+) -> None:
+    coco = make_coco(tmp_path / "coco")
+    target = coco / remove
+    if target.is_dir():
+        for path in target.iterdir():
+            path.unlink()
+        target.rmdir()
+    else:
+        target.unlink()
+    cfg = make_config(*GPU, "stages=[training,samples,evaluation]", f"evaluation.coco_root={coco}")
+    with pytest.raises(ConfigError, match=f"evaluation.coco_root: .* {message}"):
+        check_facts(cfg, FIXED_FACTS)
+
+
+def test_no_coco_root_and_no_model_are_refused(make_config: Callable, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"evaluation.coco_root: is null: the evaluation needs COCO-2014"):
+        make_config(*GPU, "stages=[training,samples,evaluation]")
+    coco = make_coco(tmp_path / "coco")
+    alone = make_config(*GPU, "stages=[evaluation]", f"evaluation.coco_root={coco}", "assets.enable=false")
+    with pytest.raises(ConfigError, match="stages: evaluation alone needs a model the samples job converted"):
+        check_facts(alone, FIXED_FACTS)
+    _model_converted(tmp_path / "results" / "sd_pretrain")
+    check_facts(alone, FIXED_FACTS)
+
+
+def test_inception_weights_are_fetched_once_and_only_with_the_pinned_hash(tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "weights.pth").write_bytes(b"inception weights stand-in" * 1000)
+    good = sha256_of(served / "weights.pth")
+    target = tmp_path / "models" / "fid" / "weights.pth"
+    with serve_folder(served) as base:
+        with pytest.raises(FileAssetError, match="instead of the pinned"):
+            stage_file(FileAsset("inception", f"{base}/weights.pth", "0" * 64, target))
+        assert not target.exists() and not list(target.parent.iterdir())  # nothing half-written
+        assert stage_file(FileAsset("inception", f"{base}/weights.pth", good, target)) is True
+    # The server is gone: a file with the pinned hash is kept without any request.
+    assert stage_file(FileAsset("inception", f"{base}/weights.pth", good, target)) is False
+    with pytest.raises(FileAssetError, match="cannot download"):
+        stage_file(FileAsset("inception", f"{base}/other.pth", good, tmp_path / "other.pth"))
