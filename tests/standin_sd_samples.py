@@ -1,14 +1,17 @@
-"""STAND-IN for NeMo's convert_ckpt_to_nemo.py and sd_infer.py: converts and samples nothing, so the real
-samples job (launcher/sampling/job.py) can run on a CPU-only test cluster.
+"""STAND-IN for NeMo's convert_ckpt_to_nemo.py, sd_infer.py and generate_fid_images.py: converts and samples
+nothing, so the real samples and evaluation jobs can run on a CPU-only test cluster.
 
 Called with conversion's arguments (`--checkpoint_folder ... --nemo_file_path OUT`) it writes a fake OUT;
 called with sd_infer's (`--config-path DIR --config-name NAME`) it writes, as NeMo's pipeline names them,
-`<prompt[:50]>_<i>.png` for every prompt and image, each a flat colour of the config's height x width.
+`<prompt[:50]>_<i>.png` for every prompt and image, each a flat colour of the config's height x width;
+with generate_fid_images' config (a `fid` section), `<save_path>/<scale>/image<n:06d>.png` for its task's
+share of the captions (scale by SLURM_ARRAY_TASK_ID, share by fid.local_task_id of fid.ntasks_per_node).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -34,12 +37,29 @@ def convert(argv: list[str]) -> None:
     print(f"standin convert {args.checkpoint_name}", flush=True)
 
 
+def fid_images(fid: dict, infer: dict) -> None:
+    scale = fid["classifier_free_guidance"][int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))]
+    tasks, local = fid["ntasks_per_node"], int(fid["local_task_id"])
+    per_task = fid["num_images_to_eval"] // tasks
+    end = (local + 1) * per_task if local != tasks - 1 else fid["num_images_to_eval"]
+    out = Path(fid["save_path"]) / str(scale)
+    out.mkdir(parents=True, exist_ok=True)
+    for n in range(local * per_task, end):
+        colour = (int(scale * 30) % 256, 7 * n % 256, 90)
+        Image.new("RGB", (infer["width"], infer["height"]), colour).save(out / f"image{n:06d}.png")
+    print(f"standin generate scale {scale}: images {local * per_task}..{end - 1}", flush=True)
+
+
 def infer(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config-path", required=True)
     parser.add_argument("--config-name", required=True)
     args = parser.parse_args(argv)
-    cfg = yaml.safe_load((Path(args.config_path) / args.config_name).read_text())["infer"]
+    config = yaml.safe_load((Path(args.config_path) / args.config_name).read_text())
+    if "fid" in config:
+        fid_images(config["fid"], config["infer"])
+        return
+    cfg = config["infer"]
     out = Path(cfg["out_path"])
     out.mkdir(parents=True, exist_ok=True)
     for n, prompt in enumerate(cfg["prompts"]):

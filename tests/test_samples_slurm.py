@@ -1,6 +1,8 @@
-"""training -> samples on the real Slurm test cluster, with STAND-INs for the GPU parts: NeMo's sd_train.py
-(tests/standin_sd_train.py), its convert_ckpt_to_nemo.py and sd_infer.py (tests/standin_sd_samples.py),
-and pyxis (the SPANK stand-in that runs no container). The samples job itself is the real one."""
+"""training -> samples -> evaluation on the real Slurm test cluster, with STAND-INs for the GPU parts:
+NeMo's sd_train.py (tests/standin_sd_train.py), its convert_ckpt_to_nemo.py, sd_infer.py and
+generate_fid_images.py (tests/standin_sd_samples.py), and pyxis (the SPANK stand-in that runs no
+container). The samples job, the evaluation's captions and score jobs are the real ones (the score with
+stand-in networks: tests/nemo_cpu/tiny_eval.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from coco_fixture import make_coco
 from conftest import compose_config
 from PIL import Image
 
@@ -60,6 +63,11 @@ def _launch(shared: Path, *overrides: str) -> dict[str, str]:
     return {r.name: r.job_id for r in manifest.load(run) if r.job_id}
 
 
+def _status(run: Path) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "launcher", "status", str(run)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+
+
 def test_samples_wait_for_the_last_training_part_and_status_shows_the_grid(
     slurm_cluster, slurm_shared: Path
 ) -> None:
@@ -75,13 +83,7 @@ def test_samples_wait_for_the_last_training_part_and_status_shows_the_grid(
     assert "-step=2-consumed_samples=2.0-EMA.ckpt (step 2)" in log and "standin convert" in log
     with Image.open(run / "samples/step_2/grid.png") as grid:
         assert grid.height > 8 * 256  # 8 default prompts, one row each, at the trained 256 px
-    status = subprocess.run(
-        [sys.executable, "-m", "launcher", "status", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    status = _status(run)
     assert "samples: newest grid samples/step_2/grid.png (1 checkpoint(s) sampled)" in status.stdout
 
 
@@ -89,3 +91,44 @@ def test_failed_training_cancels_the_samples(slurm_cluster, slurm_shared: Path) 
     ids = _launch(slurm_shared, "training.run.chain=1", "training.run.python=/nonexistent/python")
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=60).state == "FAILED"
     assert slurm_cluster.wait_job(ids["samples"], timeout=60).state == "CANCELLED"
+
+
+def test_training_samples_evaluation_chain_with_afterok_edges(
+    slurm_cluster, slurm_shared: Path, nemo_python: str
+) -> None:
+    tiny_eval = TESTS / "nemo_cpu" / "tiny_eval.py"
+    for kind, target in (
+        ("inception", slurm_shared / "eval/inception.pth"),
+        ("clip", slurm_shared / "eval/clip"),
+    ):
+        subprocess.run([nemo_python, str(tiny_eval), kind, str(target)], check=True, timeout=600)
+    coco = make_coco(slurm_shared / "coco")
+    ids = _launch(
+        slurm_shared,
+        "stages=[training,samples,evaluation]",
+        f"evaluation.coco_root={coco}",
+        "evaluation.num_images=16",
+        "evaluation.guidance_scales=[2,6]",
+        f"evaluation.python={sys.executable}",
+        f"evaluation.generate_script={SAMPLE}",
+        f"evaluation.score_python={nemo_python}",
+        f"assets.inception.path={slurm_shared / 'eval/inception.pth'}",
+        f"assets.text_encoder.local_dir={slurm_shared / 'eval/clip'}",
+        "evaluation.score_mem=2G",
+    )
+    assert slurm_cluster.wait_job(ids["eval_score"], timeout=600).state == "COMPLETED"
+    run = slurm_shared / "results/sd_pretrain"
+    records = {r.name: r.depends_on for r in manifest.load(run)}
+    assert records["eval_captions"] == ["afterok:samples"]
+    assert records["eval_generate"] == ["afterok:eval_captions"] and records["eval_score"] == [
+        "afterok:eval_generate"
+    ]
+    logs = sorted((run / "evaluation/logs").glob("eval_generate_*.out"))
+    assert len(logs) == 2 and all(
+        log.read_text().count("standin generate") == 8 for log in logs
+    )  # 8 GPUs each
+    assert len(list((run / "evaluation/images/2.0").glob("*.png"))) == 16
+    assert (run / "evaluation/results.md").exists() and (run / "evaluation/fid_clip.png").exists()
+    status = _status(run)
+    assert "samples: newest grid samples/step_2/grid.png" in status.stdout
+    assert "evaluation: FID and CLIP score in evaluation/results.md" in status.stdout

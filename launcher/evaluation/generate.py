@@ -22,49 +22,32 @@ if __package__ in (None, ""):  # started by path: find this repo
 from data_prep.atomic import write_atomic
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.sampling.checkpoints import hparams_of, newest_converted
-from launcher.sampling.job import nemo_env
+from launcher.sampling.job import infer_section, nemo_env, trainer_and_model
 from launcher.sampling.resolution import trained_size
 
 
 def generate_config(s: EvaluationSettings, nemo: Path, size: tuple[int, int], local: int) -> dict:
-    """sd_fid_images.yaml's keys (examples/.../stable_diffusion/conf/sd_fid_images.yaml), every one given."""
+    """sd_fid_images.yaml's keys (examples/.../stable_diffusion/conf/sd_fid_images.yaml), every one given;
+    one device per process: each task is its own world (see the module docstring)."""
+    fid = {
+        "classifier_free_guidance": [float(g) for g in s.guidance_scales],
+        "nnodes_per_cfg": 1,
+        "ntasks_per_node": s.tasks_per_node,
+        "local_task_id": local,
+        "num_images_to_eval": s.num_images,
+        "coco_captions_path": str(s.eval_dir / "captions"),
+        "coco_images_path": str(Path(s.coco_root) / "val2014"),
+        "save_path": str(s.eval_dir / "images"),
+    }
+    # The scale is NeMo's to set (per array task); it saves the images itself, named by caption.
+    infer = infer_section(
+        s, size, s.eval_dir / "images", unconditional_guidance_scale=None, save_to_file=False, prompts=None
+    )
     return {
         "name": "stable-diffusion-fid",
-        "fid": {
-            "classifier_free_guidance": [float(g) for g in s.guidance_scales],
-            "nnodes_per_cfg": 1,
-            "ntasks_per_node": s.tasks_per_node,
-            "local_task_id": local,
-            "num_images_to_eval": s.num_images,
-            "coco_captions_path": str(s.eval_dir / "captions"),
-            "coco_images_path": str(Path(s.coco_root) / "val2014"),
-            "save_path": str(s.eval_dir / "images"),
-        },
-        "infer": {
-            "unconditional_guidance_scale": None,
-            "num_images_per_prompt": 1,
-            "height": size[0],
-            "width": size[1],
-            "down_factor": 8,
-            "inference_steps": s.steps,
-            "sampler_type": s.sampler,
-            "eta": 0,
-            "output_type": "pil",
-            "save_to_file": False,
-            "out_path": str(s.eval_dir / "images"),
-            "seed": s.seed,
-            "prompts": None,
-            "batch_size": s.batch_size,
-        },
-        # One device per process: each task is its own world (see the module docstring).
-        "trainer": {
-            "devices": 1,
-            "num_nodes": 1,
-            "accelerator": "gpu",
-            "precision": s.precision,
-            "logger": False,
-        },
-        "model": {"restore_from_path": str(nemo), "precision": s.precision},
+        "fid": fid,
+        "infer": infer,
+        **trainer_and_model(s.precision, nemo),
     }
 
 

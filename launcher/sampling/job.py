@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # started by path: find this repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -92,35 +93,43 @@ def convert(s: SamplingSettings, checkpoint: Path, nemo_file: Path) -> None:
             partial.unlink(missing_ok=True)
 
 
+def infer_section(s: Any, size: tuple[int, int], out: Path, **given: Any) -> dict[str, Any]:
+    """The `infer` keys sd_infer.yaml and sd_fid_images.yaml share, every one given, from settings `s`
+    (samples' or the evaluation's); `given` sets the keys that differ."""
+    return {
+        "num_images_per_prompt": 1,
+        "batch_size": s.batch_size,
+        "height": size[0],
+        "width": size[1],
+        "down_factor": 8,
+        "inference_steps": s.steps,
+        "sampler_type": s.sampler,
+        "eta": 0,
+        "output_type": "pil",
+        "out_path": str(out),
+        "seed": s.seed,
+        **given,
+    }
+
+
+def trainer_and_model(precision: str, nemo_file: Path) -> dict[str, Any]:
+    """One GPU per process, no logger, and the .nemo to restore."""
+    trainer = {"devices": 1, "num_nodes": 1, "accelerator": "gpu", "precision": precision, "logger": False}
+    return {"trainer": trainer, "model": {"restore_from_path": str(nemo_file), "precision": precision}}
+
+
 def infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
     """sd_infer.yaml's keys (examples/.../stable_diffusion/conf/sd_infer.yaml), every one given."""
-    return {
-        "name": "stable-diffusion-samples",
-        "infer": {
-            "unconditional_guidance_scale": s.guidance_scale,
-            "num_images_per_prompt": s.images_per_prompt,
-            "batch_size": s.batch_size,
-            "height": size[0],
-            "width": size[1],
-            "down_factor": 8,
-            "inference_steps": s.steps,
-            "sampler_type": s.sampler,
-            "eta": 0,
-            "output_type": "pil",
-            "save_to_file": True,
-            "out_path": str(out),
-            "seed": s.seed,
-            "prompts": list(s.prompts),
-        },
-        "trainer": {
-            "devices": 1,
-            "num_nodes": 1,
-            "accelerator": "gpu",
-            "precision": s.precision,
-            "logger": False,
-        },
-        "model": {"restore_from_path": str(nemo_file), "precision": s.precision},
-    }
+    infer = infer_section(
+        s,
+        size,
+        out,
+        unconditional_guidance_scale=s.guidance_scale,
+        num_images_per_prompt=s.images_per_prompt,
+        save_to_file=True,
+        prompts=list(s.prompts),
+    )
+    return {"name": "stable-diffusion-samples", "infer": infer, **trainer_and_model(s.precision, nemo_file)}
 
 
 def sample(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, step_dir: Path) -> Path:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sd_infer_cpu import patch_infer_for_cpu
-from sd_train_cpu import run_entry
+from sd_infer_cpu import inference_model_cfg, patch_infer_for_cpu
+from sd_train_cpu import run_hydra_entry
 
 
 def _share(items: list[str], parts: int, index: int) -> tuple[int, list[str]]:
@@ -60,12 +60,7 @@ def generate_fid_main(cfg: Any) -> None:
     os.makedirs(save_path, exist_ok=True)
 
     def model_cfg_modifier(model_cfg: Any) -> None:
-        model_cfg.precision = cfg.trainer.precision
-        model_cfg.ckpt_path = None
-        model_cfg.inductor = False
-        model_cfg.unet_config.use_flash_attention = False
-        model_cfg.unet_config.from_pretrained = None
-        model_cfg.first_stage_config.from_pretrained = None
+        inference_model_cfg(model_cfg, cfg.trainer.precision)
         model_cfg.global_batch_size = cfg.infer.batch_size * fid.ntasks_per_node
 
     _trainer, megatron_diffusion_model = setup_trainer_and_model_for_inference(
@@ -83,11 +78,9 @@ def generate_fid_main(cfg: Any) -> None:
 
 
 def main() -> None:
-    patched = patch_infer_for_cpu()
-    from nemo.core.config import hydra_runner
-
-    entry = hydra_runner(config_path=".", config_name="sd_fid_images")(generate_fid_main)
-    run_entry("generate_fid_cpu", patched, "NEMO_SD_FID_IMAGES", entry, "generate_fid_main")
+    run_hydra_entry(
+        "generate_fid_cpu", patch_infer_for_cpu(), "NEMO_SD_FID_IMAGES", "sd_fid_images", generate_fid_main
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sd_train_cpu import patch_for_cpu, run_entry
+from sd_train_cpu import patch_for_cpu, run_hydra_entry
 
 CPU_OVERRIDE = "trainer.accelerator=cpu"
 
@@ -51,6 +51,16 @@ def patch_infer_for_cpu() -> list[str]:
     return done
 
 
+def inference_model_cfg(model_cfg: Any, precision: Any) -> None:
+    """The model config changes sd_infer.py's and generate_fid_images.py's model_cfg_modifier share."""
+    model_cfg.precision = precision
+    model_cfg.ckpt_path = None
+    model_cfg.inductor = False
+    model_cfg.unet_config.use_flash_attention = False
+    model_cfg.unet_config.from_pretrained = None
+    model_cfg.first_stage_config.from_pretrained = None
+
+
 def sd_infer_main(cfg: Any) -> None:
     """What sd_infer.py's main() does."""
     import torch
@@ -61,12 +71,7 @@ def sd_infer_main(cfg: Any) -> None:
     from nemo.collections.multimodal.parts.utils import setup_trainer_and_model_for_inference
 
     def model_cfg_modifier(model_cfg: Any) -> None:
-        model_cfg.precision = cfg.trainer.precision
-        model_cfg.ckpt_path = None
-        model_cfg.inductor = False
-        model_cfg.unet_config.use_flash_attention = False
-        model_cfg.unet_config.from_pretrained = None
-        model_cfg.first_stage_config.from_pretrained = None
+        inference_model_cfg(model_cfg, cfg.trainer.precision)
         model_cfg.first_stage_config._target_ = (
             "nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.autoencoder.AutoencoderKL"
         )
@@ -82,11 +87,7 @@ def sd_infer_main(cfg: Any) -> None:
 
 
 def main() -> None:
-    patched = patch_infer_for_cpu()
-    from nemo.core.config import hydra_runner
-
-    entry = hydra_runner(config_path=".", config_name="sd_infer")(sd_infer_main)
-    run_entry("sd_infer_cpu", patched, "NEMO_SD_INFER", entry, "sd_infer_main")
+    run_hydra_entry("sd_infer_cpu", patch_infer_for_cpu(), "NEMO_SD_INFER", "sd_infer", sd_infer_main)
 
 
 if __name__ == "__main__":

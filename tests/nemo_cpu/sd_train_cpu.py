@@ -168,12 +168,18 @@ def run_entry(runner: str, patched: list[str], env_var: str, fallback: Callable[
     fallback()
 
 
-def main() -> None:
-    patched = patch_for_cpu()
+def run_hydra_entry(
+    runner: str, patched: list[str], env_var: str, config_name: str, fallback: Callable
+) -> None:
+    """run_entry with a replica that, like NVIDIA's scripts, takes its config from Hydra's command line."""
     from nemo.core.config import hydra_runner
 
-    entry = hydra_runner(config_path=".", config_name="sd_train")(sd_train_main)
-    run_entry("sd_train_cpu", patched, "NEMO_SD_TRAIN", entry, "sd_train_main")
+    entry = hydra_runner(config_path=".", config_name=config_name)(fallback)
+    run_entry(runner, patched, env_var, entry, fallback.__name__)
+
+
+def main() -> None:
+    run_hydra_entry("sd_train_cpu", patch_for_cpu(), "NEMO_SD_TRAIN", "sd_train", sd_train_main)
 
 
 if __name__ == "__main__":

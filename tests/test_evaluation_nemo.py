@@ -1,0 +1,112 @@
+"""The evaluation end to end on the local backend with NeMo's own code on CPU, on a tiny COCO-shaped
+fixture made here: captions sampled with a seed, images from NeMo's generate_fid_images pipeline
+(tests/nemo_cpu/generate_fid_cpu.py names the CUDA calls it replaces) for two guidance scales, FID and
+CLIP score with torchmetrics, the table and the plot. The pretrained scoring networks are STAND-INs
+(tests/nemo_cpu/tiny_eval.py: random-weight Inception, tiny CLIP): no internet here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+from coco_fixture import make_coco
+from nemo_cpu.harness import (
+    REPO,
+    prepare_demo_data,
+    render_training,
+    run_sd_train,
+    samples_on_cpu,
+    write_tiny_assets,
+)
+from PIL import Image
+
+from launcher.cli import compose_config, launch
+from launcher.stages.evaluation import status_lines
+
+pytestmark = pytest.mark.slow
+RUN = "tiny_cpu_eval"
+TINY_EVAL = REPO / "tests" / "nemo_cpu" / "tiny_eval.py"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
+    shared = tmp_path_factory.mktemp("eval_cpu")
+    prepare_demo_data(shared)
+    write_tiny_assets(nemo_python, shared)
+    # A learning rate that moves the UNet's zero-initialised cross-attention outputs in 2 steps: at
+    # initialisation the prompt has no effect, and every guidance scale would draw the same images.
+    fast = ["training.model.optim.lr=0.01", "training.model.optim.sched.warmup_steps=1"]
+    config = render_training(shared, RUN, "training.trainer.max_steps=2", *fast)
+    assert run_sd_train(nemo_python, config, shared / "train.log").returncode == 0
+    for kind, target in (("inception", shared / "eval/inception.pth"), ("clip", shared / "eval/clip")):
+        subprocess.run([nemo_python, str(TINY_EVAL), kind, str(target)], check=True, timeout=600)
+    make_coco(shared / "coco")
+    return shared
+
+
+def _launch(shared: Path, nemo_python: str, stages: str) -> Path:
+    return launch(
+        compose_config(
+            [
+                f"cluster.shared_dir={shared}",
+                f"run_name={RUN}",
+                f"stages=[{stages}]",
+                "assets.enable=false",
+                *samples_on_cpu(nemo_python),
+                "samples.steps=5",
+                "samples.images_per_prompt=1",
+                "samples.prompts=[a dog]",
+                f"evaluation.coco_root={shared / 'coco'}",
+                "evaluation.num_images=6",
+                "evaluation.guidance_scales=[1.5,7.5]",
+                "evaluation.steps=5",
+                "evaluation.batch_size=6",
+                f"evaluation.python={nemo_python}",
+                f"evaluation.generate_script={REPO / 'tests/nemo_cpu/generate_fid_cpu.py'}",
+                f"evaluation.score_python={nemo_python}",
+                f"assets.inception.path={shared / 'eval/inception.pth'}",
+                f"assets.text_encoder.local_dir={shared / 'eval/clip'}",
+            ]
+        )
+    )
+
+
+def _results(run: Path) -> list[dict[str, str]]:
+    return list(csv.DictReader((run / "evaluation" / "results.csv").read_text().splitlines()))
+
+
+def test_samples_then_evaluation_write_the_table_and_plot_and_a_rerun_scores_the_same_captions(
+    shared: Path, nemo_python: str
+) -> None:
+    run = _launch(shared, nemo_python, "samples,evaluation")
+    log = next((run / "evaluation/logs").glob("eval_generate_*_0.out")).read_text()
+    assert "generate_fid_cpu: running generate_fid_main" in log
+    for scale in ("1.5", "7.5"):
+        images = sorted((run / "evaluation/images" / scale).glob("*.png"))
+        assert [p.name for p in images] == [f"image{n:06d}.png" for n in range(6)]
+        with Image.open(images[0]) as image:
+            assert image.size == (256, 256)  # the trained resolution
+    rows = _results(run)
+    assert [float(r["guidance_scale"]) for r in rows] == [1.5, 7.5]
+    for row in rows:
+        assert math.isfinite(float(row["fid"])) and float(row["fid"]) > 0
+        assert 0 <= float(row["clip_score"]) <= 100 and row["images"] == "6"
+    # Each scale reached NeMo's sampler: its images, hence its FID, differ (the tiny CLIP, at 32 px, cannot
+    # tell such close images apart).
+    assert rows[0]["fid"] != rows[1]["fid"]
+    assert "| guidance scale | FID | CLIP score | images |" in (run / "evaluation/results.md").read_text()
+    with Image.open(run / "evaluation/fid_clip.png") as plot:
+        assert plot.format == "PNG"
+    assert status_lines(run) == [
+        "evaluation: FID and CLIP score in evaluation/results.md, plot evaluation/fid_clip.png"
+    ]
+    captions = json.loads((run / "evaluation/captions.json").read_text())
+
+    again = _launch(shared, nemo_python, "evaluation")  # alone: the model the samples job converted
+    assert json.loads((again / "evaluation/captions.json").read_text()) == captions
+    assert _results(again) == rows  # same captions, same seed, same CPU arithmetic: the same scores
