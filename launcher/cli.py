@@ -42,8 +42,12 @@ def _preflight(cfg: Any) -> None:
 def host_facts() -> Facts:
     """This machine's facts, probed once here so that planning never probes."""
     nemo = REPO / ".venv-nemo" / "bin" / "python"
-    return Facts(python=sys.executable, code_dir=str(REPO), cpu_count=os.cpu_count() or 1,
-                 nemo_python=str(nemo) if nemo.exists() else None)  # fmt: skip
+    return Facts(
+        python=sys.executable,
+        code_dir=str(REPO),
+        cpu_count=os.cpu_count() or 1,
+        nemo_python=str(nemo) if nemo.exists() else None,
+    )
 
 
 def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
@@ -84,7 +88,9 @@ def _help() -> str:
     groups = sorted(p.name for p in CONF.iterdir() if p.is_dir())
     lines = [__doc__ or "", "config groups (group=option):"]
     for group in groups:
-        options = sorted(str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml"))
+        options = sorted(
+            str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml")
+        )
         lines.append(f"  {group}: {', '.join(options)}")
     return "\n".join(lines)
 

@@ -62,4 +62,4 @@ def relative_to_run(path: Path, run_dir: Path) -> str:
 
 def shorten_left(text: str, width: int) -> str:
     """Keep the end (the file name with its job and task ids) when a path must be cut."""
-    return text if len(text) <= width else "…" + text[-max(width - 1, 1):]
+    return text if len(text) <= width else "…" + text[-max(width - 1, 1) :]

@@ -8,7 +8,6 @@ from launcher.backends import Request
 from launcher.paths import relative_to_run, shorten_left
 from launcher.spec import DependencyKind, JobSpec
 
-
 # The width every table the launcher prints fits in, whatever the terminal says.
 WIDTH = 100
 
@@ -39,9 +38,9 @@ def _table(request: Request, job_ids: dict[str, str], title: str) -> None:
     fixed = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:3])]
     left = WIDTH - sum(fixed) - 2 * (len(headers) - 1)
     # As narrow as its longest job name: a job waiting for several shows one per line.
-    after = max(len(word) for r in rows + [headers] for word in r[3].split() or [""])
+    after = max(len(word) for r in [*rows, headers] for word in r[3].split() or [""])
     table = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
-    for header, width in zip(headers[:3], fixed):
+    for header, width in zip(headers[:3], fixed, strict=True):
         table.add_column(header, no_wrap=True, width=width)
     table.add_column("after", width=after, overflow="fold")
     table.add_column("log", no_wrap=True, width=left - after - 2)
@@ -82,8 +81,10 @@ def _data_check_summary(request: Request) -> None:
         return
     found = json.loads(path.read_text())
     loader = found.get("loader") or {}
-    print(f"data_check: {'passed' if found['ok'] else 'FAILED'}: {found['wdinfo']['total_key_count']:,} samples, "
-          f"batch images {loader.get('images')}, {loader.get('images_per_s')} images/s on this CPU ({path})")
+    print(
+        f"data_check: {'passed' if found['ok'] else 'FAILED'}: {found['wdinfo']['total_key_count']:,} samples, "
+        f"batch images {loader.get('images')}, {loader.get('images_per_s')} images/s on this CPU ({path})"
+    )
 
 
 def submitted(request: Request, job_ids: dict[str, str], backend: str, data_dir: str) -> None:

@@ -20,8 +20,14 @@ def training_progress(run_dir: Path) -> list[str]:
     for record in manifest.load(run_dir):
         # Chained parts (<name>_partK) share the one NeMo config <name>.yaml.
         folder = Path(record.script).parent
-        config = next((p for p in folder.glob("*.yaml")
-                       if re.fullmatch(rf"{re.escape(p.stem)}(_part\d+)?", record.name)), None)  # fmt: skip
+        config = next(
+            (
+                p
+                for p in folder.glob("*.yaml")
+                if re.fullmatch(rf"{re.escape(p.stem)}(_part\d+)?", record.name)
+            ),
+            None,
+        )
         log = newest_log(record.log_pattern)
         if record.stage != "training" or log is None or config is None:
             continue
@@ -31,10 +37,15 @@ def training_progress(run_dir: Path) -> list[str]:
         if p is None:
             lines.append(f"{record.name}: no training step logged yet ({log.name})")
             continue
-        rate = (f"{p.samples_per_s:,.0f} samples/s ({p.samples_per_s_per_gpu:,.1f} per GPU, {gpus} GPUs)"
-                if p.samples_per_s and p.samples_per_s_per_gpu else "samples/s unknown")  # fmt: skip
-        lines.append(f"{record.name}: step {p.last_step}/{p.total_steps or '?'}, consumed ~{p.consumed_samples}, "
-                     f"loss {p.loss}, {rate}")  # fmt: skip
+        rate = (
+            f"{p.samples_per_s:,.0f} samples/s ({p.samples_per_s_per_gpu:,.1f} per GPU, {gpus} GPUs)"
+            if p.samples_per_s and p.samples_per_s_per_gpu
+            else "samples/s unknown"
+        )
+        lines.append(
+            f"{record.name}: step {p.last_step}/{p.total_steps or '?'}, consumed ~{p.consumed_samples}, "
+            f"loss {p.loss}, {rate}"
+        )
     return lines
 
 
@@ -56,7 +67,9 @@ def tensorboard_lines(run_dir: Path) -> list[str]:
     for folder in dict.fromkeys(folders):
         shown = run_dir / relative_to_run(folder, run_dir)
         events = len(list(folder.glob("events.out.tfevents.*")))
-        lines.append(f"TensorBoard events: {relative_to_run(folder, run_dir)} ({events} event file(s) so far)")
+        lines.append(
+            f"TensorBoard events: {relative_to_run(folder, run_dir)} ({events} event file(s) so far)"
+        )
         lines.append(f"  open them: {join(['tensorboard', '--logdir', shown])}")
     return lines
 

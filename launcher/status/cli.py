@@ -1,9 +1,9 @@
 """Watch a run from its manifest: status, logs (like `tail -f`), cancel, compare.
 
-    python -m launcher status <run_dir> [--watch [--interval SECONDS]]      (installed: sd-status ...)
-    python -m launcher logs <run_dir> <job> [--follow]
-    python -m launcher cancel <run_dir>
-    python -m launcher compare <run_dir A> <run_dir B>    (two benchmark sweeps side by side)
+python -m launcher status <run_dir> [--watch [--interval SECONDS]]      (installed: sd-status ...)
+python -m launcher logs <run_dir> <job> [--follow]
+python -m launcher cancel <run_dir>
+python -m launcher compare <run_dir A> <run_dir B>    (two benchmark sweeps side by side)
 """
 
 from __future__ import annotations
@@ -53,15 +53,18 @@ def _seconds(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("status", "logs", "cancel", "compare"):
         p = sub.add_parser(name)
         p.add_argument("run_dir", type=Path, help="<base_results_dir>/<run_name>")
         if name == "status":
             p.add_argument("--watch", "-w", action="store_true", help="refresh until every job has ended")
-            p.add_argument("--interval", type=_seconds, default=30.0, help="seconds between refreshes (default 30)")
+            p.add_argument(
+                "--interval", type=_seconds, default=30.0, help="seconds between refreshes (default 30)"
+            )
         if name == "compare":
             p.add_argument("other_run_dir", type=Path, help="the run to compare with the first (B)")
         if name == "logs":

@@ -13,13 +13,24 @@ from launcher import manifest
 from launcher.manifest import JobRecord
 from launcher.paths import RunPaths
 
-
 # Slurm job states from which a job still changes (squeue(1) JOB STATE CODES); anything else has
 # ended, UNKNOWN included (a job that left scontrol's memory on a cluster without accounting).
-ACTIVE_STATES = frozenset({
-    "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
-    "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED",
-})  # fmt: skip
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "CONFIGURING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SUSPENDED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
 
 
 @dataclass
@@ -77,10 +88,15 @@ def run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 def slurm_states(ids: list[str]) -> dict[str, list[tuple[str, str]]]:
     """From sacct when the cluster keeps accounting, else from scontrol (until MinJobAge)."""
-    done = run_command(["sacct", "--parsable2", "--noheader", "-o", "JobID,State,ExitCode", "-j", ",".join(ids)])
+    done = run_command(
+        ["sacct", "--parsable2", "--noheader", "-o", "JobID,State,ExitCode", "-j", ",".join(ids)]
+    )
     if done.returncode == 0 and done.stdout.strip():
         return parse_sacct(done.stdout)
-    return {job_id: parse_scontrol(run_command(["scontrol", "show", "job", "-o", job_id]).stdout) for job_id in ids}
+    return {
+        job_id: parse_scontrol(run_command(["scontrol", "show", "job", "-o", job_id]).stdout)
+        for job_id in ids
+    }
 
 
 def local_states(run_dir: Path, record: JobRecord) -> list[tuple[str, str]]:

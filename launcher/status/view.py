@@ -23,13 +23,21 @@ def jobs_table(run_dir: Path, statuses: list[JobStatus], width: int) -> Any:
     """One line per job: the log path (relative to the run folder) gets what the other columns leave."""
     from rich.table import Table
 
-    rows = [[st.record.name, st.record.job_id or "-", st.summary(), _exit_codes(st),
-             relative_to_run(log, run_dir) if (log := newest_log(st.record.log_pattern)) else "-"] for st in statuses]  # fmt: skip
+    rows = [
+        [
+            st.record.name,
+            st.record.job_id or "-",
+            st.summary(),
+            _exit_codes(st),
+            relative_to_run(log, run_dir) if (log := newest_log(st.record.log_pattern)) else "-",
+        ]
+        for st in statuses
+    ]
     headers = ["job", "id", "tasks by state", "exit", "newest log"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
     # No borders, no outer padding: the columns cost their widths plus 2 between each.
     table = Table(title=f"run {run_dir}", title_justify="left", box=None, pad_edge=False, header_style="bold")
-    for header, min_width in zip(headers, [*widths, 10]):
+    for header, min_width in zip(headers, [*widths, 10], strict=True):
         table.add_column(header, no_wrap=True, min_width=min_width, overflow="ellipsis")
     for row in rows:
         table.add_row(*row[:-1], shorten_left(row[-1], width - sum(w + 2 for w in widths)))
@@ -45,8 +53,13 @@ def _data_table(run_dir: Path) -> list[Any]:
     rows = data_counts(str(OmegaConf.load(saved).data_dir)) if saved.exists() else []
     if not rows:
         return []
-    table = Table(title=f"data under {OmegaConf.load(saved).data_dir}", title_justify="left", box=None,
-                  pad_edge=False, header_style="bold")  # fmt: skip
+    table = Table(
+        title=f"data under {OmegaConf.load(saved).data_dir}",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+    )
     table.add_column("step", no_wrap=True)
     table.add_column("on disk", overflow="fold")
     for row in rows:
