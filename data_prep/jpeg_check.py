@@ -36,7 +36,9 @@ def looks_like_jpeg(buf: Sequence[int] | bytes, offset: int, size: int) -> bool:
     return bytes(buf[max(offset + 3, offset + size - _TAIL) : offset + size]).rstrip(_PADDING).endswith(_EOI)
 
 
-def drop_undecodable(buf: Sequence[int] | bytes, index: SampleIndex, extensions: Sequence[str]) -> tuple[SampleIndex, int]:
+def drop_undecodable(
+    buf: Sequence[int] | bytes, index: SampleIndex, extensions: Sequence[str]
+) -> tuple[SampleIndex, int]:
     """The index without samples whose JPEG member fails looks_like_jpeg; and how many were dropped."""
     slots = [i for i, ext in enumerate(extensions) if ext.lower() in JPEG_EXTENSIONS]
     if not slots:

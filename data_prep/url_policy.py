@@ -30,7 +30,8 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
-WEB_SCHEMES = ("http", "https")
+# Recorded in download_parquet's inputs: a manifest written under another policy is not reused.
+URL_POLICY = 1
 # download_images expands a leading ${NAME} from the environment (the offline demo's server); the
 # expanded URL is checked again there.
 PLACEHOLDER = r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}/"
@@ -38,8 +39,12 @@ _WEB = r"(?i)^https?://"
 # Hosts worth a closer look in Python: anything that may spell an IP address (digits, hex, dots,
 # brackets, percent-encoding, user info) or a metadata service name. Ordinary DNS names skip it.
 _SUSPECT_HOST = r"(?i)^https?://([^/?#]*[%\[\]@\\]|[0-9a-fx.:]*(?:[/?#]|$)|[^/?#]*(metadata|instance-data))"
-METADATA_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data", "instance-data.ec2.internal"})
-METADATA_ADDRESSES = frozenset({ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")})
+METADATA_NAMES = frozenset(
+    {"metadata.google.internal", "metadata", "instance-data", "instance-data.ec2.internal"}
+)
+METADATA_ADDRESSES = frozenset(
+    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+)
 LINK_LOCAL_V4 = ipaddress.ip_network("169.254.0.0/16")
 
 
@@ -99,7 +104,9 @@ def web_mask(urls: pa.Array | pa.ChunkedArray, refused: Counter[str] | None) -> 
     urls = pc.cast(urls, pa.string())
     web = pc.match_substring_regex(urls, _WEB)
     placeholder = pc.match_substring_regex(urls, PLACEHOLDER)
-    keep = pc.fill_null(pc.or_(pc.and_(web, pc.invert(pc.match_substring_regex(urls, _SUSPECT_HOST))), placeholder), True)
+    keep = pc.fill_null(
+        pc.or_(pc.and_(web, pc.invert(pc.match_substring_regex(urls, _SUSPECT_HOST))), placeholder), True
+    )
     if pc.all(keep).as_py():
         return keep
     verdicts = keep.to_pylist()
@@ -116,5 +123,7 @@ def describe(refused: dict[str, int]) -> str:
     total = sum(refused.values())
     if not total:
         return ""
-    parts = ", ".join(f"{reason} {n:,}" for reason, n in sorted(refused.items(), key=lambda kv: (-kv[1], kv[0])))
+    parts = ", ".join(
+        f"{reason} {n:,}" for reason, n in sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
     return f"{total:,} non-web URL(s) refused ({parts})"

@@ -88,8 +88,12 @@ def outcomes(run_dir: Path) -> tuple[dict[str, str], dict[str, str], dict[str, s
     return found, ids, states, backend
 
 
-def _live_message(run_dir: Path, live: list[str], ids: Mapping[str, str], states: Mapping[str, set[str]]) -> str:
-    named = ", ".join(f"{name} (job {ids.get(name, '?')}: {'/'.join(sorted(states.get(name, ())))})" for name in live)
+def _live_message(
+    run_dir: Path, live: list[str], ids: Mapping[str, str], states: Mapping[str, set[str]]
+) -> str:
+    named = ", ".join(
+        f"{name} (job {ids.get(name, '?')}: {'/'.join(sorted(states.get(name, ())))})" for name in live
+    )
     return (
         f"{run_dir} has jobs still queued or running: {named}. Launching it again would run them twice "
         f"into the same folders. Cancel them (python -m launcher cancel {run_dir}) and launch again, "
@@ -99,7 +103,9 @@ def _live_message(run_dir: Path, live: list[str], ids: Mapping[str, str], states
 
 
 def decide(
-    found: Mapping[str, str], needs: Mapping[str, tuple[str, ...]], ids: Mapping[str, str],
+    found: Mapping[str, str],
+    needs: Mapping[str, tuple[str, ...]],
+    ids: Mapping[str, str],
     afterany_ran: frozenset[str] = frozenset(),
 ) -> Resubmission:
     """Pure: which planned jobs `resubmit=missing` submits. `needs` lists every planned job (job -> the
@@ -122,7 +128,9 @@ def decide(
         )
     keep = {n: ids[n] for n in needs if state[n] == LIVE and n in ids}
     dropped = {n: tuple(d for d in needs[n] if state.get(d) == COMPLETED) for n in submit}
-    return Resubmission(keep=keep, submit=tuple(submit), dropped_edges={n: d for n, d in dropped.items() if d})
+    return Resubmission(
+        keep=keep, submit=tuple(submit), dropped_edges={n: d for n, d in dropped.items() if d}
+    )
 
 
 def trimmed(plan: Plan, chosen: Resubmission) -> Plan:
@@ -132,7 +140,9 @@ def trimmed(plan: Plan, chosen: Resubmission) -> Plan:
     for job in plan.jobs:
         if job.name in chosen.submit:
             gone = chosen.dropped_edges.get(job.name, ())
-            jobs.append(dataclasses.replace(job, depends_on=tuple(d for d in job.depends_on if d.job not in gone)))
+            jobs.append(
+                dataclasses.replace(job, depends_on=tuple(d for d in job.depends_on if d.job not in gone))
+            )
     return dataclasses.replace(plan, jobs=tuple(jobs))
 
 

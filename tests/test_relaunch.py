@@ -19,7 +19,7 @@ from conftest import REPO, compose_config
 from launcher import manifest
 from launcher.cli import launch
 from launcher.errors import LauncherError
-from launcher.relaunch import COMPLETED, LIVE, MISSING, LOCK_NAME, decide, run_lock
+from launcher.relaunch import COMPLETED, LIVE, LOCK_NAME, MISSING, decide, run_lock
 
 CHAIN = {"a": (), "b": ("a",), "c": ("b",), "d": ("c",)}
 
@@ -31,7 +31,9 @@ def test_decide_submits_what_did_not_complete_and_everything_after_it() -> None:
 
 
 def test_decide_waits_on_live_jobs_by_their_ids() -> None:
-    chosen = decide({"a": COMPLETED, "b": LIVE, "c": LIVE, "d": MISSING}, CHAIN, {"b": "12", "c": "13", "d": "14"})
+    chosen = decide(
+        {"a": COMPLETED, "b": LIVE, "c": LIVE, "d": MISSING}, CHAIN, {"b": "12", "c": "13", "d": "14"}
+    )
     assert chosen.submit == ("d",) and chosen.keep == {"b": "12", "c": "13"} and chosen.dropped_edges == {}
 
 
@@ -53,15 +55,27 @@ def test_decide_keeps_a_chain_part_whose_successor_ran() -> None:
 
 def test_a_second_lock_on_the_same_run_folder_is_refused(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from launcher.relaunch import run_lock\n"
-         "with run_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)", str(tmp_path)],
-        cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from launcher.relaunch import run_lock\n"
+            "with run_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(LauncherError, match=f"another launch of {tmp_path} is running \\(pid {holder.pid} "):
-            with run_lock(tmp_path):
-                pass
+        with (
+            pytest.raises(
+                LauncherError, match=f"another launch of {tmp_path} is running \\(pid {holder.pid} "
+            ),
+            run_lock(tmp_path),
+        ):
+            pass
     finally:
         holder.kill()  # kill -9: the kernel drops the lock with the process
         holder.wait()
@@ -87,15 +101,23 @@ def _locked(path: Path) -> bool:
 def test_two_launches_of_one_run_at_once_on_the_local_backend(tmp_path: Path) -> None:
     """The README's default command (the offline demo on the local backend) started twice."""
     first = subprocess.Popen(
-        [sys.executable, "launcher/main.py", f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "launcher/main.py",
+            f"cluster.shared_dir={tmp_path}",
+            f"container.python={sys.executable}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lock = tmp_path / "results/sd_pretrain" / LOCK_NAME
     deadline = time.monotonic() + 60
     while not _locked(lock) and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _locked(lock), "the first launch never held the lock"
-    with pytest.raises(LauncherError, match="another launch of .*sd_pretrain is running"):
+    with pytest.raises(LauncherError, match=r"another launch of .*sd_pretrain is running"):
         launch(compose_config([f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}"]))
     output, _ = first.communicate(timeout=300)
     assert first.returncode == 0, output
@@ -117,7 +139,9 @@ def slurm_shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 def drained(slurm_cluster) -> Iterator[None]:
     """Both nodes drained, so that submitted jobs stay pending; resumed afterwards whatever happens."""
     nodes = "n1,n2"
-    slurm_cluster.run_command(["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=relaunch-test"])
+    slurm_cluster.run_command(
+        ["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=relaunch-test"]
+    )
     try:
         yield
     finally:
@@ -125,8 +149,18 @@ def drained(slurm_cluster) -> Iterator[None]:
 
 
 def _demo(shared: Path, *overrides: str) -> dict[str, str]:
-    launch(compose_config([f"cluster.shared_dir={shared}", "data_preparation=demo", "cluster=slurm",
-                           "container=none", f"container.python={sys.executable}", *overrides]))  # fmt: skip
+    launch(
+        compose_config(
+            [
+                f"cluster.shared_dir={shared}",
+                "data_preparation=demo",
+                "cluster=slurm",
+                "container=none",
+                f"container.python={sys.executable}",
+                *overrides,
+            ]
+        )
+    )
     return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
 
 
@@ -141,8 +175,13 @@ def test_relaunch_refused_while_jobs_pend_then_resubmit_missing_waits_on_the_liv
     slurm_cluster, slurm_shared: Path, drained: None
 ) -> None:
     ids = _demo(slurm_shared)
-    assert set(ids) == {"make_demo_source", "download_parquet", "download_images", "reorganize_tar",
-                        "generate_wdinfo"}  # fmt: skip
+    assert set(ids) == {
+        "make_demo_source",
+        "download_parquet",
+        "download_images",
+        "reorganize_tar",
+        "generate_wdinfo",
+    }
     with pytest.raises(LauncherError) as refused:
         _demo(slurm_shared)
     message = str(refused.value)

@@ -88,7 +88,9 @@ def test_real_jpegs_pass_the_marker_check_with_padding_after_eoi() -> None:
     assert _decodes(padded) and looks_like_jpeg(padded, 0, len(padded))
 
 
-def test_reorganize_drops_and_counts_undecodable_images_and_bytes_do_not_depend_on_tasks(tmp_path: Path) -> None:
+def test_reorganize_drops_and_counts_undecodable_images_and_bytes_do_not_depend_on_tasks(
+    tmp_path: Path,
+) -> None:
     raw = tmp_path / "raw"
     kept = write_tars(raw / "part-00000")
     (raw / "part-00000.done.json").write_text(json.dumps({"kind": "webdataset_tars"}))
@@ -96,14 +98,28 @@ def test_reorganize_drops_and_counts_undecodable_images_and_bytes_do_not_depend_
     for count in (1, 3):
         out = tmp_path / f"out{count}"
         for task in range(count):
-            args = ["--input-dir", str(raw), "--output-dir", str(out), "--chunk-size", str(CHUNK),
-                    "--task-index", str(task), "--task-count", str(count)]  # fmt: skip
+            args = [
+                "--input-dir",
+                str(raw),
+                "--output-dir",
+                str(out),
+                "--chunk-size",
+                str(CHUNK),
+                "--task-index",
+                str(task),
+                "--task-count",
+                str(count),
+            ]
             assert reorganize_tar.main(args) == 0
         outputs[count] = {p.name: p.read_bytes() for p in out.glob("*.tar")}
         report = json.loads((out / "_reports" / f"task-0000-of-{count:04d}.json").read_text())
         assert report["dropped_undecodable"] == len(PLANTED) and report["samples_complete"] == len(kept)
     assert outputs[1] == outputs[3] and len(outputs[1]) == len(kept) // CHUNK
-    read = [s for name in sorted(outputs[1]) for s in wds.WebDataset(str(tmp_path / "out1" / name), shardshuffle=False)]
+    read = [
+        s
+        for name in sorted(outputs[1])
+        for s in wds.WebDataset(str(tmp_path / "out1" / name), shardshuffle=False)
+    ]
     assert [s["txt"].decode() for s in read] == kept[: len(read)]
     assert all(_decodes(s["jpg"]) for s in read)
 
@@ -113,14 +129,24 @@ def test_own_tars_with_undecodable_jpegs_end_to_end(tmp_path: Path) -> None:
     """data_preparation=webdataset_tars on the local backend: wdinfo counts only decodable samples."""
     own = tmp_path / "own"
     kept = write_tars(own)
-    launch(compose_config([
-        f"cluster.shared_dir={tmp_path}", "cluster=local", f"container.python={sys.executable}",
-        "data_preparation=webdataset_tars", f"data_preparation.tars.source={own}",
-        "data_preparation.reorganize_tar.num_tasks=2", f"data_preparation.reorganize_tar.tar_chunk_size={CHUNK}",
-        "data_preparation.generate_wdinfo.verify=true",
-        *(f"data_preparation.{step}.resources={{cpus_per_task:1,mem:2G,time:'00:10:00'}}"
-          for step in ("tars", "reorganize_tar", "generate_wdinfo")),
-    ]))  # fmt: skip
+    launch(
+        compose_config(
+            [
+                f"cluster.shared_dir={tmp_path}",
+                "cluster=local",
+                f"container.python={sys.executable}",
+                "data_preparation=webdataset_tars",
+                f"data_preparation.tars.source={own}",
+                "data_preparation.reorganize_tar.num_tasks=2",
+                f"data_preparation.reorganize_tar.tar_chunk_size={CHUNK}",
+                "data_preparation.generate_wdinfo.verify=true",
+                *(
+                    f"data_preparation.{step}.resources={{cpus_per_task:1,mem:2G,time:'00:10:00'}}"
+                    for step in ("tars", "reorganize_tar", "generate_wdinfo")
+                ),
+            ]
+        )
+    )
     data = tmp_path / "data"
     with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
         info = pickle.load(handle)

@@ -62,13 +62,26 @@ def test_refusal_names_the_reason(url: str, reason: str | None) -> None:
 
 
 def test_web_mask_keeps_nulls_and_placeholders_and_counts_the_rest() -> None:
-    urls = pa.array(["http://a.example/1.jpg", None, "${DEMO_BASE_URL}/2.jpg", "file:///x", "ftp://h/y",
-                     "http://169.254.169.254/", "https://b.example/3.jpg", "file:///z"])  # fmt: skip
+    urls = pa.array(
+        [
+            "http://a.example/1.jpg",
+            None,
+            "${DEMO_BASE_URL}/2.jpg",
+            "file:///x",
+            "ftp://h/y",
+            "http://169.254.169.254/",
+            "https://b.example/3.jpg",
+            "file:///z",
+        ]
+    )
     refused: Counter[str] = Counter()
     mask = web_mask(urls, refused)
     assert mask.to_pylist() == [True, True, True, False, False, False, True, False]
     assert refused == {"scheme file": 2, "scheme ftp": 1, "metadata address": 1}
-    assert describe(dict(refused)) == "4 non-web URL(s) refused (scheme file 2, metadata address 1, scheme ftp 1)"
+    assert (
+        describe(dict(refused))
+        == "4 non-web URL(s) refused (scheme file 2, metadata address 1, scheme ftp 1)"
+    )
 
 
 def _jpeg(color: tuple[int, int, int]) -> bytes:
@@ -105,37 +118,66 @@ def _samples(folder: Path) -> list[bytes]:
 
 
 def _download_images(parquet_dir: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "data_prep.download_images", "--parquet-dir", str(parquet_dir),
-           "--output-dir", str(out), "--partition", "0", "--processes", "1", "--threads", "4",
-           "--samples-per-shard", "100", "--timeout", "5"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_prep.download_images",
+        "--parquet-dir",
+        str(parquet_dir),
+        "--output-dir",
+        str(out),
+        "--partition",
+        "0",
+        "--processes",
+        "1",
+        "--threads",
+        "4",
+        "--samples-per-shard",
+        "100",
+        "--timeout",
+        "5",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "NO_ALBUMENTATIONS_UPDATE": "1"}
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 @pytest.mark.slow
-def test_download_parquet_drops_and_counts_hostile_rows_and_only_web_images_are_stored(tmp_path: Path) -> None:
+def test_download_parquet_drops_and_counts_hostile_rows_and_only_web_images_are_stored(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "images").mkdir()
     with serve_folder(tmp_path / "images") as base_url:
         good, hostile = _hostile_rows(tmp_path, base_url)
         source = tmp_path / "source"
         source.mkdir()
-        urls = [u for pair in zip(good, hostile + [None] * GOOD) for u in pair if u]  # interleaved
-        pq.write_table(pa.table({"URL": urls, "TEXT": [f"caption {i}" for i in range(len(urls))]}),
-                       source / "rows.parquet")  # fmt: skip
+        urls = [
+            u for pair in zip(good, hostile + [None] * (GOOD - len(hostile)), strict=True) for u in pair if u
+        ]  # interleaved
+        pq.write_table(
+            pa.table({"URL": urls, "TEXT": [f"caption {i}" for i in range(len(urls))]}),
+            source / "rows.parquet",
+        )
         data = tmp_path / "data"
         manifest = dp.run(dp.Options(source=str(source), output_dir=data / "parquet", num_partitions=1))
         assert manifest["rows_read"] == GOOD + len(hostile) and manifest["rows_kept"] == GOOD
-        assert manifest["urls_refused"] == {"scheme file": 1, "scheme ftp": 1, "scheme data": 1,
-                                            "metadata address": 2}  # fmt: skip
+        assert manifest["urls_refused"] == {
+            "scheme file": 1,
+            "scheme ftp": 1,
+            "scheme data": 1,
+            "metadata address": 2,
+        }
         assert pq.read_table(data / "parquet" / dp.part_name(0)).column("url").to_pylist() == good
         done = _download_images(data / "parquet", data / "tarfiles_raw")
         assert done.returncode == 0, done.stdout + done.stderr
     stored = _samples(data / "tarfiles_raw" / "part-00000")
     assert len(stored) == GOOD
     shown = dict(data_counts(str(data)))
-    assert "5 non-web URL(s) refused (metadata address 2, scheme data 1, scheme file 1, scheme ftp 1)" in shown[
-        "download_parquet"
-    ]
+    assert (
+        "5 non-web URL(s) refused (metadata address 2, scheme data 1, scheme file 1, scheme ftp 1)"
+        in shown["download_parquet"]
+    )
 
 
 @pytest.mark.slow
@@ -146,12 +188,18 @@ def test_download_images_refuses_hostile_rows_of_parquet_written_by_another_tool
         parquet = tmp_path / "parquet"
         parquet.mkdir()
         urls = hostile + good
-        pq.write_table(pa.table({"url": urls, "caption": [f"c{i}" for i in range(len(urls))]}),
-                       parquet / dp.part_name(0))  # fmt: skip
+        pq.write_table(
+            pa.table({"url": urls, "caption": [f"c{i}" for i in range(len(urls))]}), parquet / dp.part_name(0)
+        )
         done = _download_images(parquet, tmp_path / "raw")
         assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 non-web URL(s) refused" in done.stdout
     assert len(_samples(tmp_path / "raw" / "part-00000")) == GOOD
+    assert "5 non-web URL(s) refused" in done.stdout
     marker = json.loads((tmp_path / "raw" / "part-00000.done.json").read_text())
     assert marker["rows"] == len(urls) and marker["successes"] == GOOD
-    assert marker["urls_refused"] == {"scheme file": 1, "scheme ftp": 1, "scheme data": 1, "metadata address": 2}
+    assert marker["urls_refused"] == {
+        "scheme file": 1,
+        "scheme ftp": 1,
+        "scheme data": 1,
+        "metadata address": 2,
+    }
