@@ -38,6 +38,13 @@ class BackendName(str, Enum):
     slurm = "slurm"
 
 
+class Resubmit(str, Enum):
+    """What a launch of a run folder that was launched before submits (launcher.relaunch)."""
+
+    all = "all"  # every job; refused while any job of the run is still queued or running
+    missing = "missing"  # only the jobs that did not complete, waiting on those still live
+
+
 class Runtime(str, Enum):
     pyxis = "pyxis"
     none = "none"
@@ -104,6 +111,7 @@ class CoreConfig:
     base_results_dir: str = ruled(ABS_PATH, MISSING)
     data_dir: str = ruled(ABS_PATH, MISSING)
     dry_run: bool = False
+    resubmit: Resubmit = Resubmit.all
     # Extra environment variables exported in every job.
     env: dict[str, str] = ruled(Keys(ENV_NAME), factory=dict)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

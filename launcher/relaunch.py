@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import manifest
+from launcher import backends, manifest
 from launcher.errors import LauncherError
 from launcher.spec import DependencyKind, Plan
 from launcher.status.states import status
@@ -167,3 +167,20 @@ def check_relaunch(plan: Plan, resubmit_missing: bool, backend: str) -> Resubmis
         if d.kind is DependencyKind.afterany and states.get(job.name) and not states[job.name] <= _NOT_STARTED
     )
     return decide(found, needs, ids, ran)
+
+
+def request_for(plan: Plan, resubmit_missing: bool, backend: str) -> backends.Request:
+    """What this launch submits: the whole plan, or (resubmit=missing) the jobs that did not complete;
+    refuses while jobs of the run are live (see check_relaunch)."""
+    chosen = check_relaunch(plan, resubmit_missing, backend)
+    if chosen is None:
+        return backends.prepare(plan)
+    earlier = manifest.load(plan.run_dir) if (plan.run_dir / manifest.MANIFEST).exists() else []
+    kept = tuple(r for r in earlier if r.name not in chosen.submit and r.name in {j.name for j in plan.jobs})
+    waits = ", ".join(f"{name} ({job_id})" for name, job_id in chosen.keep.items())
+    print(
+        f"resubmit=missing: submitting {', '.join(chosen.submit) or 'nothing'}; keeping "
+        f"{', '.join(r.name for r in kept) or 'nothing'}"
+        + (f"; waiting on the live {waits}" if waits else "")
+    )
+    return backends.prepare(trimmed(plan, chosen), kept, tuple(chosen.keep.items()))
