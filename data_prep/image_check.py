@@ -1,17 +1,21 @@
-"""Which samples' JPEGs can be decoded, judged from their markers (reorganize_tar's shard index).
+"""Which samples' images can be decoded, judged from their markers (reorganize_tar's shard index).
 
-NeMo's loader skips a sample whose .jpg does not decode, with a warning, so such a sample would make
-the wdinfo's total_key_count wrong. Re-chunking drops and counts it instead, like a sample missing a
-member. A full decode would cost ~1 ms per image (30-60x the whole copy, see
-benchmarks/bench_reorganize.py), so the check reads the markers only: a JPEG starts with SOI and a
-marker (FF D8 FF) and, when complete, ends with EOI (FF D9). That catches what turns up in practice: a
-file that is not a JPEG at all (an HTML error page, a PNG or text named .jpg) and a truncated one. It
-reads 3 bytes at the start and a few at the end of each image, pages that the header walk mostly
-touched already. Bytes after EOI that are only padding (NULs, whitespace) are tolerated.
+NeMo's loader (nemo/collections/multimodal/data/common/webdataset.py at v2.0.0: pil_loader, decode with
+warn_and_continue) skips a sample whose .jpg PIL cannot open and load, with a warning, so such a sample
+makes the wdinfo's total_key_count wrong. Re-chunking drops and counts it instead, like a sample missing
+a member. A full decode costs ~1 ms per image, tens of times the whole copy (benchmarks/
+bench_reorganize.py), so the check reads markers only: a complete JPEG starts with SOI and a marker
+(FF D8 FF) and ends with EOI (FF D9); a complete PNG (PIL opens one whatever its member is called)
+starts with its 8-byte signature and ends with the IEND chunk. That catches what turns up in practice:
+a file that is no image at all (an HTML error page, text, an empty member) and a truncated one. It
+reads a few bytes at each end of each image, pages the header walk mostly touched already. Bytes after
+the end marker that are only padding (NULs, whitespace) are tolerated. Other formats under a .jpg name
+(GIF, WebP) are dropped too, although PIL would open them: img2dataset writes only JPEGs. So is a PNG
+that lost only its IEND chunk, which PIL still opens; a JPEG without EOI PIL refuses, as here.
 
-    >>> looks_like_jpeg(b"\\xff\\xd8\\xff\\xe0" + bytes(100) + b"\\xff\\xd9\\0\\0", 0, 108)
+    >>> looks_decodable(b"\\xff\\xd8\\xff\\xe0" + bytes(100) + b"\\xff\\xd9\\0\\0", 0, 108)
     True
-    >>> looks_like_jpeg(b"<html>not an image</html>", 0, 25)
+    >>> looks_decodable(b"<html>not an image</html>", 0, 25)
     False
 """
 
@@ -22,25 +26,31 @@ from collections.abc import Sequence
 
 from data_prep.tario import SampleIndex
 
-JPEG_EXTENSIONS = frozenset({"jpg", "jpeg"})
-_SOI = b"\xff\xd8\xff"
-_EOI = b"\xff\xd9"
-_TAIL = 16  # bytes looked at for EOI; padding after it is allowed within them
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg"})  # the members NeMo decodes as images
+# (start, end): a complete image's first bytes and, padding aside, its last ones.
+_FORMATS = (
+    (b"\xff\xd8\xff", b"\xff\xd9"),  # JPEG: SOI and a marker ... EOI
+    (b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"),  # PNG: signature ... IEND chunk and its CRC
+)
+_TAIL = 32  # bytes looked at for the end marker; padding after it is allowed within them
 _PADDING = b"\0 \t\r\n"
 
 
-def looks_like_jpeg(buf: Sequence[int] | bytes, offset: int, size: int) -> bool:
-    """Whether the `size` bytes at `offset` start with SOI and end (padding aside) with EOI."""
-    if size < len(_SOI) + len(_EOI) or bytes(buf[offset : offset + 3]) != _SOI:
-        return False
-    return bytes(buf[max(offset + 3, offset + size - _TAIL) : offset + size]).rstrip(_PADDING).endswith(_EOI)
+def looks_decodable(buf: Sequence[int] | bytes, offset: int, size: int) -> bool:
+    """Whether the `size` bytes at `offset` start and end (padding aside) as a complete JPEG or PNG."""
+    head = bytes(buf[offset : offset + 8])
+    for start, end in _FORMATS:
+        if head.startswith(start) and size >= len(start) + len(end):
+            tail = bytes(buf[max(offset + len(start), offset + size - _TAIL) : offset + size])
+            return tail.rstrip(_PADDING).endswith(end)
+    return False
 
 
 def drop_undecodable(
     buf: Sequence[int] | bytes, index: SampleIndex, extensions: Sequence[str]
 ) -> tuple[SampleIndex, int]:
-    """The index without samples whose JPEG member fails looks_like_jpeg; and how many were dropped."""
-    slots = [i for i, ext in enumerate(extensions) if ext.lower() in JPEG_EXTENSIONS]
+    """The index without samples whose image member fails looks_decodable; and how many were dropped."""
+    slots = [i for i, ext in enumerate(extensions) if ext.lower() in IMAGE_EXTENSIONS]
     if not slots:
         return index, 0
     width, extents = 2 * len(extensions), index.extents
@@ -48,7 +58,7 @@ def drop_undecodable(
         n
         for n in range(len(index.keys))
         for s in slots
-        if not looks_like_jpeg(buf, extents[n * width + 2 * s], extents[n * width + 2 * s + 1])
+        if not looks_decodable(buf, extents[n * width + 2 * s], extents[n * width + 2 * s + 1])
     }
     if not bad:  # the usual shard: the index as it is, nothing copied
         return index, 0

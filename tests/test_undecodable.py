@@ -19,7 +19,7 @@ from conftest import compose_config
 from PIL import Image
 
 from data_prep import reorganize_tar
-from data_prep.jpeg_check import looks_like_jpeg
+from data_prep.image_check import looks_decodable
 from launcher.cli import launch
 from launcher.data_status import data_counts
 
@@ -43,7 +43,7 @@ def _png(i: int) -> bytes:
 PLANTED = {
     3: lambda i: _jpeg(i)[: len(_jpeg(i)) // 2],  # truncated mid-scan
     8: lambda i: b"<!doctype html><html><body>403 Forbidden</body></html>\n",  # an error page
-    14: _png,  # another format under the .jpg name
+    14: lambda i: _png(i)[: len(_png(i)) // 2],  # a PNG under the .jpg name, truncated
     20: lambda i: b"",  # empty
 }
 
@@ -78,14 +78,13 @@ def write_tars(folder: Path) -> list[str]:
 @pytest.mark.parametrize("i", sorted(PLANTED))
 def test_every_planted_image_fails_a_full_decode_and_the_marker_check(i: int) -> None:
     data = PLANTED[i](i)
-    assert not _decodes(data) and not looks_like_jpeg(data, 0, len(data))
+    assert not _decodes(data) and not looks_decodable(data, 0, len(data))
 
 
-def test_real_jpegs_pass_the_marker_check_with_padding_after_eoi() -> None:
-    data = _jpeg(1)
-    assert _decodes(data) and looks_like_jpeg(data, 0, len(data))
-    padded = data + b"\0" * 7
-    assert _decodes(padded) and looks_like_jpeg(padded, 0, len(padded))
+@pytest.mark.parametrize("data", [_jpeg(1), _jpeg(2) + b"\0" * 7, _png(3)], ids=["jpeg", "padded", "png"])
+def test_images_pil_opens_pass_the_marker_check(data: bytes) -> None:
+    """A PNG named .jpg is kept: NeMo's pil_loader opens it whatever the member is called."""
+    assert _decodes(data) and looks_decodable(data, 0, len(data))
 
 
 def test_reorganize_drops_and_counts_undecodable_images_and_bytes_do_not_depend_on_tasks(
