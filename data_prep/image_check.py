@@ -53,13 +53,19 @@ def drop_undecodable(
     slots = [i for i, ext in enumerate(extensions) if ext.lower() in IMAGE_EXTENSIONS]
     if not slots:
         return index, 0
-    width, extents = 2 * len(extensions), index.extents
-    bad = {
-        n
-        for n in range(len(index.keys))
-        for s in slots
-        if not looks_decodable(buf, extents[n * width + 2 * s], extents[n * width + 2 * s + 1])
-    }
+    width, extents, bad = 2 * len(extensions), index.extents, set()
+    soi, eoi = _FORMATS[0]
+    # One flat loop per image of every sample (this runs 40,000 times for a 1.5 GB input): a JPEG with
+    # EOI as its very last bytes, what img2dataset writes, is settled by two slices, no call.
+    for s in slots:
+        for n, (offset, size) in enumerate(
+            zip(extents[2 * s :: width], extents[2 * s + 1 :: width], strict=True)
+        ):
+            end = offset + size
+            if (buf[offset : offset + 3] != soi or buf[end - 2 : end] != eoi) and not looks_decodable(
+                buf, offset, size
+            ):
+                bad.add(n)
     if not bad:  # the usual shard: the index as it is, nothing copied
         return index, 0
     good = [n for n in range(len(index.keys)) if n not in bad]
