@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
-from data_prep.progress import log, read_json
+from data_prep.progress import exit_status, log, read_json
 from data_prep.reorganize_plan import STEP, Plan, ReorganizeError, discover_shards, make_plan
 from data_prep.shard_index import Shard, load_extents, load_or_build_index
 from data_prep.tar_writer import TarAppender
@@ -319,12 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        run_task(args)
-    except (ReorganizeError, TarFormatError) as err:
-        print(f"{STEP}: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(STEP, lambda: run_task(args), (ReorganizeError, TarFormatError), 1)
 
 
 if __name__ == "__main__":
