@@ -34,6 +34,8 @@ def _preflight(cfg: Any) -> None:
     found = preflight.check(cfg, Path(DataLayout(PurePosixPath(cfg.data_dir)).wdinfo), world)
     for note in found.notes:
         print(f"preflight: {note}")
+    for warning in found.warnings:
+        print(f"preflight warning: {warning}", file=sys.stderr)
     if found.problems and not cfg.dry_run:
         raise LauncherError("preflight failed:\n  " + "\n  ".join(found.problems))
     for problem in found.problems:

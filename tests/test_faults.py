@@ -169,3 +169,25 @@ def test_a_local_launch_on_a_full_disk_says_which_path_and_why_and_status_shows_
     )
     assert "why jobs failed" in shown.stdout and expected in shown.stdout, shown.stdout
     assert "no space left on the device (ENOSPC)" in shown.stdout
+
+
+@pytest.mark.parametrize("source", ["demo", "own_tars"])
+def test_preflight_warns_when_the_data_folder_has_less_free_space_than_planned(
+    tmp_path: Path, tmpfs: Path, capsys: pytest.CaptureFixture[str], source: str
+) -> None:
+    own = tmp_path / "own"
+    write_own_tars(own)
+    data = (
+        ["data_preparation=webdataset_tars", f"data_preparation.tars.source={own}"]
+        if source != "demo"
+        else []
+    )
+    common = [f"cluster.shared_dir={tmp_path}", "dry_run=true", f"container.python={sys.executable}", *data]
+    launch(compose_config([*common, f"data_dir={tmpfs}/data"]))
+    warned = capsys.readouterr().err
+    assert (
+        f"preflight warning: data_dir: {tmpfs} has " in warned
+        and "MB free but data preparation will" in warned
+    )
+    launch(compose_config([*common, "run_name=roomy"]))  # data under tmp_path: room enough
+    assert "preflight warning" not in capsys.readouterr().err
