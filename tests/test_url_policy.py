@@ -11,9 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import subprocess
-import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -22,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+from test_download_images import download_cmd, run
 
 from data_prep import download_parquet as dp
 from data_prep.serve import serve_folder
@@ -118,29 +117,7 @@ def _samples(folder: Path) -> list[bytes]:
 
 
 def _download_images(parquet_dir: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "data_prep.download_images",
-        "--parquet-dir",
-        str(parquet_dir),
-        "--output-dir",
-        str(out),
-        "--partition",
-        "0",
-        "--processes",
-        "1",
-        "--threads",
-        "4",
-        "--samples-per-shard",
-        "100",
-        "--timeout",
-        "5",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "NO_ALBUMENTATIONS_UPDATE": "1"}
-    return subprocess.run(
-        cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
+    return run(download_cmd(parquet_dir, out, 0, None))
 
 
 @pytest.mark.slow
