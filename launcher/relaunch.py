@@ -177,10 +177,12 @@ def request_for(plan: Plan, resubmit_missing: bool, backend: str) -> backends.Re
         return backends.prepare(plan)
     earlier = manifest.load(plan.run_dir) if (plan.run_dir / manifest.MANIFEST).exists() else []
     kept = tuple(r for r in earlier if r.name not in chosen.submit and r.name in {j.name for j in plan.jobs})
-    waits = ", ".join(f"{name} ({job_id})" for name, job_id in chosen.keep.items())
+    smaller = trimmed(plan, chosen)
+    waited = dict.fromkeys(d.job for job in smaller.jobs for d in job.depends_on if d.job in chosen.keep)
+    waits = ", ".join(f"{name} ({chosen.keep[name]})" for name in waited)
     print(
         f"resubmit=missing: submitting {', '.join(chosen.submit) or 'nothing'}; keeping "
         f"{', '.join(r.name for r in kept) or 'nothing'}"
         + (f"; waiting on the live {waits}" if waits else "")
     )
-    return backends.prepare(trimmed(plan, chosen), kept, tuple(chosen.keep.items()))
+    return backends.prepare(smaller, kept, tuple(chosen.keep.items()))
