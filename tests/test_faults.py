@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -139,6 +140,58 @@ def test_disk_full_then_read_only_then_a_rerun_with_space_is_byte_identical(
     assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == {
         p.name: p.read_bytes() for p in reference.glob("*.tar")
     }
+
+
+def _own_shards(root: Path) -> Path:
+    """img2dataset-style input folder holding own tars (kind webdataset_tars), readable by anyone."""
+    raw = root / "raw"
+    write_own_tars(raw / "part-00000")
+    (raw / "part-00000.done.json").write_text('{"kind": "webdataset_tars"}')
+    for path in (root, *root.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return raw
+
+
+def test_a_vanished_source_tar_is_named(tmp_path: Path) -> None:
+    """fetch_tars links own tars: a source tar removed afterwards leaves a link to nothing."""
+    raw = _own_shards(tmp_path)
+    moved = tmp_path / "elsewhere.tar"
+    (raw / "part-00000/shard-1.tar").rename(moved)
+    (raw / "part-00000/shard-1.tar").symlink_to(moved)
+    moved.unlink()
+    done = _reorganize(raw, tmp_path / "out")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"reorganize_tar: error: {raw}/part-00000/shard-1.tar: no such file or directory "
+        "(removed while the step ran?) (ENOENT)"
+    )
+
+
+def test_permission_denied_is_named(tmp_path: Path) -> None:
+    """The step run as nobody, writing into a folder only root may write (root itself is never refused)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        reason = "needs root and setpriv to run the step as another user"
+        if _required():
+            pytest.fail(f"REQUIRE_SLURM/REQUIRE_TOOLS is set but the test {reason}", pytrace=False)
+        pytest.skip(reason)
+    with tempfile.TemporaryDirectory(prefix="perm-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        raw = _own_shards(root)
+        (root / "locked").mkdir(mode=0o755)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        argv = [sys.executable, "-m", "data_prep.reorganize_tar", "--input-dir", str(raw)]
+        done = subprocess.run(
+            [*nobody, *argv, "--output-dir", str(root / "locked/out"), "--chunk-size", str(CHUNK)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"reorganize_tar: error: {root}/locked/out: permission denied (EACCES)"
+    ), done.stderr
 
 
 @pytest.mark.slow
