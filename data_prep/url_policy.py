@@ -98,20 +98,19 @@ def refusal(url: str) -> str | None:
 def web_mask(urls: pa.Array | pa.ChunkedArray, refused: Counter[str] | None) -> pa.BooleanArray:
     """Rows whose URL may be fetched (null URLs are kept: img2dataset counts them as failed downloads).
 
-    Vectorized for the usual row (an http(s) URL with a plain host name); only the rest, rare in real
-    data, is looked at in Python. `refused` counts each dropped row by reason.
+    Vectorized for the usual row (a lower-case http(s) URL with a plain host name); only the rest, rare
+    in real data (placeholders, other schemes or casing, hosts that may spell an address), is looked
+    at in Python. `refused` counts each dropped row by reason.
     """
     urls = pc.cast(urls, pa.string())
-    web = pc.match_substring_regex(urls, _WEB)
-    placeholder = pc.match_substring_regex(urls, PLACEHOLDER)
-    keep = pc.fill_null(
-        pc.or_(pc.and_(web, pc.invert(pc.match_substring_regex(urls, _SUSPECT_HOST))), placeholder), True
-    )
+    web = pc.or_(pc.starts_with(urls, "http://"), pc.starts_with(urls, "https://"))  # 10x a regex's speed
+    keep = pc.fill_null(pc.and_(web, pc.invert(pc.match_substring_regex(urls, _SUSPECT_HOST))), True)
     if pc.all(keep).as_py():
         return keep
     verdicts = keep.to_pylist()
     for i in pc.indices_nonzero(pc.invert(keep)).to_pylist():
-        reason = refusal(urls[i].as_py())
+        url = urls[i].as_py()
+        reason = None if re.match(PLACEHOLDER, url) else refusal(url)
         verdicts[i] = reason is None
         if reason is not None and refused is not None:
             refused[reason] += 1
