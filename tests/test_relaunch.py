@@ -226,3 +226,24 @@ def test_resubmit_missing_after_one_failed_array_task(slurm_cluster, slurm_share
     logs = slurm_shared / "results/sd_pretrain/data_preparation/logs"
     assert len(list(logs.glob("download_parquet_*.out"))) == 1
     assert (slurm_shared / "data/tarfiles_reorganized/wdinfo.pkl").exists()
+
+
+@pytest.mark.slow
+def test_resubmit_missing_on_the_local_backend_runs_only_what_failed(tmp_path: Path) -> None:
+    raw = tmp_path / "data/tarfiles_raw"
+    raw.mkdir(parents=True)
+    (raw / "part-00001.done.json").write_text('{"options": {"image_size": 1}}')  # task 1 fails
+    overrides = [f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}"]
+    with pytest.raises(
+        LauncherError, match=r"download_images: download_images: error: .*part-00001\.done\.json"
+    ):
+        launch(compose_config(overrides))
+    first = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_pretrain")}
+    (raw / "part-00001.done.json").unlink()
+    launch(compose_config([*overrides, "resubmit=missing"]))
+    again = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_pretrain")}
+    assert {n for n in again if again[n] == first[n]} == {"make_demo_source", "download_parquet"}
+    logs = tmp_path / "results/sd_pretrain/data_preparation/logs"
+    assert len(list(logs.glob("download_parquet_*.out"))) == 1
+    assert len(list(logs.glob("download_images_*.out"))) == 4  # 2 tasks, twice
+    assert (tmp_path / "data/tarfiles_reorganized/wdinfo.pkl").exists()
