@@ -13,17 +13,21 @@ from typing import Any
 from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
 from launcher.config import Runtime
 from launcher.registry import planned_names
+from launcher.space import free_space_warning
 
 
 @dataclass
 class Findings:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # printed, never blocking (free space)
 
 
 def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
     found = Findings()
     stages = planned_names(cfg)
+    warning = free_space_warning(cfg) if "data_preparation" in stages else None
+    found.warnings += [warning] if warning else []
     if "training" not in stages and "benchmark" not in stages:
         return found
     image = cfg.container.image or ""
