@@ -138,3 +138,13 @@ def test_inception_weights_are_fetched_once_and_only_with_the_pinned_hash(tmp_pa
     assert stage_file(FileAsset("inception", f"{base}/weights.pth", good, target)) is False
     with pytest.raises(FileAssetError, match="cannot download"):
         stage_file(FileAsset("inception", f"{base}/other.pth", good, tmp_path / "other.pth"))
+
+
+def test_a_batch_nemo_would_refuse_as_global_batch_is_refused(make_config: Callable, tmp_path: Path) -> None:
+    coco = make_coco(tmp_path / "coco")
+    given = [*GPU, "stages=[training,samples,evaluation]", f"evaluation.coco_root={coco}"]
+    cfg = make_config(*given, "evaluation.batch_size=4")  # 4 x 8 GPUs = 32; the preset's micro batch is 128
+    with pytest.raises(
+        ConfigError, match=r"evaluation.batch_size: 4 x 8 task\(s\) per node = 32 .* a multiple of 16"
+    ):
+        check_facts(cfg, FIXED_FACTS)

@@ -9,6 +9,7 @@ them; alone it evaluates the newest model.nemo under <run>/samples/.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,10 @@ from launcher.evaluation.captions import CAPTIONS_JSON
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.paths import run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
-from launcher.sampling.checkpoints import newest_converted
+from launcher.sampling.checkpoints import hparams_of, newest_converted
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stage import StageSpec
+from launcher.stages import samples
 from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
 
 NAME = "evaluation"
@@ -47,7 +49,9 @@ class EvaluationConfig:
     )
     sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's sampler.")
     steps: int = ruled(Range(1, 1000), 50, help="Sampling steps (PLMS/DDIM: a divisor of 1000).")
-    batch_size: int = ruled(Range(1, 256), 8, help="Images generated at once per GPU.")
+    batch_size: int = ruled(
+        Range(1, 256), 16, help="Images generated at once per GPU (x GPUs: a multiple of micro_batch_size)."
+    )
     precision: str = ruled(
         Choice(("16-mixed", "bf16-mixed", "32-true")), "16-mixed", help="Generation precision."
     )
@@ -195,11 +199,38 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
                 "evaluation.coco_root",
                 f"{root} has no {needed}; allowed: a COCO-2014 folder with val2014/ and {CAPTIONS_JSON}",
             )
-    if "samples" not in planned and newest_converted(run_dir_of(cfg) / "samples") is None:
+    _check_batch(cfg, _evaluated_model(cfg, planned))
+
+
+def _evaluated_model(cfg: Any, planned: frozenset[str]) -> dict[str, Any]:
+    """The model config of what will be evaluated: the samples stage's, or the newest converted one's."""
+    from omegaconf import OmegaConf
+
+    if "samples" in planned:
+        return samples.trained_model(cfg, planned)[0]
+    found = newest_converted(run_dir_of(cfg) / "samples")
+    if found is None:
         raise ConfigError(
             "stages",
             f"evaluation alone needs a model the samples job converted ({run_dir_of(cfg)}/samples/step_<N>/"
             "model.nemo) and there is none; allowed: stages=[samples,evaluation] (or with training)",
+        )
+    hparams = hparams_of(found[1])
+    return OmegaConf.to_container(OmegaConf.load(hparams).get("cfg") or {}) if hparams.is_file() else {}  # type: ignore[return-value]
+
+
+def _check_batch(cfg: Any, model: dict[str, Any]) -> None:
+    """generate_fid_images.py makes batch_size x tasks the model's global batch, and NeMo's microbatch
+    calculator (megatron_init.py) asserts that it divides by the model's micro_batch_size."""
+    batch, tasks = cfg.evaluation.batch_size, max(cfg.cluster.gpus_per_node, 1)
+    micro = int(model.get("micro_batch_size", 1))
+    if (batch * tasks) % micro:
+        step = micro // math.gcd(micro, tasks)
+        raise ConfigError(
+            "evaluation.batch_size",
+            f"{batch} x {tasks} task(s) per node = {batch * tasks} is not a multiple of the model's "
+            f"micro_batch_size {micro}: NeMo refuses that global batch when it loads the model; allowed: a "
+            f"multiple of {step}",
         )
 
 

@@ -230,7 +230,7 @@ def _newest_checkpoint(cfg: Any) -> Path:
     return found
 
 
-def _trained_model(cfg: Any, planned: frozenset[str]) -> tuple[dict[str, Any], str]:
+def trained_model(cfg: Any, planned: frozenset[str]) -> tuple[dict[str, Any], str]:
     """The model config the sampled checkpoint was trained with, and where it was read: the checkpoint's
     hparams.yaml (NeMo's conversion needs it too), or the training planned in this launch."""
     from omegaconf import OmegaConf
@@ -254,7 +254,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     one it was trained at."""
     if NAME not in planned:
         return
-    model, source = _trained_model(cfg, planned)
+    model, source = trained_model(cfg, planned)
     trained, wanted = trained_size(model), cfg.samples.resolution
     if wanted is None and trained is None:
         raise ConfigError("samples.resolution", f"is null but {source} fixes no image size; allowed: a size")
