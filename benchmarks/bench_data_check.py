@@ -7,6 +7,7 @@ NeMo's own loader at 1 and 2 workers and reads images/s from its JSON report. Ru
     .venv-nemo/bin/python benchmarks/bench_data_check.py [--tars 8] [--per-tar 128] [--mbs 32]
         [--workers 1 2] [--side 256]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,21 +55,35 @@ def build_set(root: Path, tars: int, per_tar: int, side: int) -> tuple[Path, flo
                 sizes.append(len(jpg))
                 sink.write({"__key__": f"{t:05d}{i:04d}", "jpg": jpg, "txt": f"picture {t} {i}"})
     wdinfo = root / "wdinfo.pkl"
-    wdinfo.write_bytes(pickle.dumps({"tar_files": names, "chunk_size": per_tar,
-                                     "total_key_count": tars * per_tar}))
+    wdinfo.write_bytes(
+        pickle.dumps({"tar_files": names, "chunk_size": per_tar, "total_key_count": tars * per_tar})
+    )
     return wdinfo, sum(sizes) / len(sizes) / 1024
 
 
 def write_config(root: Path, wdinfo: Path, mbs: int) -> Path:
     """The 860M res-256 preset's data section (augmentations, sampler) pointing at the demo set."""
-    cfg = {"trainer": {"devices": 1, "num_nodes": 1},
-           "model": {"first_stage_key": "images", "cond_stage_key": "captions", "micro_batch_size": mbs,
-                     "data": {"num_workers": 1, "synthetic_data": False,
-                              "train": {"dataset_path": [str(wdinfo)],
-                                        "augmentations": {"resize_smallest_side": 256,
-                                                          "center_crop_h_w": "256, 256",
-                                                          "horizontal_flip": False}},
-                              "webdataset": {"infinite_sampler": False, "local_root_path": str(root / "shards")}}}}
+    cfg = {
+        "trainer": {"devices": 1, "num_nodes": 1},
+        "model": {
+            "first_stage_key": "images",
+            "cond_stage_key": "captions",
+            "micro_batch_size": mbs,
+            "data": {
+                "num_workers": 1,
+                "synthetic_data": False,
+                "train": {
+                    "dataset_path": [str(wdinfo)],
+                    "augmentations": {
+                        "resize_smallest_side": 256,
+                        "center_crop_h_w": "256, 256",
+                        "horizontal_flip": False,
+                    },
+                },
+                "webdataset": {"infinite_sampler": False, "local_root_path": str(root / "shards")},
+            },
+        },
+    }
     path = root / "train.yaml"
     OmegaConf.save(OmegaConf.create(cfg), path)
     return path
@@ -76,10 +91,27 @@ def write_config(root: Path, wdinfo: Path, mbs: int) -> Path:
 
 def measure(config: Path, workers: int, batches: int, report: Path) -> dict[str, float]:
     """One data_check run in a fresh process; its loader section."""
-    cmd = [sys.executable, "-m", "data_prep.data_check", "--training-config", str(config),
-           "--num-workers", str(workers), "--batches", str(batches), "--report", str(report)]
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_prep.data_check",
+        "--training-config",
+        str(config),
+        "--num-workers",
+        str(workers),
+        "--batches",
+        str(batches),
+        "--report",
+        str(report),
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode:
         raise SystemExit(f"data_check failed:\n{proc.stderr[-3000:]}")
     return json.loads(report.read_text())["loader"]
@@ -98,19 +130,25 @@ def main() -> None:
         wdinfo, kib = build_set(root, args.tars, args.per_tar, args.side)
         config = write_config(root, wdinfo, args.mbs)
         batches = args.tars * args.per_tar // args.mbs
-        print(f"demo set: {args.tars} tars x {args.per_tar} JPEGs {args.side}x{args.side} (mean {kib:.1f} KiB), "
-              f"mbs {args.mbs}, {batches} batches, CPU cores: {os.cpu_count()}")
+        print(
+            f"demo set: {args.tars} tars x {args.per_tar} JPEGs {args.side}x{args.side} (mean {kib:.1f} KiB), "
+            f"mbs {args.mbs}, {batches} batches, CPU cores: {os.cpu_count()}"
+        )
         rates = {}
         for workers in args.workers:
             loader = measure(config, workers, batches, root / f"report-{workers}.json")
             rates[workers] = loader["images_per_s"] / max(workers, 1)
-            print(f"workers={workers}: {loader['images_per_s']:.1f} images/s "
-                  f"({rates[workers]:.1f} per worker, first batch {loader['first_batch_s']:.2f} s, "
-                  f"{loader['batches_drawn']} batches)")
+            print(
+                f"workers={workers}: {loader['images_per_s']:.1f} images/s "
+                f"({rates[workers]:.1f} per worker, first batch {loader['first_batch_s']:.2f} s, "
+                f"{loader['batches_drawn']} batches)"
+            )
     per_worker = rates[min(rates)]  # one worker's rate: no contention for this machine's cores
     for gpu, need in GPU_IMAGES_PER_S.items():
-        print(f"{gpu} eats {need:.0f} images/s -> needs >= {math.ceil(need / per_worker)} loader workers "
-              f"(one CPU core each) at {per_worker:.1f} images/s per worker")
+        print(
+            f"{gpu} eats {need:.0f} images/s -> needs >= {math.ceil(need / per_worker)} loader workers "
+            f"(one CPU core each) at {per_worker:.1f} images/s per worker"
+        )
 
 
 if __name__ == "__main__":

@@ -42,18 +42,22 @@ def synthetic_file(path: Path, rows: int, offset: int) -> None:
         "An oil painting of a harbour at dusk, item ", noise[1], " no. ", ids, ""
     )
     numbers = pa.array(range(rows), pa.int64())
-    table = pa.table({
-        "URL": url,
-        "TEXT": text,
-        "WIDTH": pc.add(pc.multiply(pc.bit_wise_and(numbers, 1023), 2), 100),
-        "HEIGHT": pc.add(pc.multiply(pc.bit_wise_and(pc.shift_right(numbers, 3), 1023), 2), 100),
-        "similarity": pc.divide(pc.cast(pc.bit_wise_and(numbers, 255), pa.float64()), 512.0),
-        "LANGUAGE": pa.array(["en"] * rows),
-        "hash": numbers,
-        "pwatermark": pc.divide(pc.cast(pc.bit_wise_and(numbers, 127), pa.float32()), 127.0),
-        "punsafe": pc.divide(pc.cast(pc.bit_wise_and(pc.shift_right(numbers, 2), 127), pa.float32()), 127.0),
-        "aesthetic": pc.add(pc.divide(pc.cast(pc.bit_wise_and(numbers, 63), pa.float32()), 16.0), 5.0),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "URL": url,
+            "TEXT": text,
+            "WIDTH": pc.add(pc.multiply(pc.bit_wise_and(numbers, 1023), 2), 100),
+            "HEIGHT": pc.add(pc.multiply(pc.bit_wise_and(pc.shift_right(numbers, 3), 1023), 2), 100),
+            "similarity": pc.divide(pc.cast(pc.bit_wise_and(numbers, 255), pa.float64()), 512.0),
+            "LANGUAGE": pa.array(["en"] * rows),
+            "hash": numbers,
+            "pwatermark": pc.divide(pc.cast(pc.bit_wise_and(numbers, 127), pa.float32()), 127.0),
+            "punsafe": pc.divide(
+                pc.cast(pc.bit_wise_and(pc.shift_right(numbers, 2), 127), pa.float32()), 127.0
+            ),
+            "aesthetic": pc.add(pc.divide(pc.cast(pc.bit_wise_and(numbers, 63), pa.float32()), 16.0), 5.0),
+        }
+    )
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp, row_group_size=250_000)
     os.replace(tmp, path)
@@ -97,8 +101,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     make_source(source, args.rows, args.files)
     out = args.work_dir / "out"
     shutil.rmtree(out, ignore_errors=True)  # a matching manifest would make the run a no-op
-    cmd = [sys.executable, "-m", "data_prep.download_parquet", "--source", str(source), "--output-dir", str(out),
-           "--num-partitions", str(args.partitions), *(FILTER_ARGS if args.filters else ())]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_prep.download_parquet",
+        "--source",
+        str(source),
+        "--output-dir",
+        str(out),
+        "--num-partitions",
+        str(args.partitions),
+        *(FILTER_ARGS if args.filters else ()),
+    ]
     seconds, peak_mib, code = run_child(cmd)
     if code != 0:
         raise SystemExit(f"download_parquet exited {code}")

@@ -46,8 +46,14 @@ def synthesize(root: Path, tars: int, samples: int, seed: int = 0) -> tuple[int,
                 size = rng.randint(17_000, 50_000)  # ~33 KB mean: ~1.45 GB at --scale 1
                 start = rng.randrange(len(pool) - size)
                 key = f"{(t % 10) * samples + i:09d}"
-                w.write({"__key__": key, "jpg": pool[start:start + size], "txt": f"caption {t} {i} " * 4,
-                         "json": json.dumps({"key": key, "url": f"http://x/{t}/{i}.jpg", "status": "success"})})
+                w.write(
+                    {
+                        "__key__": key,
+                        "jpg": pool[start : start + size],
+                        "txt": f"caption {t} {i} " * 4,
+                        "json": json.dumps({"key": key, "url": f"http://x/{t}/{i}.jpg", "status": "success"}),
+                    }
+                )
         (part / f"{t % 10:05d}_stats.json").write_text(json.dumps({"successes": samples}))
         total_bytes, total_samples = total_bytes + shard.stat().st_size, total_samples + samples
     for part in root.iterdir():
@@ -97,10 +103,23 @@ def _rotate(writer: tarfile.TarFile | None, path: Path) -> tarfile.TarFile:
 
 
 def run_reorganize(root: Path, out: Path, tasks: int) -> None:
-    cmd = [sys.executable, "-m", "data_prep.reorganize_tar", "--input-dir", str(root), "--output-dir",
-           str(out), "--chunk-size", str(CHUNK), "--task-count", str(tasks)]
-    procs = [subprocess.Popen([*cmd, "--task-index", str(t)], cwd=REPO, stdout=subprocess.DEVNULL)
-             for t in range(tasks)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_prep.reorganize_tar",
+        "--input-dir",
+        str(root),
+        "--output-dir",
+        str(out),
+        "--chunk-size",
+        str(CHUNK),
+        "--task-count",
+        str(tasks),
+    ]
+    procs = [
+        subprocess.Popen([*cmd, "--task-index", str(t)], cwd=REPO, stdout=subprocess.DEVNULL)
+        for t in range(tasks)
+    ]
     if any(p.wait() != 0 for p in procs):
         raise RuntimeError("reorganize_tar failed")
 
@@ -127,9 +146,13 @@ def default_workdir(needed_bytes: int) -> Path | None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scale", type=float, default=1.0, help="fraction of 40 tars x 1000 samples (e.g. 0.1)")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="where to synthesize (default: /dev/shm when it has room, so disk writeback noise "
-                        "does not swamp sub-second timings; else the system temp dir)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where to synthesize (default: /dev/shm when it has room, so disk writeback noise "
+        "does not swamp sub-second timings; else the system temp dir)",
+    )
     p.add_argument("--repeat", type=int, default=3, help="runs per method; the best is reported (default 3)")
     args = p.parse_args(argv)
     tars, samples = max(2, round(40 * args.scale)), 1000
@@ -145,20 +168,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "cat (floor)": lambda out: run_cat(raw, out),
             "python tarfile member-by-member": lambda out: run_tarfile(raw, out),
             "reorganize_tar, 1 task": lambda out: run_reorganize(raw, out, 1),
-            "reorganize_tar, 2 tasks in parallel": lambda out: run_reorganize(raw, out, 2)}
+            "reorganize_tar, 2 tasks in parallel": lambda out: run_reorganize(raw, out, 2),
+        }
         # Best of --repeat, methods interleaved: a shared machine's load spikes hit all of them alike.
         runs = [{name: timed(work, fn) for name, fn in methods.items()} for _ in range(args.repeat)]
         rows = {name: min(r[name] for r in runs) for name in methods}
     print(f"input: {tars} tars, {nsamples:,} samples, {nbytes / 1e9:.2f} GB")
     print(f"{'method':40} {'seconds':>8} {'MB/s':>8} {'samples/s':>10} {'vs cat':>7}")
     for name, sec in rows.items():
-        print(f"{name:40} {sec:8.2f} {nbytes / 1e6 / sec:8.0f} {nsamples / sec:10,.0f} {sec / rows['cat (floor)']:7.2f}")
+        print(
+            f"{name:40} {sec:8.2f} {nbytes / 1e6 / sec:8.0f} {nsamples / sec:10,.0f} {sec / rows['cat (floor)']:7.2f}"
+        )
     best = min(rows["reorganize_tar, 1 task"], rows["reorganize_tar, 2 tasks in parallel"])
-    result = {"bytes": nbytes, "samples": nsamples, "seconds": rows,
-              "reorganize_vs_cat": best / rows["cat (floor)"],
-              "tarfile_vs_reorganize": rows["python tarfile member-by-member"] / best}
-    print(f"RESULT reorganize_vs_cat={result['reorganize_vs_cat']:.2f} "
-          f"tarfile_vs_reorganize={result['tarfile_vs_reorganize']:.1f}")
+    result = {
+        "bytes": nbytes,
+        "samples": nsamples,
+        "seconds": rows,
+        "reorganize_vs_cat": best / rows["cat (floor)"],
+        "tarfile_vs_reorganize": rows["python tarfile member-by-member"] / best,
+    }
+    print(
+        f"RESULT reorganize_vs_cat={result['reorganize_vs_cat']:.2f} "
+        f"tarfile_vs_reorganize={result['tarfile_vs_reorganize']:.1f}"
+    )
     return result
 
 

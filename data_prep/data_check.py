@@ -11,6 +11,7 @@ encoder from the same config on CPU (data_prep.model_check).
         [--num-workers N] [--micro-batch-size N] [--scan-tars N] [--precheck-only] [--model-check]
         [--report OUT.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,9 @@ from data_prep.wdinfo import WdinfoError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m data_prep.data_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m data_prep.data_check", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--training-config", type=Path, required=True, help="resolved NeMo training YAML")
     parser.add_argument("--batches", type=int, default=4, help="batches to draw (>= 1)")
     parser.add_argument("--world-size", type=int, help="planned nodes x gpus (default: from trainer)")
@@ -33,8 +36,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-size", type=int, help="batch size for this check (default: config)")
     parser.add_argument("--scan-tars", type=int, default=1, help="tars whose headers to scan (0 = all)")
     parser.add_argument("--precheck-only", action="store_true", help="plain-Python checks only, no NeMo")
-    parser.add_argument("--model-check", action="store_true",
-                        help="also build NeMo's UNet, VAE (staged weights) and text encoder on CPU")
+    parser.add_argument(
+        "--model-check",
+        action="store_true",
+        help="also build NeMo's UNet, VAE (staged weights) and text encoder on CPU",
+    )
     parser.add_argument("--report", type=Path, help="write the JSON report here")
     args = parser.parse_args(argv)
     minimum = {"batches": 1, "world_size": 1, "micro_batch_size": 1, "num_workers": 0, "scan_tars": 0}

@@ -37,9 +37,15 @@ STEP = "demo"
 NUM_SOURCE_FILES = 2
 MIN_IMAGES = 10
 COLORS = {
-    "red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200), "yellow": (230, 200, 40),
-    "purple": (130, 50, 160), "orange": (240, 130, 30), "white": (245, 245, 245), "black": (15, 15, 15),
-}  # fmt: skip
+    "red": (200, 40, 40),
+    "green": (40, 160, 60),
+    "blue": (40, 70, 200),
+    "yellow": (230, 200, 40),
+    "purple": (130, 50, 160),
+    "orange": (240, 130, 30),
+    "white": (245, 245, 245),
+    "black": (15, 15, 15),
+}
 SHAPES = ("circle", "square", "stripe")
 
 

@@ -77,8 +77,9 @@ def record_matches(asset: Asset) -> bool:
     """The record names this repo, revision and file list, and every file still has its size."""
     record = read_json(asset.local_dir / RECORD)
     if not isinstance(record, dict) or (record.get("repo_id"), record.get("revision")) != (
-        asset.repo_id, asset.revision
-    ):  # fmt: skip
+        asset.repo_id,
+        asset.revision,
+    ):
         return False
     files = record.get("files")
     if not isinstance(files, dict) or sorted(files) != sorted(asset.files):
@@ -99,19 +100,26 @@ def _remote_files(asset: Asset, endpoint: str | None) -> dict[str, Remote]:
         info = api.model_info(asset.repo_id, revision=asset.revision, files_metadata=True)
     except Exception as exc:  # any client or network error: name what was asked and where
         where = endpoint or "https://huggingface.co"
-        raise AssetError(f"{asset.label}: cannot list the repo at {where}: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc  # fmt: skip
+        raise AssetError(
+            f"{asset.label}: cannot list the repo at {where}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
     siblings = {s.rfilename: s for s in info.siblings or []}
     missing = [name for name in asset.files if name not in siblings]
     if missing:
-        raise AssetError(f"{asset.label}: no {', '.join(missing)} in the repo at this revision; "
-                         f"its files: {', '.join(sorted(siblings))}")  # fmt: skip
+        raise AssetError(
+            f"{asset.label}: no {', '.join(missing)} in the repo at this revision; "
+            f"its files: {', '.join(sorted(siblings))}"
+        )
     remote: dict[str, Remote] = {}
     for name in asset.files:
         s = siblings[name]
         lfs_sha = s.lfs["sha256"] if s.lfs else None
-        remote[name] = Remote(size=int(s.lfs["size"] if s.lfs else s.size or 0), sha256=lfs_sha,
-                              blob_sha1=None if lfs_sha else s.blob_id)  # fmt: skip
+        remote[name] = Remote(
+            size=int(s.lfs["size"] if s.lfs else s.size or 0),
+            sha256=lfs_sha,
+            blob_sha1=None if lfs_sha else s.blob_id,
+        )
     return remote
 
 
@@ -145,8 +153,16 @@ def _fetch_file(asset: Asset, name: str, remote: Remote, endpoint: str | None) -
 
     started = time.monotonic()
     for force in (False, True):
-        path = Path(hf_hub_download(asset.repo_id, name, revision=asset.revision, local_dir=asset.local_dir,
-                                    endpoint=endpoint, force_download=force))  # fmt: skip
+        path = Path(
+            hf_hub_download(
+                asset.repo_id,
+                name,
+                revision=asset.revision,
+                local_dir=asset.local_dir,
+                endpoint=endpoint,
+                force_download=force,
+            )
+        )
         problem, sha256 = _verify(path, remote)
         if problem is None:
             seconds = time.monotonic() - started
@@ -169,8 +185,9 @@ def stage(asset: Asset) -> bool:
     total = sum(r.size for r in remote.values())
     log(STEP, f"{asset.label}: {len(asset.files)} files, {total:,} bytes into {asset.local_dir}")
     files = {name: _fetch_file(asset, name, remote[name], endpoint) for name in asset.files}
-    write_json_atomic(asset.local_dir / RECORD, {"repo_id": asset.repo_id, "revision": asset.revision,
-                                                 "files": files})  # fmt: skip
+    write_json_atomic(
+        asset.local_dir / RECORD, {"repo_id": asset.repo_id, "revision": asset.revision, "files": files}
+    )
     log(STEP, f"{asset.label}: complete, {RECORD} written")
     return True
 
@@ -193,10 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"once: each folder gets {RECORD} last, and a rerun that finds a matching record does nothing. "
         "The token comes from HF_TOKEN; HF_ENDPOINT picks another hub.",
     )
-    parser.add_argument("--asset", nargs="+", action="append", required=True,
-                        metavar="NAME REPO_ID REVISION LOCAL_DIR FILE",
-                        help="one asset: a name for the log, the model repo, its commit sha, the folder, "
-                        "and the repo's files to fetch (repeat --asset for more)")  # fmt: skip
+    parser.add_argument(
+        "--asset",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="NAME REPO_ID REVISION LOCAL_DIR FILE",
+        help="one asset: a name for the log, the model repo, its commit sha, the folder, "
+        "and the repo's files to fetch (repeat --asset for more)",
+    )
     args = parser.parse_args(argv)
     from huggingface_hub.utils import disable_progress_bars
 

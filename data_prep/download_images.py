@@ -204,9 +204,12 @@ def run(opts: RunOptions) -> dict[str, Any]:
         num_shards = math.ceil(rows / opts.image.samples_per_shard)
         done_before = shard_stats(folder, num_shards)[0] if folder.is_dir() else {}
         processes, threads = workers(opts, task_cpus(), num_shards - len(done_before))
-        log(STEP, f"partition {opts.partition}: {rows:,} rows -> {num_shards} shard(s) in {folder} "
-                  f"({len(done_before)} already done), {processes} process(es) x {threads} threads, "
-                  f"{opts.image.resize_mode} {opts.image.image_size}")  # fmt: skip
+        log(
+            STEP,
+            f"partition {opts.partition}: {rows:,} rows -> {num_shards} shard(s) in {folder} "
+            f"({len(done_before)} already done), {processes} process(es) x {threads} threads, "
+            f"{opts.image.resize_mode} {opts.image.image_size}",
+        )
         started = time.monotonic()
         if len(done_before) < num_shards:
             run_img2dataset(url_list, folder, opts, processes, threads)
@@ -228,9 +231,12 @@ def run(opts: RunOptions) -> dict[str, Any]:
     summary["seconds"] = round(seconds, 3)
     summary["workers"] = {"processes": processes, "threads": threads}
     write_json_atomic(marker, summary)
-    log(STEP, f"partition {opts.partition} done: {summary['successes']:,} of {rows:,} images "
-              f"({summary['failed_to_download']:,} failed to download, {summary['failed_to_resize']:,} to resize); "
-              f"{processed:,} rows in {seconds:.1f} s ({processed / max(seconds, 1e-9):,.0f} images/s) -> {marker}")  # fmt: skip
+    log(
+        STEP,
+        f"partition {opts.partition} done: {summary['successes']:,} of {rows:,} images "
+        f"({summary['failed_to_download']:,} failed to download, {summary['failed_to_resize']:,} to resize); "
+        f"{processed:,} rows in {seconds:.1f} s ({processed / max(seconds, 1e-9):,.0f} images/s) -> {marker}",
+    )
     return summary
 
 

@@ -77,20 +77,35 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
         "--partition", type=int_at_least(0), default=default_partition(), help="default: $SLURM_ARRAY_TASK_ID"
     )
     add("--image-size", type=int_at_least(1), default=256, help="side of the stored images (training res)")
-    add("--resize-mode", type=resize_mode, default="center_crop",
+    add(
+        "--resize-mode",
+        type=resize_mode,
+        default="center_crop",
         help="center_crop (default: what training does anyway, ~10x less data) or no, border, "
-             "keep_ratio, keep_ratio_largest")  # fmt: skip
+        "keep_ratio, keep_ratio_largest",
+    )
     add("--encode-quality", type=int_at_least(1, 100), default=95, help="JPEG quality 1..100")
-    add("--processes", type=int_at_least(1),
-        help="img2dataset processes (default: $SLURM_CPUS_PER_TASK or all CPUs, at most the shards left)")
-    add("--threads", type=int_at_least(1), help=f"download threads per process (default {THREADS_PER_PROCESS})")
+    add(
+        "--processes",
+        type=int_at_least(1),
+        help="img2dataset processes (default: $SLURM_CPUS_PER_TASK or all CPUs, at most the shards left)",
+    )
+    add(
+        "--threads",
+        type=int_at_least(1),
+        help=f"download threads per process (default {THREADS_PER_PROCESS})",
+    )
     add("--samples-per-shard", type=int_at_least(1), default=1000)
     add("--timeout", type=int_at_least(1), default=10, help="seconds per download")
     add("--retries", type=int_at_least(0), default=0, help="extra tries per failed download, at once")
     add("--user-agent-token", help="added to the User-Agent; X-Robots-Tag lines for this token apply too")
-    add("--disallowed-header-directives", type=directives, default=ROBOTS_DIRECTIVES,
-        help="comma-separated X-Robots-Tag directives that exclude an image (\"\" = obey none); "
-             f"default {','.join(ROBOTS_DIRECTIVES)}")  # fmt: skip
+    add(
+        "--disallowed-header-directives",
+        type=directives,
+        default=ROBOTS_DIRECTIVES,
+        help='comma-separated X-Robots-Tag directives that exclude an image ("" = obey none); '
+        f"default {','.join(ROBOTS_DIRECTIVES)}",
+    )
     return parser
 
 

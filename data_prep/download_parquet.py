@@ -54,6 +54,7 @@ from data_prep.source import DataPrepError, list_files, open_source, read_token,
 STEP = "download_parquet"
 BATCH_ROWS = 65_536
 
+
 @dataclass(frozen=True)
 class Options:
     source: str
@@ -111,8 +112,11 @@ def count_pass(
                 break
     log(STEP, progress.summary("pass 1/2 (count)"))
     if opts.max_rows is not None and rows_kept >= limit:
-        log(STEP, f"--max-rows {opts.max_rows:,}: keeping the first {opts.max_rows:,} rows that pass the "
-                  f"filters (read {len(resolved)} of {len(plans)} file(s))")  # fmt: skip
+        log(
+            STEP,
+            f"--max-rows {opts.max_rows:,}: keeping the first {opts.max_rows:,} rows that pass the "
+            f"filters (read {len(resolved)} of {len(plans)} file(s))",
+        )
     return resolved, rows_read, int(min(rows_kept, limit)), dropped
 
 
@@ -239,8 +243,17 @@ def parse_args(argv: list[str] | None = None) -> Options:
     if args.max_rows is not None and args.max_rows < 1:
         parser.error(f"--max-rows must be >= 1, got {args.max_rows}")
     filters = {name: getattr(args, name) for name in FILTERS if getattr(args, name) is not None}
-    plain = ("source", "output_dir", "num_partitions", "pattern", "url_col", "caption_col", "hf_token_file",
-             "revision", "max_rows")
+    plain = (
+        "source",
+        "output_dir",
+        "num_partitions",
+        "pattern",
+        "url_col",
+        "caption_col",
+        "hf_token_file",
+        "revision",
+        "max_rows",
+    )
     return Options(filters=filters, **{name: getattr(args, name) for name in plain})
 
 

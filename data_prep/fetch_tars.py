@@ -75,7 +75,9 @@ def place_all(
     counts = {"linked": 0, "copied": 0, "kept": 0}
     started, done_bytes = time.monotonic(), 0
     with ThreadPoolExecutor(max_workers=1 if local else threads) as pool:
-        for n, (outcome, src) in enumerate(zip(pool.map(place, enumerate(files)), files), start=1):
+        for n, (outcome, src) in enumerate(
+            zip(pool.map(place, enumerate(files)), files, strict=True), start=1
+        ):
             counts[outcome] += 1
             done_bytes += src.size
             if n % 100 == 0 or n == len(files):
@@ -108,8 +110,11 @@ def run(source: str, output_dir: Path, pattern: str, token_file: str | None, thr
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=f"python -m data_prep.{STEP}", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=f"python -m data_prep.{STEP}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add = parser.add_argument
     add("--source", required=True, help="absolute folder or fsspec URL holding the tars")
     add("--output-dir", required=True, type=Path, help="gets tars/NNNNNN.tar and tars.done.json")
@@ -126,8 +131,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return exit_status(STEP, lambda: run(args.source, args.output_dir, args.pattern, args.hf_token_file,
-                                         args.threads), DataPrepError, 2)  # fmt: skip
+    return exit_status(
+        STEP,
+        lambda: run(args.source, args.output_dir, args.pattern, args.hf_token_file, args.threads),
+        DataPrepError,
+        2,
+    )
 
 
 if __name__ == "__main__":

@@ -32,22 +32,30 @@ def load_records(tar_dir: Path, chunk_size: int) -> list[dict[str, Any]]:
     if not tars:
         raise WdinfoError(f"no .tar files in --tar-dir {tar_dir}: run reorganize_tar first")
     if not records:
-        raise WdinfoError(f"{len(tars)} tars in {tar_dir} but no count records in {COUNTS_DIR}/: "
-                          "they were not written by reorganize_tar (or it has not finished)")
+        raise WdinfoError(
+            f"{len(tars)} tars in {tar_dir} but no count records in {COUNTS_DIR}/: "
+            "they were not written by reorganize_tar (or it has not finished)"
+        )
     if any(not isinstance(r, dict) for r in records):
         raise WdinfoError(f"unreadable count record in {tar_dir / COUNTS_DIR}")
     plans = {(r["plan"], r["outputs"], r["chunk_size"]) for r in records}
     if len(plans) != 1:
-        raise WdinfoError(f"count records in {tar_dir / COUNTS_DIR} come from {len(plans)} different "
-                          "reorganize_tar runs: rerun reorganize_tar with the same arguments on all tasks")
+        raise WdinfoError(
+            f"count records in {tar_dir / COUNTS_DIR} come from {len(plans)} different "
+            "reorganize_tar runs: rerun reorganize_tar with the same arguments on all tasks"
+        )
     _, outputs, recorded_chunk = plans.pop()
     if recorded_chunk != chunk_size:
-        raise WdinfoError(f"--chunk-size {chunk_size} differs from the {recorded_chunk} the tars were written with")
+        raise WdinfoError(
+            f"--chunk-size {chunk_size} differs from the {recorded_chunk} the tars were written with"
+        )
     by_index = {r["index"]: r for r in records}
     missing = [i for i in range(outputs) if i not in by_index]
     if missing:
-        raise WdinfoError(f"{len(missing)} of {outputs} tars have no count record (first: #{missing[0]}): "
-                          "a reorganize_tar task did not finish; rerun it")
+        raise WdinfoError(
+            f"{len(missing)} of {outputs} tars have no count record (first: #{missing[0]}): "
+            "a reorganize_tar task did not finish; rerun it"
+        )
     ordered = [by_index[i] for i in range(outputs)]
     for r in ordered:
         path = tar_dir / r["tar"]
@@ -55,7 +63,10 @@ def load_records(tar_dir: Path, chunk_size: int) -> list[dict[str, Any]]:
             raise WdinfoError(f"{path} is missing or not the size its record says ({r['bytes']} bytes)")
     extra = sorted(set(tars) - {r["tar"] for r in ordered})
     if extra:
-        log(STEP, f"warning: {len(extra)} tars not written by this reorganize_tar run are ignored: {extra[:5]}")
+        log(
+            STEP,
+            f"warning: {len(extra)} tars not written by this reorganize_tar run are ignored: {extra[:5]}",
+        )
     return ordered
 
 
@@ -85,11 +96,15 @@ def build_wdinfo(tar_dir: Path, chunk_size: int, check: bool) -> Wdinfo:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m data_prep.generate_wdinfo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m data_prep.generate_wdinfo", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--tar-dir", type=Path, required=True, help="reorganize_tar's --output-dir")
     p.add_argument("--chunk-size", type=int, required=True, help="reorganize_tar's --chunk-size (checked)")
     p.add_argument("--output", type=Path, default=None, help="default: <tar-dir>/wdinfo.pkl")
-    p.add_argument("--verify", action="store_true", help="rescan every tar's headers and fail on a count mismatch")
+    p.add_argument(
+        "--verify", action="store_true", help="rescan every tar's headers and fail on a count mismatch"
+    )
     args = p.parse_args(argv)
     if args.chunk_size < 1:
         p.error(f"--chunk-size must be >= 1, got {args.chunk_size}")
@@ -106,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     write_wdinfo(output, info)
     short = info.total_key_count - (len(info.tar_files) - 1) * args.chunk_size
-    log(STEP, f"wrote {output}: {len(info.tar_files)} tars x chunk_size {args.chunk_size}, "
-              f"total_key_count {info.total_key_count:,}"
-              + (f" (last tar short: {short} samples)" if short != args.chunk_size else ""))
+    log(
+        STEP,
+        f"wrote {output}: {len(info.tar_files)} tars x chunk_size {args.chunk_size}, "
+        f"total_key_count {info.total_key_count:,}"
+        + (f" (last tar short: {short} samples)" if short != args.chunk_size else ""),
+    )
     return 0
 
 

@@ -53,25 +53,33 @@ def _read_state_dict(path: str) -> dict[str, Any]:
         state = load_file(path)
     else:
         state = torch.load(path, map_location="cpu", weights_only=False)
-    return state["state_dict"] if "state_dict" in state else state
+    return state.get("state_dict", state)
 
 
 def check_vae(model: DictConfig) -> dict[str, Any]:
     key = "first_stage_config.from_pretrained"
     path = model.first_stage_config.get("from_pretrained")
     if not path or not os.path.isfile(path):
-        raise ModelCheckError(f"model.{key}={path!r}: no such file; run the pretrained_assets job or fix the path")
+        raise ModelCheckError(
+            f"model.{key}={path!r}: no such file; run the pretrained_assets job or fix the path"
+        )
     vae = _instantiate(model.first_stage_config, "first_stage_config", from_pretrained=None)
     state = _read_state_dict(path)
     from_nemo = bool(model.first_stage_config.get("from_NeMo", False))
     missing, unexpected, mismatched, errors = vae._load_pretrained_model(state, from_NeMo=from_nemo)
-    problems = {"missing": sorted(missing), "unexpected": sorted(unexpected),
-                "mismatched": [str(m) for m in mismatched], "load_errors": [str(e) for e in errors]}  # fmt: skip
+    problems = {
+        "missing": sorted(missing),
+        "unexpected": sorted(unexpected),
+        "mismatched": [str(m) for m in mismatched],
+        "load_errors": [str(e) for e in errors],
+    }
     found = {name: values for name, values in problems.items() if values}
     if found:
         detail = "; ".join(f"{len(v)} {name} (e.g. {v[0]})" for name, v in found.items())
-        raise ModelCheckError(f"model.{key}={path}: the weights do not fit NeMo's AutoencoderKL "
-                              f"(from_NeMo={from_nemo}): {detail}")  # fmt: skip
+        raise ModelCheckError(
+            f"model.{key}={path}: the weights do not fit NeMo's AutoencoderKL "
+            f"(from_NeMo={from_nemo}): {detail}"
+        )
     return {"file": path, "tensors": len(state)}
 
 
@@ -79,13 +87,17 @@ def check_text_encoder(model: DictConfig) -> dict[str, Any]:
     key = "cond_stage_config.version"
     folder = model.cond_stage_config.get("version")
     if not folder or not Path(folder).is_dir():
-        raise ModelCheckError(f"model.{key}={folder!r}: no such folder; run the pretrained_assets job or fix it")
+        raise ModelCheckError(
+            f"model.{key}={folder!r}: no such folder; run the pretrained_assets job or fix it"
+        )
     encoder = _instantiate(model.cond_stage_config, "cond_stage_config", device="cpu")
     embedding = encoder.encode([CAPTION])
     context_dim = model.unet_config.get("context_dim")
     if context_dim is not None and embedding.shape[-1] != context_dim:
-        raise ModelCheckError(f"model.{key}={folder}: the text encoder gives {embedding.shape[-1]}-wide "
-                              f"embeddings but model.unet_config.context_dim is {context_dim}")  # fmt: skip
+        raise ModelCheckError(
+            f"model.{key}={folder}: the text encoder gives {embedding.shape[-1]}-wide "
+            f"embeddings but model.unet_config.context_dim is {context_dim}"
+        )
     return {"folder": folder, "embedding_shape": list(embedding.shape)}
 
 

@@ -25,8 +25,9 @@ MODULES_USING_APEX_GROUP_NORM = (
 class GroupNorm(torch.nn.GroupNorm):
     """apex.contrib.group_norm.GroupNorm's signature: act="silu" applies SiLU after the norm."""
 
-    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
-                 act: str = "") -> None:  # fmt: skip
+    def __init__(
+        self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, act: str = ""
+    ) -> None:
         super().__init__(num_groups, num_channels, eps=eps, affine=affine)
         if act not in ("", "silu"):
             raise ValueError(f"act={act!r}: apex's GroupNorm supports '' and 'silu'")

@@ -47,16 +47,26 @@ def _draw(loader: Any, batches: int, model: DictConfig) -> dict[str, Any]:
         if drawn == 0:
             first_s = time.perf_counter() - start
             images, captions = batch[model.first_stage_key], batch[model.cond_stage_key]
-            shapes = {"images": list(images.shape), "images_dtype": str(images.dtype),
-                      "images_min": float(images.min()), "images_max": float(images.max()),
-                      "captions": len(captions), "caption_example": str(captions[0])[:80]}
+            shapes = {
+                "images": list(images.shape),
+                "images_dtype": str(images.dtype),
+                "images_min": float(images.min()),
+                "images_max": float(images.max()),
+                "captions": len(captions),
+                "caption_example": str(captions[0])[:80],
+            }
         drawn += 1
         if drawn == batches:
             break
     elapsed = time.perf_counter() - start
     mbs = int(model.micro_batch_size)
-    return {"batches_drawn": drawn, "first_batch_s": first_s, "seconds": round(elapsed, 3),
-            "images_per_s": round(drawn * mbs / elapsed, 1) if drawn else 0.0, **shapes}
+    return {
+        "batches_drawn": drawn,
+        "first_batch_s": first_s,
+        "seconds": round(elapsed, 3),
+        "images_per_s": round(drawn * mbs / elapsed, 1) if drawn else 0.0,
+        **shapes,
+    }
 
 
 def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> dict[str, Any]:
@@ -83,14 +93,24 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
         failures, first = multiprocessing.Value("i", 0), multiprocessing.Array("c", 300)
         # LatentDiffusion's loader settings; the worker_init_fn only counts swallowed errors.
         loader = torch.utils.data.DataLoader(
-            train_ds, batch_size=mbs, num_workers=workers, drop_last=True, persistent_workers=workers > 0,
-            worker_init_fn=functools.partial(_count_loader_failures, failures, first))
+            train_ds,
+            batch_size=mbs,
+            num_workers=workers,
+            drop_last=True,
+            persistent_workers=workers > 0,
+            worker_init_fn=functools.partial(_count_loader_failures, failures, first),
+        )
         with warnings.catch_warnings():  # restores this process's warning hooks afterwards
             _count_loader_failures(failures, first)
             result = _draw(loader, batches, cfg)
         del loader  # stop the persistent workers before the process group goes
-        return {**result, "num_workers": workers, "micro_batch_size": mbs, "swallowed_errors": failures.value,
-                "first_swallowed_error": first.value.decode(errors="replace")}  # type: ignore[attr-defined]
+        return {
+            **result,
+            "num_workers": workers,
+            "micro_batch_size": mbs,
+            "swallowed_errors": failures.value,
+            "first_swallowed_error": first.value.decode(errors="replace"),
+        }  # type: ignore[attr-defined]
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
@@ -100,7 +120,11 @@ def loader_errors(result: dict[str, Any], batches: int) -> list[str]:
     """A loader that yields nothing fails; name the usual causes."""
     if result["batches_drawn"] > 0:
         return []
-    return [(f"NeMo's loader yielded 0 of {batches} batches ({result['swallowed_errors']} swallowed "
-             "errors). Likely: images not .jpg (NeMo reads only <key>.jpg + <key>.txt), undecodable images, "
-             "unknown augmentations, or fewer samples per loader worker than the micro batch "
-             f"({result['micro_batch_size']}, drop_last): lower --micro-batch-size/--num-workers or add data")]
+    return [
+        (
+            f"NeMo's loader yielded 0 of {batches} batches ({result['swallowed_errors']} swallowed "
+            "errors). Likely: images not .jpg (NeMo reads only <key>.jpg + <key>.txt), undecodable images, "
+            "unknown augmentations, or fewer samples per loader worker than the micro batch "
+            f"({result['micro_batch_size']}, drop_last): lower --micro-batch-size/--num-workers or add data"
+        )
+    ]

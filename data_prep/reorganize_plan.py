@@ -72,7 +72,8 @@ def discover_shards(input_dir: Path, output_dir: Path, allow_incomplete: bool) -
             if not allow_incomplete:
                 raise ReorganizeError(
                     f"partition {part} has no done marker {part.name}.done.json: its download has not "
-                    "finished (pass --allow-incomplete to skip unfinished partitions)")
+                    "finished (pass --allow-incomplete to skip unfinished partitions)"
+                )
             log(STEP, f"warning: skipping unfinished partition {part.name} (--allow-incomplete)")
             continue
         marked = read_json(marker)
@@ -94,11 +95,14 @@ def _fingerprint(metas: list[dict[str, Any]], chunk: int, keep: bool) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def make_plan(shards: list[Shard], metas: list[dict[str, Any]], chunk_size: int, keep_remainder: bool) -> Plan:
+def make_plan(
+    shards: list[Shard], metas: list[dict[str, Any]], chunk_size: int, keep_remainder: bool
+) -> Plan:
     starts, total = [], 0
     for meta in metas:
         starts.append(total)
         total += meta["samples"]
     outputs = total // chunk_size + (1 if keep_remainder and total % chunk_size else 0)
-    return Plan(shards, metas, starts, total, chunk_size, outputs,
-                _fingerprint(metas, chunk_size, keep_remainder))
+    return Plan(
+        shards, metas, starts, total, chunk_size, outputs, _fingerprint(metas, chunk_size, keep_remainder)
+    )

@@ -63,8 +63,11 @@ class _Rate:
         elapsed = max(now - self.start, 1e-9)
         frac = done_units / self.total_units if self.total_units else 1.0
         eta = elapsed * (1 - frac) / frac if frac > 0 else float("nan")
-        log(STEP, f"{self.prefix} {done_units}/{self.total_units} ({frac:.0%}), {detail}, "
-                  f"{done_bytes / 1e6 / elapsed:,.1f} MB/s, elapsed {elapsed:.0f}s, ETA {eta:.0f}s")
+        log(
+            STEP,
+            f"{self.prefix} {done_units}/{self.total_units} ({frac:.0%}), {detail}, "
+            f"{done_bytes / 1e6 / elapsed:,.1f} MB/s, elapsed {elapsed:.0f}s, ETA {eta:.0f}s",
+        )
 
 
 class _ShardFiles:
@@ -90,8 +93,9 @@ class _ShardFiles:
         self.number, self.fd = -1, -1
 
 
-def _copy_piece(out: TarAppender, shards: _ShardFiles, piece: tuple[int, int, int], first_key: int,
-                exts: list[bytes]) -> int:
+def _copy_piece(
+    out: TarAppender, shards: _ShardFiles, piece: tuple[int, int, int], first_key: int, exts: list[bytes]
+) -> int:
     """Append samples [lo, hi) of one shard under global keys first_key...; the data bytes copied."""
     number, lo, hi = piece
     src, extents = shards.open(number)
@@ -109,10 +113,16 @@ def _record_ok(record: Any, plan: Plan, j: int, tar: Path, samples: int) -> bool
     if not isinstance(record, dict) or not tar.exists():
         return False
     return (record.get("plan"), record.get("index"), record.get("samples"), record.get("bytes")) == (
-        plan.fingerprint, j, samples, tar.stat().st_size)
+        plan.fingerprint,
+        j,
+        samples,
+        tar.stat().st_size,
+    )
 
 
-def write_output(plan: Plan, j: int, output_dir: Path, shards: _ShardFiles, exts: list[bytes]) -> tuple[int, int]:
+def write_output(
+    plan: Plan, j: int, output_dir: Path, shards: _ShardFiles, exts: list[bytes]
+) -> tuple[int, int]:
     """Write tar j unless its matching record exists; (samples, input data bytes) written, (0, 0) if kept."""
     first, last = j * plan.chunk_size, min((j + 1) * plan.chunk_size, plan.total)
     tar = output_dir / plan.tar_name(j)
@@ -126,19 +136,32 @@ def write_output(plan: Plan, j: int, output_dir: Path, shards: _ShardFiles, exts
         fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC)
         try:
             out = TarAppender(fd)
-            data = sum(_copy_piece(out, shards, piece, plan.starts[piece[0]] + piece[1], exts)
-                       for piece in plan.pieces(first, last))
+            data = sum(
+                _copy_piece(out, shards, piece, plan.starts[piece[0]] + piece[1], exts)
+                for piece in plan.pieces(first, last)
+            )
             written = out.finish()
         finally:
             os.close(fd)
-    write_json_atomic(record_path, {"tar": tar.name, "index": j, "samples": last - first, "bytes": written,
-                                    "first_sample": first, "chunk_size": plan.chunk_size,
-                                    "outputs": plan.outputs, "plan": plan.fingerprint})
+    write_json_atomic(
+        record_path,
+        {
+            "tar": tar.name,
+            "index": j,
+            "samples": last - first,
+            "bytes": written,
+            "first_sample": first,
+            "chunk_size": plan.chunk_size,
+            "outputs": plan.outputs,
+            "plan": plan.fingerprint,
+        },
+    )
     return last - first, data
 
 
-def index_all(shards: list[Shard], output_dir: Path, extensions: list[str], task: int, count: int,
-              prefix: str) -> tuple[list[dict[str, Any]], int]:
+def index_all(
+    shards: list[Shard], output_dir: Path, extensions: list[str], task: int, count: int, prefix: str
+) -> tuple[list[dict[str, Any]], int]:
     """Every shard's index record, starting at this task's share so parallel tasks split the scanning."""
     metas: list[dict[str, Any] | None] = [None] * len(shards)
     start = task * len(shards) // count
@@ -152,12 +175,19 @@ def index_all(shards: list[Shard], output_dir: Path, extensions: list[str], task
 
 
 def _summary(metas: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
-    return {"shards": len(metas), "samples_complete": plan.total, "outputs": plan.outputs,
-            "dropped_missing_member": sum(m["incomplete"] for m in metas),
-            "remainder_dropped": plan.total - min(plan.total, plan.outputs * plan.chunk_size),
-            "bad_shards": [{"shard": m["shard"], "error": m["error"]} for m in metas if m["error"]],
-            "stats_mismatch": [m["shard"] for m in metas if not m["error"] and m["stats_successes"] is not None
-                               and m["stats_successes"] != m["keys_seen"]]}
+    return {
+        "shards": len(metas),
+        "samples_complete": plan.total,
+        "outputs": plan.outputs,
+        "dropped_missing_member": sum(m["incomplete"] for m in metas),
+        "remainder_dropped": plan.total - min(plan.total, plan.outputs * plan.chunk_size),
+        "bad_shards": [{"shard": m["shard"], "error": m["error"]} for m in metas if m["error"]],
+        "stats_mismatch": [
+            m["shard"]
+            for m in metas
+            if not m["error"] and m["stats_successes"] is not None and m["stats_successes"] != m["keys_seen"]
+        ],
+    }
 
 
 def run_task(args: argparse.Namespace) -> dict[str, Any]:
@@ -171,13 +201,18 @@ def run_task(args: argparse.Namespace) -> dict[str, Any]:
     plan = make_plan(shards, metas, args.chunk_size, args.keep_remainder)
     summary = _summary(metas, plan)
     if plan.outputs == 0:
-        raise ReorganizeError(f"only {plan.total} complete samples, fewer than --chunk-size {plan.chunk_size}: "
-                              "no tar to write (lower --chunk-size or pass --keep-remainder)")
+        raise ReorganizeError(
+            f"only {plan.total} complete samples, fewer than --chunk-size {plan.chunk_size}: "
+            "no tar to write (lower --chunk-size or pass --keep-remainder)"
+        )
     for bad in summary["bad_shards"]:
         log(STEP, f"warning: shard {bad['shard']}: {bad['error']}")
     lo, hi = task * plan.outputs // count, (task + 1) * plan.outputs // count
-    log(STEP, f"{prefix} {plan.total:,} complete samples in {len(shards)} shards -> {plan.outputs} tars; "
-              f"this task writes tars [{lo}, {hi})")
+    log(
+        STEP,
+        f"{prefix} {plan.total:,} complete samples in {len(shards)} shards -> {plan.outputs} tars; "
+        f"this task writes tars [{lo}, {hi})",
+    )
     shards_open, exts = _ShardFiles(plan, args.output_dir), [e.encode() for e in args.extensions]
     rate, samples, data, written = _Rate(f"{prefix} tars", hi - lo), 0, 0, 0
     try:
@@ -189,13 +224,25 @@ def run_task(args: argparse.Namespace) -> dict[str, Any]:
         shards_open.close()
     if task == count - 1:
         _remove_beyond(args.output_dir, plan)
-    report = {"task_index": task, "task_count": count, "tars": [lo, hi], "tars_written": written,
-              "tars_kept": hi - lo - written, "samples_written": samples, "data_bytes_copied": data,
-              "shards_scanned_by_this_task": built, "seconds": round(time.monotonic() - t0, 3), **summary}
+    report = {
+        "task_index": task,
+        "task_count": count,
+        "tars": [lo, hi],
+        "tars_written": written,
+        "tars_kept": hi - lo - written,
+        "samples_written": samples,
+        "data_bytes_copied": data,
+        "shards_scanned_by_this_task": built,
+        "seconds": round(time.monotonic() - t0, 3),
+        **summary,
+    }
     write_json_atomic(args.output_dir / "_reports" / f"task-{task:04d}-of-{count:04d}.json", report)
-    log(STEP, f"{prefix} done in {report['seconds']:.1f}s: {written} tars written, {hi - lo - written} kept, "
-              f"{summary['dropped_missing_member']} samples dropped (missing member), "
-              f"{summary['remainder_dropped']} remainder dropped, {len(summary['bad_shards'])} bad shards")
+    log(
+        STEP,
+        f"{prefix} done in {report['seconds']:.1f}s: {written} tars written, {hi - lo - written} kept, "
+        f"{summary['dropped_missing_member']} samples dropped (missing member), "
+        f"{summary['remainder_dropped']} remainder dropped, {len(summary['bad_shards'])} bad shards",
+    )
     return report
 
 
@@ -210,20 +257,40 @@ def _remove_beyond(output_dir: Path, plan: Plan) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m data_prep.reorganize_tar", description=__doc__.split("\n")[0])
     p.add_argument("--input-dir", type=Path, required=True, help="img2dataset output: <dir>/part-*/NNNNN.tar")
-    p.add_argument("--output-dir", type=Path, required=True, help="flat NNNNNN.tar outputs, _counts/, _reports/")
+    p.add_argument(
+        "--output-dir", type=Path, required=True, help="flat NNNNNN.tar outputs, _counts/, _reports/"
+    )
     p.add_argument("--chunk-size", type=int, required=True, help="samples per output tar (>= 1)")
-    p.add_argument("--extensions", default="jpg,txt", help="members kept per sample, in this order (default jpg,txt); "
-                   "samples missing any are dropped and counted")
-    p.add_argument("--keep-remainder", action="store_true",
-                   help="keep a short last tar. Default: drop it, because NeMo counts every tar as chunk_size "
-                        "samples when resuming (a short tar makes resumption drift) and a preflight computing "
-                        "tars x chunk_size would overstate the data")
-    p.add_argument("--allow-incomplete", action="store_true",
-                   help="skip partition folders without their <part>.done.json marker instead of failing")
-    p.add_argument("--task-index", type=int, default=None,
-                   help="this task's index (default: SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, else 0)")
-    p.add_argument("--task-count", type=int, default=None,
-                   help="number of tasks (default: SLURM_ARRAY_TASK_COUNT, else 1)")
+    p.add_argument(
+        "--extensions",
+        default="jpg,txt",
+        help="members kept per sample, in this order (default jpg,txt); "
+        "samples missing any are dropped and counted",
+    )
+    p.add_argument(
+        "--keep-remainder",
+        action="store_true",
+        help="keep a short last tar. Default: drop it, because NeMo counts every tar as chunk_size "
+        "samples when resuming (a short tar makes resumption drift) and a preflight computing "
+        "tars x chunk_size would overstate the data",
+    )
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="skip partition folders without their <part>.done.json marker instead of failing",
+    )
+    p.add_argument(
+        "--task-index",
+        type=int,
+        default=None,
+        help="this task's index (default: SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, else 0)",
+    )
+    p.add_argument(
+        "--task-count",
+        type=int,
+        default=None,
+        help="number of tasks (default: SLURM_ARRAY_TASK_COUNT, else 1)",
+    )
     args = p.parse_args(argv)
     env = os.environ
     if args.task_index is None:
@@ -233,12 +300,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.extensions = [e.strip().lstrip(".") for e in args.extensions.split(",") if e.strip()]
     if args.chunk_size < 1:
         p.error(f"--chunk-size must be >= 1, got {args.chunk_size}")
-    if not args.extensions or len(set(args.extensions)) != len(args.extensions) or not all(
-            _EXT_RE.match(e) for e in args.extensions):
+    if (
+        not args.extensions
+        or len(set(args.extensions)) != len(args.extensions)
+        or not all(_EXT_RE.match(e) for e in args.extensions)
+    ):
         p.error(f"--extensions must be distinct comma-separated names like 'jpg,txt', got {args.extensions}")
     if args.task_count < 1 or not 0 <= args.task_index < args.task_count:
-        p.error(f"--task-index must be in [0, --task-count) and --task-count >= 1, "
-                f"got {args.task_index} and {args.task_count} (also read from SLURM_ARRAY_TASK_*)")
+        p.error(
+            f"--task-index must be in [0, --task-count) and --task-count >= 1, "
+            f"got {args.task_index} and {args.task_count} (also read from SLURM_ARRAY_TASK_*)"
+        )
     return args
 
 

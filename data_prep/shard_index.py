@@ -39,15 +39,23 @@ def _valid_meta(meta: Any, shard: Shard, extensions: list[str]) -> bool:
         return False
     st = shard.path.stat()
     return (meta.get("size"), meta.get("mtime_ns"), meta.get("extensions")) == (
-        st.st_size, st.st_mtime_ns, extensions)
+        st.st_size,
+        st.st_mtime_ns,
+        extensions,
+    )
 
 
 def _scan_shard(shard: Shard, extensions: list[str]) -> tuple[dict[str, Any], array]:
     """Walk one shard's headers; its index record and extents (complete samples in key order)."""
     st = shard.path.stat()
-    meta: dict[str, Any] = {"version": INDEX_VERSION, "shard": shard.rel, "size": st.st_size,
-                            "mtime_ns": st.st_mtime_ns, "extensions": extensions,
-                            "stats_successes": shard.stats_successes}
+    meta: dict[str, Any] = {
+        "version": INDEX_VERSION,
+        "shard": shard.rel,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "extensions": extensions,
+        "stats_successes": shard.stats_successes,
+    }
     if not shard.finished:
         members, error = [], "no _stats.json: img2dataset never finished this shard; skipped"
     elif st.st_size == 0:
@@ -56,8 +64,12 @@ def _scan_shard(shard: Shard, extensions: list[str]) -> tuple[dict[str, Any], ar
         with open(shard.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             members, error = scan_members(mm, st.st_size)
     index = index_samples(members, extensions)
-    meta.update(samples=len(index.keys), incomplete=index.incomplete, error=error,
-                keys_seen=len(index.keys) + index.incomplete)
+    meta.update(
+        samples=len(index.keys),
+        incomplete=index.incomplete,
+        error=error,
+        keys_seen=len(index.keys) + index.incomplete,
+    )
     return meta, index.extents
 
 

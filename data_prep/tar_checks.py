@@ -16,10 +16,18 @@ from data_prep.wdinfo import read_wdinfo, shard_plan
 
 # The keys NeMo's construct_image_augmentations accepts; any other raises inside the map, where
 # webdataset's warn_and_continue swallows it for every sample, so training would see no data.
-KNOWN_AUGMENTATIONS = frozenset({"resize_smallest_side", "center_crop_h_w", "random_crop_h_w", "horizontal_flip"})
+KNOWN_AUGMENTATIONS = frozenset(
+    {"resize_smallest_side", "center_crop_h_w", "random_crop_h_w", "horizontal_flip"}
+)
 OTHER_IMAGE_EXTS = frozenset({"png", "jpeg", "webp", "ppm", "bmp", "gif"})
-REQUIRED_MODEL_KEYS = ("first_stage_key", "cond_stage_key", "micro_batch_size", "data.num_workers",
-                       "data.train.dataset_path", "data.webdataset.local_root_path")
+REQUIRED_MODEL_KEYS = (
+    "first_stage_key",
+    "cond_stage_key",
+    "micro_batch_size",
+    "data.num_workers",
+    "data.train.dataset_path",
+    "data.webdataset.local_root_path",
+)
 _TAR_BLOCK = 512
 
 
@@ -52,12 +60,15 @@ def planned_world_size(path: Path) -> int:
 def check_data_source(model: DictConfig) -> None:
     """Settings under which NeMo would not read jpg/txt tars at all: nothing further to check."""
     if model.data.get("synthetic_data", False):
-        raise DataCheckError("model.data.synthetic_data is true: training feeds random tensors, not your "
-                             "dataset; set it false")
+        raise DataCheckError(
+            "model.data.synthetic_data is true: training feeds random tensors, not your dataset; set it false"
+        )
     if str(model.first_stage_key).endswith(("encoded", "moments")):
-        raise DataCheckError(f"model.first_stage_key={model.first_stage_key} selects cached latents (.pickle "
-                             "members); this check covers jpg/txt data: set first_stage_key=images, "
-                             "cond_stage_key=captions")
+        raise DataCheckError(
+            f"model.first_stage_key={model.first_stage_key} selects cached latents (.pickle "
+            "members); this check covers jpg/txt data: set first_stage_key=images, "
+            "cond_stage_key=captions"
+        )
 
 
 def check_model_settings(model: DictConfig) -> list[str]:
@@ -66,15 +77,22 @@ def check_model_settings(model: DictConfig) -> list[str]:
     errors = []
     unknown = set(data.train.get("augmentations") or {}) - KNOWN_AUGMENTATIONS
     if unknown:
-        errors.append(f"model.data.train.augmentations has unknown keys {sorted(unknown)}; allowed: "
-                      f"{sorted(KNOWN_AUGMENTATIONS)} (NeMo drops every sample otherwise)")
+        errors.append(
+            f"model.data.train.augmentations has unknown keys {sorted(unknown)}; allowed: "
+            f"{sorted(KNOWN_AUGMENTATIONS)} (NeMo drops every sample otherwise)"
+        )
     filterings = data.train.get("filterings")
     if filterings is not None and not data.webdataset.get("infinite_sampler", False):
-        errors.append("model.data.train.filterings is set but data.webdataset.infinite_sampler is false: "
-                      "NeMo asserts; remove filterings or set infinite_sampler true")
-    if filterings is not None and (filterings.get("resolution") is None
-                                   or filterings.get("estimated_portion") is None):
-        errors.append("model.data.train.filterings needs both resolution {value, method} and estimated_portion")
+        errors.append(
+            "model.data.train.filterings is set but data.webdataset.infinite_sampler is false: "
+            "NeMo asserts; remove filterings or set infinite_sampler true"
+        )
+    if filterings is not None and (
+        filterings.get("resolution") is None or filterings.get("estimated_portion") is None
+    ):
+        errors.append(
+            "model.data.train.filterings needs both resolution {value, method} and estimated_portion"
+        )
     if int(model.micro_batch_size) < 1 or int(data.num_workers) < 1:
         errors.append("model.micro_batch_size and model.data.num_workers must each be >= 1")
     return errors
@@ -101,7 +119,9 @@ def read_wdinfos(paths: list[str]) -> dict[str, Any]:
         info = read_wdinfo(Path(path))
         merged["tar_files"].extend(info.tar_files)
         merged["total_key_count"] += info.total_key_count
-        merged["chunk_size"] = merged["chunk_size"] or info.chunk_size  # NeMo keeps the first file's chunk_size
+        merged["chunk_size"] = (
+            merged["chunk_size"] or info.chunk_size
+        )  # NeMo keeps the first file's chunk_size
         merged["chunk_sizes"].append(info.chunk_size)
     return merged
 
@@ -125,9 +145,12 @@ def scan_tar(path: str) -> dict[str, Any]:
         fp.seek(end)
         if fp.read(2 * _TAR_BLOCK) != bytes(2 * _TAR_BLOCK):
             raise DataCheckError(f"tar {path} is truncated (no end-of-archive blocks); re-create it")
-    return {"path": path, "keys": len(exts),
-            "jpg_txt_samples": sum(1 for e in exts.values() if {"jpg", "txt"} <= e),
-            "extensions": sorted(set().union(*exts.values())) if exts else []}
+    return {
+        "path": path,
+        "keys": len(exts),
+        "jpg_txt_samples": sum(1 for e in exts.values() if {"jpg", "txt"} <= e),
+        "extensions": sorted(set().union(*exts.values())) if exts else [],
+    }
 
 
 def check_members(scan: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -135,26 +158,44 @@ def check_members(scan: dict[str, Any]) -> tuple[list[str], list[str]]:
     path, found = scan["path"], set(scan["extensions"])
     if scan["jpg_txt_samples"] > 0:
         partial = scan["keys"] - scan["jpg_txt_samples"]
-        return [], ([f"{path}: {partial} of {scan['keys']} keys lack a .jpg or .txt member; NeMo skips them"]
-                    if partial else [])
+        return [], (
+            [f"{path}: {partial} of {scan['keys']} keys lack a .jpg or .txt member; NeMo skips them"]
+            if partial
+            else []
+        )
     if "jpg" not in found and found & OTHER_IMAGE_EXTS:
-        return [(f"{path}: images are {sorted(found & OTHER_IMAGE_EXTS)}: NeMo's SD loader reads only .jpg "
-                 "members (<key>.jpg + <key>.txt); re-run img2dataset with encode_format=jpg")], []
+        return [
+            (
+                f"{path}: images are {sorted(found & OTHER_IMAGE_EXTS)}: NeMo's SD loader reads only .jpg "
+                "members (<key>.jpg + <key>.txt); re-run img2dataset with encode_format=jpg"
+            )
+        ], []
     if "jpg" not in found:
-        return [f"{path}: no .jpg members (found {sorted(found)}); NeMo's SD loader reads <key>.jpg + <key>.txt"], []
+        return [
+            f"{path}: no .jpg members (found {sorted(found)}); NeMo's SD loader reads <key>.jpg + <key>.txt"
+        ], []
     return [f"{path}: no key has both .jpg and .txt (found {sorted(found)}); captions must be <key>.txt"], []
 
 
 def plan_report(wdinfo: dict[str, Any], world: int, workers: int, infinite: bool) -> dict[str, Any]:
     """How WDSUrlsRandomSampler (drop_last=True) spreads the tars over ranks and loader workers."""
     if infinite:  # shards are resampled with replacement per worker: nothing is left out or idle
-        return {"sampler": "infinite", "world_size": world, "workers_per_rank": workers,
-                "samples_per_rank_per_epoch": wdinfo["total_key_count"] // world}
+        return {
+            "sampler": "infinite",
+            "world_size": world,
+            "workers_per_rank": workers,
+            "samples_per_rank_per_epoch": wdinfo["total_key_count"] // world,
+        }
     plan = shard_plan(len(wdinfo["tar_files"]), world, workers)
-    return {"sampler": "random", "world_size": world, "workers_per_rank": workers,
-            "tars_per_rank": plan.tars_per_rank, "tars_left_out_per_epoch": plan.left_out,
-            "idle_workers_per_rank": plan.idle_workers,
-            "samples_per_rank_per_epoch": plan.tars_per_rank * wdinfo["chunk_size"]}
+    return {
+        "sampler": "random",
+        "world_size": world,
+        "workers_per_rank": workers,
+        "tars_per_rank": plan.tars_per_rank,
+        "tars_left_out_per_epoch": plan.left_out,
+        "idle_workers_per_rank": plan.idle_workers,
+        "samples_per_rank_per_epoch": plan.tars_per_rank * wdinfo["chunk_size"],
+    }
 
 
 def plan_messages(plan: dict[str, Any], chunk: int) -> tuple[list[str], list[str]]:
@@ -162,15 +203,23 @@ def plan_messages(plan: dict[str, Any], chunk: int) -> tuple[list[str], list[str
     if plan["sampler"] == "infinite":
         return [], []
     if plan["tars_per_rank"] == 0:
-        return [(f"fewer tars than the world size {plan['world_size']} (nodes x gpus): ranks get no data; "
-                 "use fewer GPUs or re-shard into more tars (a smaller number_sample_per_shard)")], []
+        return [
+            (
+                f"fewer tars than the world size {plan['world_size']} (nodes x gpus): ranks get no data; "
+                "use fewer GPUs or re-shard into more tars (a smaller number_sample_per_shard)"
+            )
+        ], []
     warns = []
     if plan["tars_left_out_per_epoch"]:
-        warns.append(f"{plan['tars_left_out_per_epoch']} tars (~{plan['tars_left_out_per_epoch'] * chunk} "
-                     "samples) are left out of every epoch; make the tar count a multiple of the world size")
+        warns.append(
+            f"{plan['tars_left_out_per_epoch']} tars (~{plan['tars_left_out_per_epoch'] * chunk} "
+            "samples) are left out of every epoch; make the tar count a multiple of the world size"
+        )
     if plan["idle_workers_per_rank"]:
-        warns.append(f"{plan['idle_workers_per_rank']} of {plan['workers_per_rank']} loader workers per rank "
-                     "get no tar; lower model.data.num_workers or re-shard into more tars")
+        warns.append(
+            f"{plan['idle_workers_per_rank']} of {plan['workers_per_rank']} loader workers per rank "
+            "get no tar; lower model.data.num_workers or re-shard into more tars"
+        )
     return [], warns
 
 
@@ -197,18 +246,28 @@ def precheck(model: DictConfig, world: int, scan_tars: int, report: dict[str, An
     tar_paths = [os.path.join(root, name) for name in wdinfo["tar_files"]]  # NeMo's own join
     missing = [p for p in tar_paths if not os.path.isfile(p)]
     report["wdinfo"] = {k: wdinfo[k] for k in ("chunk_size", "total_key_count", "chunk_sizes")}
-    report["tars"] = {"listed": len(tar_paths), "found": len(tar_paths) - len(missing), "missing": missing[:10]}
+    report["tars"] = {
+        "listed": len(tar_paths),
+        "found": len(tar_paths) - len(missing),
+        "missing": missing[:10],
+    }
     if len(set(wdinfo["chunk_sizes"])) > 1:
-        report["warnings"].append(f"wdinfo files differ in chunk_size {wdinfo['chunk_sizes']}; NeMo uses the first")
+        report["warnings"].append(
+            f"wdinfo files differ in chunk_size {wdinfo['chunk_sizes']}; NeMo uses the first"
+        )
     if missing:
-        report["errors"].append(f"{len(missing)} of {len(tar_paths)} tars not found under "
-                                f"model.data.webdataset.local_root_path={root} (e.g. {missing[0]}); set it "
-                                "to the folder holding the tars named in wdinfo tar_files")
+        report["errors"].append(
+            f"{len(missing)} of {len(tar_paths)} tars not found under "
+            f"model.data.webdataset.local_root_path={root} (e.g. {missing[0]}); set it "
+            "to the folder holding the tars named in wdinfo tar_files"
+        )
     else:
         odd = [p for p in tar_paths if os.path.getsize(p) == 0 or os.path.getsize(p) % _TAR_BLOCK]
         if odd:
-            report["errors"].append(f"{len(odd)} tars have a size that is not a whole number of 512-byte "
-                                    f"blocks (truncated), e.g. {odd[0]}; re-create them")
+            report["errors"].append(
+                f"{len(odd)} tars have a size that is not a whole number of 512-byte "
+                f"blocks (truncated), e.g. {odd[0]}; re-create them"
+            )
         check_tar_members(tar_paths[: scan_tars or None], report)
     workers = int(model.data.num_workers)
     report["plan"] = plan_report(wdinfo, world, workers, bool(model.data.webdataset.get("infinite_sampler")))

@@ -57,7 +57,7 @@ def end_of_archive(written: int) -> bytes:
 def _write_full(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:  # a short write is rare (signals, full disk) but must not lose bytes
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class TarAppender:

@@ -1,5 +1,3 @@
-import sys
+from launcher.status.cli import run
 
-from launcher.watch import main
-
-sys.exit(main())
+run()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
 
 from omegaconf import MISSING
 
@@ -49,15 +48,15 @@ class ClusterConfig:
     backend: BackendName = BackendName.local
     # A file system every node sees at the same path: default home of data and results.
     shared_dir: str = ruled(ABS_PATH, MISSING)
-    partition: Optional[str] = ruled(Text(), None)
+    partition: str | None = ruled(Text(), None)
     # CPU-only jobs (downloads, tar work) may go to another partition; null = `partition`.
-    cpu_partition: Optional[str] = ruled(Text(), None)
-    account: Optional[str] = ruled(Text(), None)
-    qos: Optional[str] = ruled(Text(), None)
+    cpu_partition: str | None = ruled(Text(), None)
+    account: str | None = ruled(Text(), None)
+    qos: str | None = ruled(Text(), None)
     gpus_per_node: int = ruled(Range(0), 0)
-    cpus_per_node: Optional[int] = ruled(Range(1), None)
+    cpus_per_node: int | None = ruled(Range(1), None)
     # Memory for GPU jobs ("0" = all of the node's memory, as AWS presets use).
-    gpu_job_mem: Optional[str] = ruled(SLURM_MEM, None)
+    gpu_job_mem: str | None = ruled(SLURM_MEM, None)
     exclusive_gpu_jobs: bool = True
     time_limit: str = ruled(SlurmTime(), "04:00:00")
     sbatch_extra_args: list[str] = ruled(Each(SBATCH_FLAG), factory=list)
@@ -65,29 +64,29 @@ class ClusterConfig:
     # Exported in every job and passed into the container (EFA/NCCL settings for the presets).
     env: dict[str, str] = ruled(Keys(ENV_NAME), factory=dict)
     # Local backend: array tasks run at once (null = cores on this machine).
-    local_parallelism: Optional[int] = ruled(Range(1), None)
+    local_parallelism: int | None = ruled(Range(1), None)
 
 
 @dataclass
 class ContainerConfig:
     runtime: Runtime = Runtime.none
     # An absolute .sqsh path or a registry reference such as nvcr.io#nvidia/nemo:24.07.
-    image: Optional[str] = ruled(Text(), None)
+    image: str | None = ruled(Text(), None)
     mounts: list[str] = ruled(Each(MOUNT), factory=list)
-    workdir: Optional[str] = ruled(ABS_PATH, None)
+    workdir: str | None = ruled(ABS_PATH, None)
     mount_home: bool = False
     # Extra host variables handed over with --container-env (job env vars are always passed).
     env_names: list[str] = ruled(Each(ENV_NAME), factory=list)
     # Interpreter inside the job; null = this launcher's own interpreter (runtime none only).
-    python: Optional[str] = ruled(Text(), None)
+    python: str | None = ruled(Text(), None)
     # Where this repository's code is seen by the job; null = this checkout's absolute path.
-    code_dir: Optional[str] = ruled(ABS_PATH, None)
+    code_dir: str | None = ruled(ABS_PATH, None)
 
 
 @dataclass
 class JobResources:
     cpus_per_task: int = ruled(Range(1), 2)
-    mem: Optional[str] = ruled(SLURM_MEM, "8G")
+    mem: str | None = ruled(SLURM_MEM, "8G")
     time: str = ruled(SlurmTime(), "01:00:00")
 
 

@@ -32,12 +32,22 @@ def partition_rates(raw_tar_dir: Path) -> list[tuple[str, str]]:
             top = next(iter(done.get("errors") or {}), None)
             most = f" (most: {top})" if top else ""
             rate = _rate(done["successes"], done["rows"])
-            rows.append((folder.name, f"{rate} ok: {done['successes']:,} of {done['rows']:,}, {failed:,} failed{most}"))
+            rows.append(
+                (
+                    folder.name,
+                    f"{rate} ok: {done['successes']:,} of {done['rows']:,}, {failed:,} failed{most}",
+                )
+            )
             continue
         stats = [s for p in sorted(folder.glob("*_stats.json")) if (s := _json(p))]
         ok, tried = sum(s["successes"] for s in stats), sum(s["count"] for s in stats)
-        rows.append((folder.name, f"running: {_rate(ok, tried)} ok so far, {ok:,} of {tried:,} in "
-                                  f"{len(stats)} finished shard(s)"))  # fmt: skip
+        rows.append(
+            (
+                folder.name,
+                f"running: {_rate(ok, tried)} ok so far, {ok:,} of {tried:,} in "
+                f"{len(stats)} finished shard(s)",
+            )
+        )
     return rows
 
 
@@ -58,15 +68,24 @@ def data_counts(data_dir: str) -> list[tuple[str, str]]:
     parquet = _json(Path(layout.parquet_dir / "manifest.json"))
     partitions = len(parquet["partitions"]) if parquet else None
     if parquet:
-        rows.append(("download_parquet", f"{parquet['rows_kept']:,} rows kept of {parquet['rows_read']:,}, "
-                                         f"{partitions} partitions"))  # fmt: skip
+        rows.append(
+            (
+                "download_parquet",
+                f"{parquet['rows_kept']:,} rows kept of {parquet['rows_read']:,}, {partitions} partitions",
+            )
+        )
     markers = [m for p in sorted(Path(layout.raw_tar_dir).glob("part-*.done.json")) if (m := _json(p))]
     if markers:
         ok = sum(m["successes"] for m in markers)
         failed = sum(m["failed_to_download"] + m["failed_to_resize"] for m in markers)
         rate = _rate(ok, sum(m["rows"] for m in markers))
-        rows.append(("download_images", f"{len(markers)}/{partitions or '?'} partitions done: "
-                                        f"{ok:,} images, {failed:,} failed ({rate} ok)"))  # fmt: skip
+        rows.append(
+            (
+                "download_images",
+                f"{len(markers)}/{partitions or '?'} partitions done: "
+                f"{ok:,} images, {failed:,} failed ({rate} ok)",
+            )
+        )
     rows += [(f"  {name}", text) for name, text in partition_rates(Path(layout.raw_tar_dir))]
     own = _json(Path(layout.source_tar_dir / "tars.done.json"))
     if own:
@@ -84,6 +103,8 @@ def data_counts(data_dir: str) -> list[tuple[str, str]]:
         except WdinfoError as err:
             rows.append(("generate_wdinfo", str(err)))
         else:
-            count = f"{len(info.tar_files)} tars x {info.chunk_size}, total_key_count {info.total_key_count:,}"
+            count = (
+                f"{len(info.tar_files)} tars x {info.chunk_size}, total_key_count {info.total_key_count:,}"
+            )
             rows.append(("generate_wdinfo", f"{where}: {count}"))
     return rows

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import submitit
 
+from launcher.cli import REPO, compose_config
 from launcher.config import Runtime
-from launcher.main import REPO, compose_config
 from launcher.quoting import q
 from launcher.render import container_options
 from launcher.stages.common import Context, Facts, container, job_env
@@ -56,8 +56,14 @@ def make_executor(
         setup=[f"export {name}={q(value)}" for name, value in env],
         # submitit quotes each srun word itself.
         # Slurm >= 22.05: srun takes --cpus-per-task only when given (see launcher.render).
-        srun_args=[f"--cpus-per-task={cpus_per_task}", *cl.srun_extra_args,
-                   *(f"--{name}" + (f"={value}" if value is not None else "") for name, value in container_options(pyxis))],
+        srun_args=[
+            f"--cpus-per-task={cpus_per_task}",
+            *cl.srun_extra_args,
+            *(
+                f"--{name}" + (f"={value}" if value is not None else "")
+                for name, value in container_options(pyxis)
+            ),
+        ],
     )
     if cfg.container.runtime is Runtime.none:
         executor.update_parameters(setup=[*executor.parameters["setup"], f"cd {q(ctx.code_dir)}"])

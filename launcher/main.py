@@ -1,116 +1,14 @@
-"""Entry point: compose conf/ with Hydra, validate, plan, then submit, run locally, or dry-run.
+"""`python launcher/main.py <overrides>`: the launcher as its users know it (installed, also `sd-launch`).
 
-    python launcher/main.py stages=[data_preparation,training] cluster=aws_p5 dry_run=true
-
-Arguments are Hydra overrides (key=value, group=option, +new.key=value). `--cfg` prints the
-composed config and exits; `--help` lists the config groups.
+Started as a script, the folder holding the `launcher` package must be importable; the code is
+launcher/cli.py.
 """
 
-from __future__ import annotations
-
-import os
 import sys
 from pathlib import Path
-from typing import Any
-
-# Run as a script (`python launcher/main.py`), the package's parent must be importable.
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.errors import HydraException  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-from pathlib import PurePosixPath  # noqa: E402
-
-from launcher import backends, manifest, preflight, summary  # noqa: E402
-from launcher.layout import DataLayout  # noqa: E402
-from launcher.spec import Plan  # noqa: E402
-from launcher import nemo_config  # noqa: E402
-from launcher.errors import LauncherError  # noqa: E402
-from launcher.pipeline import build_plan  # noqa: E402
-from launcher.stages.common import Facts  # noqa: E402
-from launcher.validate import check_facts, to_schema  # noqa: E402
-
-
-def _preflight(cfg: Any, plan: Plan) -> None:
-    world = nemo_config.world_size(cfg)
-    found = preflight.check(cfg, Path(DataLayout(PurePosixPath(cfg.data_dir)).wdinfo), world)
-    for note in found.notes:
-        print(f"preflight: {note}")
-    if found.problems and not cfg.dry_run:
-        raise LauncherError("preflight failed:\n  " + "\n  ".join(found.problems))
-    for problem in found.problems:
-        print(f"preflight warning (dry run): {problem}", file=sys.stderr)
-
-
-def host_facts() -> Facts:
-    """This machine's facts, probed once here so that planning never probes."""
-    nemo = REPO / ".venv-nemo" / "bin" / "python"
-    return Facts(python=sys.executable, code_dir=str(REPO), cpu_count=os.cpu_count() or 1,
-                 nemo_python=str(nemo) if nemo.exists() else None)  # fmt: skip
-
-
-def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
-    """Everything after composition; returns the run folder."""
-    cfg = to_schema(composed)
-    facts = facts or host_facts()
-    check_facts(cfg, facts)
-    plan = build_plan(cfg, facts)
-    _preflight(cfg, plan)
-    request = backends.prepare(plan)
-    run_dir = plan.run_dir
-    manifest.write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(composed, resolve=True))
-    if cfg.dry_run:
-        backends.write_files(request)
-        manifest.save(run_dir, backends.records(request, {}, "dry_run"))
-        summary.dry_run(request)
-        return run_dir
-    backend_name = cfg.cluster.backend.value
-    options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
-    summary.starting(request, backend_name)
-    job_ids = backends.get(backend_name, **options).schedule(request)
-    summary.submitted(request, job_ids, backend_name, cfg.data_dir)
-    return run_dir
-
-
-CONF = REPO / "conf"
-# `${cwd:}` in conf/: the folder the launcher was started from.
-OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The conf/ tree composed once (hydra.main would compose it twice per start)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
-def _help() -> str:
-    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir())
-    lines = [__doc__ or "", "config groups (group=option):"]
-    for group in groups:
-        options = sorted(str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml"))
-        lines.append(f"  {group}: {', '.join(options)}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    if "--help" in argv or "-h" in argv:
-        print(_help())
-        return 0
-    overrides = [arg for arg in argv if arg != "--cfg"]
-    try:
-        composed = compose_config(overrides)
-        if "--cfg" in argv:
-            print(OmegaConf.to_yaml(composed))
-            return 0
-        launch(composed)
-    except (HydraException, LauncherError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from launcher.cli import main
+
     sys.exit(main(sys.argv[1:]))

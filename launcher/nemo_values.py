@@ -1,5 +1,6 @@
 """Values that the targeted NeMo (launcher.nemo_version: the container's NeMo) and its Lightning
-accept, for the keys of the training config that they restrict, and the rules on those keys. Data only; each list names where it comes from.
+accept, for the keys of the training config that they restrict, and the rules on those keys. Data only;
+each list names where it comes from.
 tests/test_nemo_values.py compares them with the installed NeMo/Lightning code.
 """
 
@@ -12,9 +13,22 @@ from launcher.rules import Choice, Range
 # plugin and hands any other value to Lightning's Trainer, which accepts exactly these
 # (lightning.fabric.connector._convert_precision_to_unified_args; lightning 2.4).
 LIGHTNING_PRECISION: tuple[object, ...] = (
-    "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
-    "32-true", "64-true", 64, 32, 16, "64", "32", "16", "bf16",
-)  # fmt: skip
+    "transformer-engine",
+    "transformer-engine-float16",
+    "16-true",
+    "16-mixed",
+    "bf16-true",
+    "bf16-mixed",
+    "32-true",
+    "64-true",
+    64,
+    32,
+    16,
+    "64",
+    "32",
+    "16",
+    "bf16",
+)
 
 # model.precision: MegatronLatentDiffusion.__init__ raises ValueError for anything else
 # (nemo/collections/multimodal/models/text_to_image/stable_diffusion/ldm/ddpm.py).
@@ -25,20 +39,47 @@ SD_MODEL_PRECISION: tuple[object, ...] = (32, "32", "32-true", "16-mixed", "16",
 # container), plus mcore_distributed_optim, which ModelPT.setup_optimization handles itself
 # (nemo/core/classes/modelPT.py).
 NEMO_OPTIMIZERS: tuple[str, ...] = (
-    "sgd", "adam", "adamw", "adadelta", "adamax", "adagrad", "rmsprop", "rprop", "novograd", "adafactor",
-    "adan", "lamb", "fused_adam", "distributed_fused_adam", "megatron_fused_adam", "mcore_distributed_optim",
-)  # fmt: skip
+    "sgd",
+    "adam",
+    "adamw",
+    "adadelta",
+    "adamax",
+    "adagrad",
+    "rmsprop",
+    "rprop",
+    "novograd",
+    "adafactor",
+    "adan",
+    "lamb",
+    "fused_adam",
+    "distributed_fused_adam",
+    "megatron_fused_adam",
+    "mcore_distributed_optim",
+)
 APEX_OPTIMIZERS: tuple[str, ...] = ("lamb", "fused_adam", "distributed_fused_adam", "megatron_fused_adam")
 
 # model.optim.sched.name: nemo/core/optim/lr_scheduler.py AVAILABLE_SCHEDULERS, plus
 # CosineAnnealingExp, which nemo/collections/nlp/parts/megatron_lr_schedulers.py registers when
 # sd_train.py imports nemo.collections.nlp.parts.
 NEMO_SCHEDULERS: tuple[str, ...] = (
-    "WarmupPolicy", "WarmupHoldPolicy", "SquareAnnealing", "CosineAnnealing", "NoamAnnealing",
-    "NoamHoldAnnealing", "WarmupAnnealing", "InverseSquareRootAnnealing", "T5InverseSquareRootAnnealing",
-    "SquareRootAnnealing", "PolynomialDecayAnnealing", "PolynomialHoldDecayAnnealing", "StepLR",
-    "ExponentialLR", "ReduceLROnPlateau", "CyclicLR", "CosineAnnealingExp",
-)  # fmt: skip
+    "WarmupPolicy",
+    "WarmupHoldPolicy",
+    "SquareAnnealing",
+    "CosineAnnealing",
+    "NoamAnnealing",
+    "NoamHoldAnnealing",
+    "WarmupAnnealing",
+    "InverseSquareRootAnnealing",
+    "T5InverseSquareRootAnnealing",
+    "SquareRootAnnealing",
+    "PolynomialDecayAnnealing",
+    "PolynomialHoldDecayAnnealing",
+    "StepLR",
+    "ExponentialLR",
+    "ReduceLROnPlateau",
+    "CyclicLR",
+    "CosineAnnealingExp",
+)
 
 # ddpm.py (same file as model.precision): DDPM.__init__ asserts parameterization in this list,
 # DDPM.get_loss raises NotImplementedError for other loss types, DiffusionWrapper asserts the

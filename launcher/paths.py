@@ -44,3 +44,22 @@ def logs_glob(log_pattern: str | Path) -> list[Path]:
     pattern = Path(log_pattern)
     found = pattern.parent.glob(_SLURM_PATTERN.sub("*", pattern.name))
     return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def newest_log(log_pattern: str | Path) -> Path | None:
+    """The log written last under a job's pattern (its newest job or array task)."""
+    logs = logs_glob(log_pattern)
+    return logs[-1] if logs else None
+
+
+def relative_to_run(path: Path, run_dir: Path) -> str:
+    """`path` as seen from the run folder (the manifest records absolute paths)."""
+    for base in (run_dir.absolute(), run_dir.resolve()):
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)
+
+
+def shorten_left(text: str, width: int) -> str:
+    """Keep the end (the file name with its job and task ids) when a path must be cut."""
+    return text if len(text) <= width else "…" + text[-max(width - 1, 1) :]

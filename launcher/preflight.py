@@ -28,15 +28,19 @@ def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
         return found
     image = cfg.container.image or ""
     if cfg.container.runtime is Runtime.pyxis and image.startswith("/") and not Path(image).exists():
-        found.problems.append(f"container.image: {image} does not exist on this host; build it with "
-                              "enroot/import.sh or fix the path")  # fmt: skip
+        found.problems.append(
+            f"container.image: {image} does not exist on this host; build it with "
+            "enroot/import.sh or fix the path"
+        )
     if "training" not in stages or "data_preparation" in stages:
         return found
     if cfg.training.model.get("data", {}).get("synthetic_data"):
         return found
     if not wdinfo.exists():
-        found.problems.append(f"data_dir: no {wdinfo}; run data preparation first (stages=[data_preparation,"
-                              "training]) or point data_dir at prepared data")  # fmt: skip
+        found.problems.append(
+            f"data_dir: no {wdinfo}; run data preparation first (stages=[data_preparation,"
+            "training]) or point data_dir at prepared data"
+        )
         return found
     try:
         tars = len(read_wdinfo(wdinfo).tar_files)
@@ -45,8 +49,10 @@ def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
         return found
     workers = int(cfg.training.model.get("data", {}).get("num_workers", 1))
     if tars < world_size:
-        found.problems.append(f"data_dir: {wdinfo} lists {tars} tars but training has {world_size} ranks: NeMo's "
-                              "sampler gives a rank no data; use fewer nodes or a smaller tar_chunk_size")  # fmt: skip
+        found.problems.append(
+            f"data_dir: {wdinfo} lists {tars} tars but training has {world_size} ranks: NeMo's "
+            "sampler gives a rank no data; use fewer nodes or a smaller tar_chunk_size"
+        )
     else:
         found.notes.append(shard_plan(tars, world_size, workers).describe())
     return found

@@ -113,4 +113,4 @@ def render(plan: Plan, job: JobSpec) -> str:
     )
 
 
-__all__ = ["Raw", "render", "submit_argv", "dependency_flags", "sbatch_directives"]
+__all__ = ["Raw", "dependency_flags", "render", "sbatch_directives", "submit_argv"]

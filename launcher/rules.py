@@ -162,7 +162,9 @@ def slurm_time_seconds(text: str) -> int | None:
         match = re.fullmatch(regex, text, re.ASCII)
         if match:
             units = re.split(r"[-:]", form)
-            return sum(int(part) * _UNIT_SECONDS[unit] for unit, part in zip(units, match.groups()))
+            return sum(
+                int(part) * _UNIT_SECONDS[unit] for unit, part in zip(units, match.groups(), strict=True)
+            )
     return None
 
 
@@ -229,7 +231,9 @@ class Each(Rule):
         found = super().first_problem(key, value)
         if found or self.item is None:
             return found
-        return next((p for i, v in enumerate(value) if (p := self.item.first_problem(f"{key}[{i}]", v))), None)
+        return next(
+            (p for i, v in enumerate(value) if (p := self.item.first_problem(f"{key}[{i}]", v))), None
+        )
 
 
 @dataclass(frozen=True)
@@ -252,8 +256,14 @@ class Keys(Rule):
         found = super().first_problem(key, value)
         if found:
             return found
-        return next((Problem(f"{key}.{k}", k, p.reason, p.allowed) for k in value
-                     if (p := self.key_rule.first_problem(key, k))), None)  # fmt: skip
+        return next(
+            (
+                Problem(f"{key}.{k}", k, p.reason, p.allowed)
+                for k in value
+                if (p := self.key_rule.first_problem(key, k))
+            ),
+            None,
+        )
 
 
 @dataclass(frozen=True)

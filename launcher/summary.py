@@ -2,35 +2,59 @@
 
 from __future__ import annotations
 
-import sys
+import textwrap
 
 from launcher.backends import Request
+from launcher.paths import relative_to_run, shorten_left
+from launcher.spec import DependencyKind, JobSpec
+
+# The width every table the launcher prints fits in, whatever the terminal says.
+WIDTH = 100
+
+
+def _after(job: JobSpec) -> str:
+    """What the job waits for: job names; `(any)` marks afterany (the rest are afterok)."""
+    return " ".join(d.job + ("" if d.kind is DependencyKind.afterok else "(any)") for d in job.depends_on)
 
 
 def _table(request: Request, job_ids: dict[str, str], title: str) -> None:
+    """One line per job (its dependencies may wrap); the log, relative to the run folder (so it starts
+    with the stage), gets what the other columns leave."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
-    for column in ("stage", "job", "job id", "array", "after", "log"):
-        table.add_column(column, overflow="fold")
-    for job, _ in request.scripts:
-        table.add_row(
-            job.stage,
+    run_dir = request.plan.run_dir
+    rows = [
+        [
             job.name,
             job_ids.get(job.name, "-"),
             job.array.spec() if job.array else "",
-            " ".join(f"{d.kind.value}:{d.job}" for d in job.depends_on),
-            str(request.plan.log_pattern(job)),
-        )
-    Console(width=200 if not sys.stdout.isatty() else None).print(table)
+            _after(job),
+            relative_to_run(request.plan.log_pattern(job), run_dir),
+        ]
+        for job, _ in request.scripts
+    ]
+    headers = ["job", "job id", "array", "after", "log"]
+    fixed = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:3])]
+    left = WIDTH - sum(fixed) - 2 * (len(headers) - 1)
+    # As narrow as its longest job name: a job waiting for several shows one per line.
+    after = max(len(word) for r in [*rows, headers] for word in r[3].split() or [""])
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
+    for header, width in zip(headers[:3], fixed, strict=True):
+        table.add_column(header, no_wrap=True, width=width)
+    table.add_column("after", width=after, overflow="fold")
+    table.add_column("log", no_wrap=True, width=left - after - 2)
+    for row in rows:
+        table.add_row(*row[:-1], shorten_left(row[-1], left - after - 2))
+    Console(width=WIDTH).print(table)
 
 
 def _notes_and_commands(request: Request) -> None:
     run_dir = request.plan.run_dir
     for note in request.plan.notes:
-        print(note)
-    print(f"manifest: {run_dir / 'manifest.json'}")
+        print(textwrap.fill(note, WIDTH, subsequent_indent="  "))
+    print(f"run folder (the paths above are relative to it): {run_dir}")
+    print("manifest: manifest.json")
     print("watch it:")
     print(f"  python -m launcher status {run_dir}")
     print(f"  python -m launcher logs {run_dir} <job> --follow")
@@ -57,8 +81,10 @@ def _data_check_summary(request: Request) -> None:
         return
     found = json.loads(path.read_text())
     loader = found.get("loader") or {}
-    print(f"data_check: {'passed' if found['ok'] else 'FAILED'}: {found['wdinfo']['total_key_count']:,} samples, "
-          f"batch images {loader.get('images')}, {loader.get('images_per_s')} images/s on this CPU ({path})")
+    print(
+        f"data_check: {'passed' if found['ok'] else 'FAILED'}: {found['wdinfo']['total_key_count']:,} samples, "
+        f"batch images {loader.get('images')}, {loader.get('images_per_s')} images/s on this CPU ({path})"
+    )
 
 
 def submitted(request: Request, job_ids: dict[str, str], backend: str, data_dir: str) -> None:

@@ -56,7 +56,11 @@ def _allowed_at(root: type, key: str) -> str | None:
     kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)  # Optional[X] -> X
     if kind is bool:
         return "true or false"
-    return "one of " + ", ".join(m.value for m in kind) if isinstance(kind, type) and issubclass(kind, Enum) else None
+    return (
+        "one of " + ", ".join(m.value for m in kind)
+        if isinstance(kind, type) and issubclass(kind, Enum)
+        else None
+    )
 
 
 def _shape_mismatch(schema: Any, given: Any, prefix: str = "") -> str | None:
@@ -137,7 +141,9 @@ def _check_container(cfg: Any) -> None:
             "pyxis is a Slurm plugin and cannot run on cluster.backend=local; use container=none",
         )
     if not c.image:
-        raise ConfigError("container.image", "required with runtime pyxis: an absolute .sqsh path or a registry ref")
+        raise ConfigError(
+            "container.image", "required with runtime pyxis: an absolute .sqsh path or a registry ref"
+        )
     if c.image.endswith((".sqsh", ".squashfs")) and not c.image.startswith("/"):
         raise ConfigError(
             "container.image",

@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest_plugins = ["slurm_cluster"]
 
+from launcher.cli import compose_config as _compose  # noqa: E402
 from launcher.registry import RootConfig  # noqa: E402
 from launcher.stages.common import Facts  # noqa: E402
-from launcher.main import compose_config as _compose  # noqa: E402
 from launcher.validate import to_schema  # noqa: E402
 
 # Facts fixed so that rendered scripts do not depend on this machine.
@@ -54,8 +54,10 @@ def _nemo_missing_reason() -> str | None:
     python = nemo_python_path()
     if not Path(python).is_file():
         return f"no NeMo interpreter at {python} (set NEMO_PYTHON)"
-    probe = ("import importlib.util as u, sys; "
-             f"sys.exit(0 if all(u.find_spec(m) for m in {NEMO_MODULES!r}) else 1)")
+    probe = (
+        "import importlib.util as u, sys; "
+        f"sys.exit(0 if all(u.find_spec(m) for m in {NEMO_MODULES!r}) else 1)"
+    )
     if subprocess.run([python, "-c", probe], capture_output=True, timeout=120, check=False).returncode:
         return f"{python} cannot import {', '.join(NEMO_MODULES)}"
     return None

@@ -50,6 +50,8 @@ _LFS_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".ckpt", ".pt", ".pt
 
 def _git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 _REVISION = re.compile(rf"^(?:/api)?/datasets/{_REPO}/(?:revision|tree|paths-info|resolve)/(?P<rev>[^/]+)")
 
 
@@ -171,8 +173,15 @@ class _Handler(BaseHTTPRequestHandler):
                     lfs = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "pointerSize": 134}
                     entry["lfs"] = lfs
             siblings.append(entry)
-        self._send_json({"id": match["repo"], "modelId": match["repo"], "sha": commit, "private": False,
-                         "siblings": siblings})  # fmt: skip
+        self._send_json(
+            {
+                "id": match["repo"],
+                "modelId": match["repo"],
+                "sha": commit,
+                "private": False,
+                "siblings": siblings,
+            }
+        )
 
     def _model_resolve(self, match: re.Match[str], commit: str, root: Path) -> None:
         file = root / match["path"]
@@ -220,8 +229,12 @@ class FakeHub:
     """A threaded HTTP server on 127.0.0.1 serving `datasets` ({repo_id: folder}), `models`
     ({repo_id: {commit sha: folder}}); `revisions` ({repo_id: commit sha}) pins a dataset repo to one commit."""
 
-    def __init__(self, datasets: dict[str, Path], models: dict[str, dict[str, Path]] | None = None,
-                 revisions: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        datasets: dict[str, Path],
+        models: dict[str, dict[str, Path]] | None = None,
+        revisions: dict[str, str] | None = None,
+    ) -> None:
         self.datasets = datasets
         self.models = models or {}
         self.revisions = revisions or {}

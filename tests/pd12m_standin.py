@@ -28,8 +28,10 @@ from data_prep.serve import ENV_NAME
 REPO = Path(__file__).resolve().parents[1]
 PD12M_REPO = "Spawning/PD12M"
 COLUMNS = ("id", "url", "caption", "width", "height", "mime_type", "hash", "license", "source")
-LICENSES = ("https://creativecommons.org/publicdomain/zero/1.0/",
-            "https://creativecommons.org/publicdomain/mark/1.0/")  # fmt: skip
+LICENSES = (
+    "https://creativecommons.org/publicdomain/zero/1.0/",
+    "https://creativecommons.org/publicdomain/mark/1.0/",
+)
 SOURCES = ("Example Museum of Art", "Example National Library")
 
 
@@ -44,17 +46,19 @@ def _rows(demo_dir: Path, base_url: str) -> list[dict[str, Any]]:
     for i, row in enumerate(demo):
         name = row["URL"].removeprefix("${" + ENV_NAME + "}/")
         image = demo_dir / "images" / name
-        rows.append({
-            "id": str(uuid.UUID(int=i + 1)),
-            "url": f"{base_url}/{name}",
-            "caption": row["TEXT"],
-            "width": row["WIDTH"],
-            "height": row["HEIGHT"],
-            "mime_type": "image/png" if name.endswith(".png") else "image/jpeg",
-            "hash": hashlib.md5(image.read_bytes() if image.is_file() else name.encode()).hexdigest(),
-            "license": LICENSES[i % 2],
-            "source": SOURCES[i % 2],
-        })  # fmt: skip
+        rows.append(
+            {
+                "id": str(uuid.UUID(int=i + 1)),
+                "url": f"{base_url}/{name}",
+                "caption": row["TEXT"],
+                "width": row["WIDTH"],
+                "height": row["HEIGHT"],
+                "mime_type": "image/png" if name.endswith(".png") else "image/jpeg",
+                "hash": hashlib.md5(image.read_bytes() if image.is_file() else name.encode()).hexdigest(),
+                "license": LICENSES[i % 2],
+                "source": SOURCES[i % 2],
+            }
+        )
     return rows
 
 

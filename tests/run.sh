@@ -17,6 +17,8 @@ bash tests/install_nemo.sh
 # CI must exercise the real cluster and the real tools, never skip them.
 export REQUIRE_SLURM=1 REQUIRE_TOOLS=1 REQUIRE_NEMO=1
 export NEMO_PYTHON="$PWD/.venv-nemo/bin/python"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 if [ "$status" -eq 5 ]; then

@@ -8,7 +8,9 @@ so CI can never pass by silently skipping every Slurm test.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from slurm.cluster import SlurmCluster, missing_requirements
@@ -42,3 +44,14 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture
+def slurm_shared(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder the cluster's jobs can use (user munge and the job users traverse /tmp, not pytest's
+    0700 tmp dirs), with the cluster's environment set for the launcher under test."""
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    with tempfile.TemporaryDirectory(prefix="dataprep-", dir="/tmp") as tmp:
+        os.chmod(tmp, 0o755)
+        yield Path(tmp)

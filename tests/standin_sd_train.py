@@ -28,8 +28,10 @@ import yaml
 SLOW_STEPS = 2
 # NeMo's CustomProgressBar.init_train_tqdm (nemo/collections/nlp/parts/nlp_overrides.py).
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
-OOM_MESSAGE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
-               "capacity of 79.11 GiB of which 1.06 GiB is free. (message of the STAND-IN)")  # fmt: skip
+OOM_MESSAGE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 79.11 GiB of which 1.06 GiB is free. (message of the STAND-IN)"
+)
 
 
 def step_time(step: int, micro_batch: int, nodes: int) -> float:
@@ -40,7 +42,11 @@ def step_time(step: int, micro_batch: int, nodes: int) -> float:
 def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
     from tqdm import tqdm
 
-    steps, mbs, nodes = cfg["trainer"]["max_steps"], cfg["model"]["micro_batch_size"], cfg["trainer"]["num_nodes"]
+    steps, mbs, nodes = (
+        cfg["trainer"]["max_steps"],
+        cfg["model"]["micro_batch_size"],
+        cfg["trainer"]["num_nodes"],
+    )
     memory_dir = os.environ.get("STANDIN_GPU_MEMORY_DIR")
     if memory_dir and os.environ.get("SLURM_LOCALID", "0") == "0":
         task = f"{os.environ['SLURM_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
@@ -53,9 +59,14 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
             print(f"Traceback (most recent call last):\n{OOM_MESSAGE}", file=sys.stderr, flush=True)
             sys.exit(1)
         bar.update(1)  # the counter moves first, still with the previous step's metrics
-        bar.set_postfix({"reduced_train_loss": 0.1, "global_step": float(step),
-                         "consumed_samples": float(step * mbs * nodes * 8),
-                         "train_step_timing in s": step_time(step, mbs, nodes)})  # fmt: skip
+        bar.set_postfix(
+            {
+                "reduced_train_loss": 0.1,
+                "global_step": float(step),
+                "consumed_samples": float(step * mbs * nodes * 8),
+                "train_step_timing in s": step_time(step, mbs, nodes),
+            }
+        )
     bar.close()
 
 
@@ -66,9 +77,19 @@ def main() -> None:
     args = parser.parse_args()
     config_file = Path(args.config_path) / args.config_name
     cfg = yaml.safe_load(config_file.read_text())
-    seen = {key: os.environ.get(key, "") for key in
-            ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "CUDA_VISIBLE_DEVICES", "FI_PROVIDER",
-             "SLURM_RESTART_COUNT", "PYXIS_STANDIN_CONTAINER_IMAGE", "WANDB_API_KEY")}  # fmt: skip
+    seen = {
+        key: os.environ.get(key, "")
+        for key in (
+            "SLURM_PROCID",
+            "SLURM_LOCALID",
+            "SLURM_NODEID",
+            "CUDA_VISIBLE_DEVICES",
+            "FI_PROVIDER",
+            "SLURM_RESTART_COUNT",
+            "PYXIS_STANDIN_CONTAINER_IMAGE",
+            "WANDB_API_KEY",
+        )
+    }
     seen["WANDB_API_KEY"] = "set" if seen["WANDB_API_KEY"] else ""
     print(f"standin rank {' '.join(f'{k}={v}' for k, v in seen.items())} config={config_file}", flush=True)
     if not cfg["exp_manager"].get("create_checkpoint_callback", True):

@@ -15,27 +15,49 @@ from conftest import compose_config
 from hf_fake_hub import FakeHub
 
 from launcher import manifest
-from launcher.main import launch
+from launcher.cli import launch
 
 TOKEN = "hf_stage_secret_789"
-CLIP_FILES = ["config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json",
-              "special_tokens_map.json", "pytorch_model.bin"]  # fmt: skip
+CLIP_FILES = [
+    "config.json",
+    "model.safetensors",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "pytorch_model.bin",
+]
 VAE_FILES = ["config.json", "diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin"]
 
 
 def _dry_run(tmp_path: Path, *overrides: str) -> dict[str, list[str]]:
     """Job name -> its dependencies, in plan order, as the dry run's manifest records them."""
-    run = launch(compose_config([
-        "cluster=aws_p5", "dry_run=true", "training.trainer.num_nodes=2", f"cluster.shared_dir={tmp_path}",
-        f"container.mounts=[{tmp_path}:{tmp_path}]", *overrides,
-    ]))  # fmt: skip
+    run = launch(
+        compose_config(
+            [
+                "cluster=aws_p5",
+                "dry_run=true",
+                "training.trainer.num_nodes=2",
+                f"cluster.shared_dir={tmp_path}",
+                f"container.mounts=[{tmp_path}:{tmp_path}]",
+                *overrides,
+            ]
+        )
+    )
     return {r.name: r.depends_on for r in manifest.load(run)}
 
 
 def test_assets_come_first_and_only_the_jobs_that_read_them_wait_for_them(tmp_path: Path) -> None:
     jobs = _dry_run(tmp_path, "stages=[training,data_preparation]")
-    assert list(jobs) == ["pretrained_assets", "download_parquet", "download_images", "reorganize_tar",
-                          "generate_wdinfo", "data_check", "sd_860m_res_256"]  # fmt: skip
+    assert list(jobs) == [
+        "pretrained_assets",
+        "download_parquet",
+        "download_images",
+        "reorganize_tar",
+        "generate_wdinfo",
+        "data_check",
+        "sd_860m_res_256",
+    ]
     assert jobs["pretrained_assets"] == []
     # Data preparation reads no model: an asset failure (a token, a licence) must not hold it up.
     assert jobs["download_parquet"] == []
@@ -49,17 +71,22 @@ def test_without_the_model_check_training_waits_for_the_assets_itself(tmp_path: 
     assert jobs["data_check"] == ["afterok:generate_wdinfo"]
     assert jobs["sd_860m_res_256"] == ["afterok:pretrained_assets", "afterok:data_check"]
     script = (tmp_path / "results/sd_pretrain/assets/pretrained_assets.sbatch").read_text()
-    vae = f"stabilityai/sd-vae-ft-mse 31f26fdeee1355a5c34592e401dd41e45d25a493 {tmp_path}/models/sd-vae-ft-mse"
+    vae = (
+        f"stabilityai/sd-vae-ft-mse 31f26fdeee1355a5c34592e401dd41e45d25a493 {tmp_path}/models/sd-vae-ft-mse"
+    )
     assert f"--asset vae {vae} config.json diffusion_pytorch_model.safetensors" in script
     assert "/opt/venv/bin/python -m data_prep.download_assets" in script  # the data-prep venv, in the image
 
 
-@pytest.mark.parametrize(("overrides", "first", "deps"), [
-    (["stages=[data_preparation]"], "download_parquet", []),
-    (["stages=[training]", "assets.enable=false"], "data_check", []),
-    (["stages=[training]", "data_check.enable=false"], "pretrained_assets", []),
-    (["stages=[assets]"], "pretrained_assets", []),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "first", "deps"),
+    [
+        (["stages=[data_preparation]"], "download_parquet", []),
+        (["stages=[training]", "assets.enable=false"], "data_check", []),
+        (["stages=[training]", "data_check.enable=false"], "pretrained_assets", []),
+        (["stages=[assets]"], "pretrained_assets", []),
+    ],
+)
 def test_assets_are_planned_only_for_the_stages_that_read_them(
     tmp_path: Path, overrides: list[str], first: str, deps: list[str]
 ) -> None:
@@ -92,10 +119,18 @@ def hub_and_token() -> Iterator[tuple[FakeHub, Path]]:
 
 
 def _launch_assets(root: Path, hub: FakeHub, *overrides: str) -> Path:
-    return launch(compose_config([
-        "stages=[assets]", f"cluster.shared_dir={root}", f"container.python={sys.executable}",
-        f"+env.HF_ENDPOINT={hub.url}", f"assets.hf_token_file={root}/hf_token", *overrides,
-    ]))  # fmt: skip
+    return launch(
+        compose_config(
+            [
+                "stages=[assets]",
+                f"cluster.shared_dir={root}",
+                f"container.python={sys.executable}",
+                f"+env.HF_ENDPOINT={hub.url}",
+                f"assets.hf_token_file={root}/hf_token",
+                *overrides,
+            ]
+        )
+    )
 
 
 def _check_staged(root: Path, hub: FakeHub, log: str) -> None:
@@ -104,7 +139,7 @@ def _check_staged(root: Path, hub: FakeHub, log: str) -> None:
         wanted = [f for f in files if not f.endswith(".bin")]
         assert sorted(record["files"]) == sorted(wanted)
         assert sorted(p.name for p in (root / "models" / name).iterdir() if p.is_file()) == sorted(
-            wanted + [".complete.json"]
+            [*wanted, ".complete.json"]
         )
     assert {auth for _, path, auth in hub.requests if "/resolve/" in path} == {f"Bearer {TOKEN}"}
     assert "HF_TOKEN is set" in log and TOKEN not in log

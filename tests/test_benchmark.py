@@ -18,28 +18,39 @@ import pytest
 from conftest import FIXED_FACTS, REPO, compose_config
 from PIL import Image
 
-from launcher.bench.cases import Case, Sweep
-from launcher.registry import RootConfig
-from launcher.errors import ConfigError
-from launcher.main import launch
-from launcher.pipeline import build_plan
-from launcher.spec import DependencyKind
 from launcher import nemo_config
+from launcher.bench.cases import Case, Sweep
+from launcher.cli import launch
+from launcher.errors import ConfigError
+from launcher.pipeline import build_plan
+from launcher.registry import RootConfig
+from launcher.spec import DependencyKind
 from launcher.stages import benchmark
 from launcher.stages.common import Context
 from launcher.validate import to_schema
 
 STANDIN = REPO / "tests" / "standin_sd_train.py"
 STANDIN_BIN = REPO / "tests" / "standin_bin"
-SWEEP = ["cluster=aws_p5", "stages=[benchmark]", "benchmark.nodes=[1,2]", "benchmark.micro_batch_sizes=[32,64,128]"]
+SWEEP = [
+    "cluster=aws_p5",
+    "stages=[benchmark]",
+    "benchmark.nodes=[1,2]",
+    "benchmark.micro_batch_sizes=[32,64,128]",
+]
 # Every key a task's config may change relative to the training config it is built from.
 SWEEP_KEYS = {
-    "trainer.num_nodes", "trainer.max_steps", "model.micro_batch_size", "model.global_batch_size",
-    "model.data.synthetic_data", "model.data.synthetic_data_length", "exp_manager.explicit_log_dir",
-    "exp_manager.create_checkpoint_callback", "exp_manager.resume_if_exists",
+    "trainer.num_nodes",
+    "trainer.max_steps",
+    "model.micro_batch_size",
+    "model.global_batch_size",
+    "model.data.synthetic_data",
+    "model.data.synthetic_data_length",
+    "exp_manager.explicit_log_dir",
+    "exp_manager.create_checkpoint_callback",
+    "exp_manager.resume_if_exists",
     # NeMo's clean stop, derived from the task's time limit as training derives it from the job's.
     "exp_manager.max_time_per_run",
-}  # fmt: skip
+}
 
 
 def _cfg(*overrides: str) -> RootConfig:
@@ -63,17 +74,24 @@ def test_one_array_per_node_count_and_a_report_after_any_end() -> None:
     for nodes in (1, 2):
         job = plan.job(f"bench_n{nodes}")
         assert job.array and job.array.spec() == "0-2%2"
-        assert (job.resources.nodes, job.resources.ntasks_per_node, job.resources.gpus_per_node) == (nodes, 8, 8)
+        assert (job.resources.nodes, job.resources.ntasks_per_node, job.resources.gpus_per_node) == (
+            nodes,
+            8,
+            8,
+        )
         assert job.resources.time == "00:30:00"
         assert [(d.job, d.kind) for d in job.depends_on] == [("pretrained_assets", DependencyKind.afterok)]
         assert "--kill-on-bad-exit=1" in job.srun_args
     report = plan.job("bench_report")
     assert [(d.job, d.kind) for d in report.depends_on] == [
-        ("bench_n1", DependencyKind.afterany), ("bench_n2", DependencyKind.afterany)]
+        ("bench_n1", DependencyKind.afterany),
+        ("bench_n2", DependencyKind.afterany),
+    ]
     assert report.resources.gpus_per_node == 0 and not report.resources.exclusive
     files = {path.relative_to(plan.run_dir).as_posix() for path, _ in plan.files}
     assert {f for f in files if f.startswith("benchmark/")} == {"benchmark/cases.json"} | {
-        f"benchmark/configs/n{n}_mbs{m}.yaml" for n in (1, 2) for m in (32, 64, 128)}  # fmt: skip
+        f"benchmark/configs/n{n}_mbs{m}.yaml" for n in (1, 2) for m in (32, 64, 128)
+    }
 
 
 def test_each_task_config_is_the_training_config_plus_only_the_sweep_keys() -> None:
@@ -85,36 +103,60 @@ def test_each_task_config_is_the_training_config_plus_only_the_sweep_keys() -> N
         changed = {key for key in training.keys() | task.keys() if training.get(key) != task.get(key)}
         assert changed <= SWEEP_KEYS, changed - SWEEP_KEYS
         assert task["model.global_batch_size"] == case.micro_batch_size * case.nodes * 8
-        assert (task["trainer.num_nodes"], task["trainer.devices"], task["trainer.max_steps"]) == (case.nodes, 8, 40)
+        assert (task["trainer.num_nodes"], task["trainer.devices"], task["trainer.max_steps"]) == (
+            case.nodes,
+            8,
+            40,
+        )
         assert task["model.data.synthetic_data"] is True
         assert task["model.data.synthetic_data_length"] >= 40 * case.micro_batch_size  # one epoch
-        assert task["exp_manager.create_checkpoint_callback"] is False and task["exp_manager.resume_if_exists"] is False
-        assert task["exp_manager.explicit_log_dir"] == f"/fsx/results/sd_pretrain/benchmark/tasks/{case.name}/nemo"
-    real = benchmark.case_config(ctx := Context(cfg=_cfg(*SWEEP, "benchmark.synthetic_data=false"), facts=FIXED_FACTS,
-                                                run_dir=ctx.run_dir), benchmark.sweep(ctx).cases[0])  # fmt: skip
+        assert (
+            task["exp_manager.create_checkpoint_callback"] is False
+            and task["exp_manager.resume_if_exists"] is False
+        )
+        assert (
+            task["exp_manager.explicit_log_dir"]
+            == f"/fsx/results/sd_pretrain/benchmark/tasks/{case.name}/nemo"
+        )
+    real = benchmark.case_config(
+        ctx := Context(
+            cfg=_cfg(*SWEEP, "benchmark.synthetic_data=false"), facts=FIXED_FACTS, run_dir=ctx.run_dir
+        ),
+        benchmark.sweep(ctx).cases[0],
+    )
     assert real["model"]["data"]["synthetic_data"] is False
     assert real["model"]["data"]["train"]["dataset_path"] == ["/fsx/data/tarfiles_reorganized/wdinfo.pkl"]
 
 
 def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> None:
-    plan = build_plan(_cfg(*SWEEP, "stages=[data_preparation,benchmark,training]", "training.trainer.num_nodes=2",
-                           "benchmark.synthetic_data=false"), FIXED_FACTS)  # fmt: skip
+    plan = build_plan(
+        _cfg(
+            *SWEEP,
+            "stages=[data_preparation,benchmark,training]",
+            "training.trainer.num_nodes=2",
+            "benchmark.synthetic_data=false",
+        ),
+        FIXED_FACTS,
+    )
     edges = {job.name: [f"{d.kind.value}:{d.job}" for d in job.depends_on] for job in plan.jobs}
     assert edges["data_check"] == ["afterok:generate_wdinfo", "afterok:pretrained_assets"]
     assert edges["bench_n1"] == edges["bench_n2"] == ["afterok:data_check"]
     assert edges["sd_860m_res_256"] == ["afterok:data_check"]  # not bench_report
 
 
-@pytest.mark.parametrize(("override", "key"), [
-    ("benchmark.micro_batch_sizes=[]", "benchmark.micro_batch_sizes"),
-    ("benchmark.micro_batch_sizes=[32,32]", "benchmark.micro_batch_sizes"),
-    ("benchmark.nodes=[0,1]", "benchmark.nodes"),
-    ("benchmark.warmup_steps=50", "benchmark.warmup_steps"),
-    ("benchmark.memory_sample_s=0", "benchmark"),
-    ("benchmark.micro_batch_sizes=[a]", "benchmark.micro_batch_sizes"),
-    ("benchmark.time_per_task=00:20:00", "benchmark.time_per_task"),  # NeMo stops 1200 s before the limit
-    ("benchmark.time_per_task=1h", "benchmark.time_per_task"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("benchmark.micro_batch_sizes=[]", "benchmark.micro_batch_sizes"),
+        ("benchmark.micro_batch_sizes=[32,32]", "benchmark.micro_batch_sizes"),
+        ("benchmark.nodes=[0,1]", "benchmark.nodes"),
+        ("benchmark.warmup_steps=50", "benchmark.warmup_steps"),
+        ("benchmark.memory_sample_s=0", "benchmark"),
+        ("benchmark.micro_batch_sizes=[a]", "benchmark.micro_batch_sizes"),
+        ("benchmark.time_per_task=00:20:00", "benchmark.time_per_task"),  # NeMo stops 1200 s before the limit
+        ("benchmark.time_per_task=1h", "benchmark.time_per_task"),
+    ],
+)
 def test_bad_sweep_values_are_refused_with_their_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError) as error:
         _cfg(*SWEEP, override)
@@ -131,9 +173,11 @@ def test_the_local_backend_runs_one_node_and_one_task_at_a_time() -> None:
 
 def test_job_side_modules_need_only_the_standard_library() -> None:
     """They run in the training image's interpreters, which have no Hydra, Jinja or rich."""
-    code = ("import sys, launcher.bench.task, launcher.bench.report, launcher.bench.compare; "
-            "heavy = {'hydra', 'omegaconf', 'jinja2', 'rich', 'matplotlib', 'torch'} "
-            "& {m.split('.')[0] for m in sys.modules}; assert not heavy, heavy")  # fmt: skip
+    code = (
+        "import sys, launcher.bench.task, launcher.bench.report, launcher.bench.compare; "
+        "heavy = {'hydra', 'omegaconf', 'jinja2', 'rich', 'matplotlib', 'torch'} "
+        "& {m.split('.')[0] for m in sys.modules}; assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
     copies = (REPO / "Dockerfile").read_text()
     assert "COPY launcher/ /workspace/launcher/launcher/" in copies and '"matplotlib==' in copies
@@ -167,11 +211,31 @@ def _start_task(tmp_path: Path, path_dir: Path, **env: str) -> subprocess.Popen[
     bench = _sweep_dir(tmp_path)
     (tmp_path / "child.py").write_text(_CHILD)
     # As the job starts it: by path, with no PYTHONPATH pointing at this repo.
-    full_env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PATH": str(path_dir), "OUT": str(tmp_path),
-                "STANDIN_GPU_MEMORY_DIR": str(tmp_path), "SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0",
-                "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", **env}  # fmt: skip
-    argv = [sys.executable, str(REPO / "launcher/bench/task.py"), "--bench-dir", str(bench), "--job", "bench_n1",
-            "--sample-s", "0.05", "--", sys.executable, str(tmp_path / "child.py")]  # fmt: skip
+    full_env = {
+        **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        "PATH": str(path_dir),
+        "OUT": str(tmp_path),
+        "STANDIN_GPU_MEMORY_DIR": str(tmp_path),
+        "SLURM_JOB_ID": "7",
+        "SLURM_ARRAY_TASK_ID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        **env,
+    }
+    argv = [
+        sys.executable,
+        str(REPO / "launcher/bench/task.py"),
+        "--bench-dir",
+        str(bench),
+        "--job",
+        "bench_n1",
+        "--sample-s",
+        "0.05",
+        "--",
+        sys.executable,
+        str(tmp_path / "child.py"),
+    ]
     return subprocess.Popen(argv, env=full_env, cwd=tmp_path)
 
 
@@ -198,10 +262,19 @@ def test_task_runs_the_case_config_and_records_peak_memory_and_exit_code(tmp_pat
     (tmp_path / "release").write_text("")
     assert task.wait(timeout=60) == 3
     node = _node(tmp_path)
-    assert (node["gpu"], node["gpus"], node["peak_mib"], node["exit_code"]) == ("STAND-IN GPU 80GB", 8, 5007, 3)
+    assert (node["gpu"], node["gpus"], node["peak_mib"], node["exit_code"]) == (
+        "STAND-IN GPU 80GB",
+        8,
+        5007,
+        3,
+    )
     config = tmp_path / "benchmark/configs"
-    assert (tmp_path / "argv").read_text().split("\n") == ["--config-path", str(config), "--config-name",
-                                                           "n1_mbs32.yaml"]  # fmt: skip
+    assert (tmp_path / "argv").read_text().split("\n") == [
+        "--config-path",
+        str(config),
+        "--config-name",
+        "n1_mbs32.yaml",
+    ]
 
 
 def test_without_nvidia_smi_memory_is_unknown_and_a_signal_reaches_the_training(tmp_path: Path) -> None:
@@ -232,12 +305,22 @@ def _sweep(base: Path, monkeypatch: pytest.MonkeyPatch, **env: str) -> Path:
     monkeypatch.setenv("STANDIN_GPU_MEMORY_DIR", str(memory))
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return launch(compose_config([
-        "cluster=local", f"cluster.shared_dir={base}", "stages=[benchmark]", "assets.enable=false",
-        "benchmark.micro_batch_sizes=[4,8]",
-        "benchmark.max_steps=6", "benchmark.warmup_steps=2", "benchmark.memory_sample_s=0.02",
-        f"training.run.script={STANDIN}", f"training.run.python={sys.executable}",
-    ]))  # fmt: skip
+    return launch(
+        compose_config(
+            [
+                "cluster=local",
+                f"cluster.shared_dir={base}",
+                "stages=[benchmark]",
+                "assets.enable=false",
+                "benchmark.micro_batch_sizes=[4,8]",
+                "benchmark.max_steps=6",
+                "benchmark.warmup_steps=2",
+                "benchmark.memory_sample_s=0.02",
+                f"training.run.script={STANDIN}",
+                f"training.run.python={sys.executable}",
+            ]
+        )
+    )
 
 
 def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,13 +343,23 @@ def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pyte
     with Image.open(png) as image:
         image.verify()
 
-    status = subprocess.run([sys.executable, "-m", "launcher", "status", str(run)], capture_output=True,
-                            text=True, cwd=REPO, check=True)  # fmt: skip
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher", "status", str(run)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
     assert "benchmark: 2 tasks: ok 2; report: " in status.stdout
     assert "n1_mbs8: ok, step 6/6, 1,000 img/s per GPU, peak GPU memory 0.8 GiB" in status.stdout
 
     faster = _sweep(tmp_path / "b", monkeypatch, STANDIN_SPEED="2")
-    done = subprocess.run([sys.executable, "-m", "launcher", "compare", str(run), str(faster)],
-                          capture_output=True, text=True, cwd=REPO, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "compare", str(run), str(faster)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
     assert "| 4 | 1 | 1,000 | 2,000 | 1,000 | 2,000 | 2.00x | ok | ok |" in done.stdout
     assert "| 8 | 1 | 1,000 | 2,000 | 1,000 | 2,000 | 2.00x | ok | ok |" in done.stdout

@@ -18,7 +18,7 @@ from conftest import compose_config
 from nemo_cpu.harness import SD_TRAIN_CPU, write_tiny_assets
 from nemo_cpu.tiny import TINY_OVERRIDES
 
-from launcher.main import launch
+from launcher.cli import launch
 from launcher.throughput import step_timings
 
 pytestmark = pytest.mark.slow
@@ -34,19 +34,35 @@ print(json.dumps([e.value for e in events.Scalars("train_step_timing in s")]))
 
 
 def _tensorboard_timings(nemo_python: str, log_dir: Path) -> list[float]:
-    done = subprocess.run([nemo_python, "-c", _TENSORBOARD, str(log_dir)], capture_output=True, text=True,
-                          check=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [nemo_python, "-c", _TENSORBOARD, str(log_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
     return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def test_cpu_sweep_report_comes_from_nemo_logs(tmp_path: Path, nemo_python: str) -> None:
     write_tiny_assets(nemo_python, tmp_path)
-    run = launch(compose_config([
-        "cluster=local", f"cluster.shared_dir={tmp_path}", "stages=[benchmark]", "assets.enable=false", *TINY_OVERRIDES,
-        "benchmark.micro_batch_sizes=[1,2]", f"benchmark.max_steps={STEPS}", f"benchmark.warmup_steps={WARMUP}",
-        f"training.run.script={SD_TRAIN_CPU}", f"training.run.python={nemo_python}",
-        "training.trainer.log_every_n_steps=1",
-    ]))  # fmt: skip
+    run = launch(
+        compose_config(
+            [
+                "cluster=local",
+                f"cluster.shared_dir={tmp_path}",
+                "stages=[benchmark]",
+                "assets.enable=false",
+                *TINY_OVERRIDES,
+                "benchmark.micro_batch_sizes=[1,2]",
+                f"benchmark.max_steps={STEPS}",
+                f"benchmark.warmup_steps={WARMUP}",
+                f"training.run.script={SD_TRAIN_CPU}",
+                f"training.run.python={nemo_python}",
+                "training.trainer.log_every_n_steps=1",
+            ]
+        )
+    )
     report = json.loads((run / "benchmark/report.json").read_text())
     assert [r["micro_batch_size"] for r in report["rows"]] == [1, 2]
     for row in report["rows"]:

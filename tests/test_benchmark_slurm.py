@@ -19,7 +19,7 @@ from conftest import REPO, compose_config
 from PIL import Image
 
 from launcher import manifest
-from launcher.main import launch
+from launcher.cli import launch
 
 pytestmark = pytest.mark.slow
 STANDIN = REPO / "tests" / "standin_sd_train.py"
@@ -41,23 +41,44 @@ def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_sweep_with_an_oom_task_reports_every_row(slurm_cluster, shared: Path) -> None:
-    run = launch(compose_config([
-        "cluster=slurm", "container=pyxis", "stages=[benchmark]", "assets.enable=false", f"cluster.shared_dir={shared}",
-        f"container.mounts=[{shared}:{shared}]", f"container.image={shared}/nemo.sqsh",
-        f"container.python={sys.executable}", f"container.code_dir={REPO}", "cluster.gpu_job_mem=1G",
-        f"training.run.script={STANDIN}", f"training.run.python={sys.executable}",
-        "benchmark.nodes=[1,2]", "benchmark.micro_batch_sizes=[4,8,16]", "benchmark.max_steps=6",
-        "benchmark.warmup_steps=2", "benchmark.memory_sample_s=0.05",
-    ]))  # fmt: skip
+    run = launch(
+        compose_config(
+            [
+                "cluster=slurm",
+                "container=pyxis",
+                "stages=[benchmark]",
+                "assets.enable=false",
+                f"cluster.shared_dir={shared}",
+                f"container.mounts=[{shared}:{shared}]",
+                f"container.image={shared}/nemo.sqsh",
+                f"container.python={sys.executable}",
+                f"container.code_dir={REPO}",
+                "cluster.gpu_job_mem=1G",
+                f"training.run.script={STANDIN}",
+                f"training.run.python={sys.executable}",
+                "benchmark.nodes=[1,2]",
+                "benchmark.micro_batch_sizes=[4,8,16]",
+                "benchmark.max_steps=6",
+                "benchmark.warmup_steps=2",
+                "benchmark.memory_sample_s=0.05",
+            ]
+        )
+    )
     ids = {r.name: r.job_id for r in manifest.load(run)}
     one = [job.state for job in slurm_cluster.wait_jobs(ids["bench_n1"], timeout=240)]
     two = {job.job_id: job.state for job in slurm_cluster.wait_jobs(ids["bench_n2"], timeout=240)}
     assert one == ["COMPLETED"] * 3
-    assert two == {f"{ids['bench_n2']}_0": "COMPLETED", f"{ids['bench_n2']}_1": "FAILED",
-                   f"{ids['bench_n2']}_2": "COMPLETED"}  # fmt: skip
+    assert two == {
+        f"{ids['bench_n2']}_0": "COMPLETED",
+        f"{ids['bench_n2']}_1": "FAILED",
+        f"{ids['bench_n2']}_2": "COMPLETED",
+    }
     assert slurm_cluster.wait_job(ids["bench_report"], timeout=120).state == "COMPLETED"
 
-    rows = {(r["nodes"], r["micro_batch_size"]): r for r in json.loads((run / "benchmark/report.json").read_text())["rows"]}
+    rows = {
+        (r["nodes"], r["micro_batch_size"]): r
+        for r in json.loads((run / "benchmark/report.json").read_text())["rows"]
+    }
     assert sorted(rows) == [(n, m) for n in (1, 2) for m in (4, 8, 16)]
     oom = rows[(2, 8)]
     assert (oom["status"], oom["steps_done"], oom["steps_measured"], oom["exit_code"]) == ("OOM", 3, 1, 1)
@@ -72,8 +93,10 @@ def test_sweep_with_an_oom_task_reports_every_row(slurm_cluster, shared: Path) -
         assert row["scaling_vs_1_node"] == pytest.approx(1.0 if nodes == 1 else 1.6)
     markdown = (run / "benchmark/report.md").read_text()
     # What the OOM task reached: its third step was measured before it failed.
-    assert ("| STAND-IN GPU 80GB | 2 | 16 | 8 | 128 | 800 | 12,800 | 1.60x (80%) | 0.8 GiB | **OOM** after 3 of 6 "
-            "steps, exit 1 |") in markdown  # fmt: skip
+    assert (
+        "| STAND-IN GPU 80GB | 2 | 16 | 8 | 128 | 800 | 12,800 | 1.60x (80%) | 0.8 GiB | **OOM** after 3 of 6 "
+        "steps, exit 1 |"
+    ) in markdown
     assert "| STAND-IN GPU 80GB | 2 | 16 | 16 | 256 | 800 | 12,800 | 1.60x (80%) | 1.6 GiB | ok |" in markdown
     assert markdown.count("\n| STAND-IN GPU 80GB |") == 6
 
@@ -85,7 +108,12 @@ def test_sweep_with_an_oom_task_reports_every_row(slurm_cluster, shared: Path) -
 
     assert matplotlib.image.imread(str(png)).ndim == 3
 
-    status = subprocess.run([sys.executable, "-m", "launcher", "status", str(run)], capture_output=True, text=True,
-                            cwd=REPO, check=True)  # fmt: skip
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher", "status", str(run)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
     assert "benchmark: 6 tasks: OOM 1, ok 5; report: " in status.stdout
     assert "n2_mbs8: OOM, step 3/6" in status.stdout

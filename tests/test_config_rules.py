@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.registry import RootConfig
+from launcher.cli import launch
 from launcher.errors import ConfigError
-from launcher.main import launch
+from launcher.registry import RootConfig
 from launcher.rules import (
     MAX_SLURM_TIME_S,
     PATH_COMPONENT,
@@ -79,9 +79,13 @@ def _type_is_the_rule(tp: Any) -> bool:
 
 
 # What a field of each type would most often declare: the start of the hint in the failure message.
-RULE_HINTS = {int: "ruled(Range(1), <default>)", float: "ruled(Range(0, integer=False), <default>)",
-              str: "ruled(Text(), <default>)", list: "ruled(Each(<item rule>), factory=list)",
-              dict: "ruled(Keys(ENV_NAME), factory=dict)"}  # fmt: skip
+RULE_HINTS = {
+    int: "ruled(Range(1), <default>)",
+    float: "ruled(Range(0, integer=False), <default>)",
+    str: "ruled(Text(), <default>)",
+    list: "ruled(Each(<item rule>), factory=list)",
+    dict: "ruled(Keys(ENV_NAME), factory=dict)",
+}
 
 
 def unruled(cls: type) -> list[str]:
@@ -91,10 +95,12 @@ def unruled(cls: type) -> list[str]:
             inner = _optional_inner(leaf.type)
             hint = RULE_HINTS.get(typing.get_origin(inner) or inner, "ruled(<rule>, <default>)")
             name = leaf.where.split(".")[1]
-            out.append(f"{leaf.key} ({leaf.where}) declares no rule: next to the field in launcher/config.py write "
-                       f"`{name}: {leaf.annotation} = {hint}`"
-                       " with the rule that fits: Range, Text, Choice, SlurmTime, Each, Keys, Nested, or PATH_COMPONENT, "
-                       "ABS_PATH, SLURM_MEM, ENV_NAME, MOUNT, SBATCH_FLAG (launcher/rules.py)")  # fmt: skip
+            out.append(
+                f"{leaf.key} ({leaf.where}) declares no rule: next to the field in launcher/config.py write "
+                f"`{name}: {leaf.annotation} = {hint}`"
+                " with the rule that fits: Range, Text, Choice, SlurmTime, Each, Keys, Nested, or PATH_COMPONENT, "
+                "ABS_PATH, SLURM_MEM, ENV_NAME, MOUNT, SBATCH_FLAG (launcher/rules.py)"
+            )
     return out
 
 
@@ -136,7 +142,7 @@ def _breaking(rule: Rule) -> list[Any]:
         items = [[bad] for bad in _breaking(rule.item)[:2]] if rule.item else []
         return [*items, *([[]] if rule.min_items else []), "x"]
     if isinstance(rule, Keys):
-        return [{bad: "x"} for bad in _breaking(rule.key_rule) if bad and isinstance(bad, str)][:1] + ["x"]
+        return [*[{bad: "x"} for bad in _breaking(rule.key_rule) if bad and isinstance(bad, str)][:1], "x"]
     if isinstance(rule, Nested):
         return ["x"]  # its keys are leaves of their own
     raise AssertionError(f"teach tests/test_config_rules.py::_breaking bad values for {type(rule).__name__}")
@@ -167,8 +173,16 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def valid_config(shared: Path) -> DictConfig:
     """A valid config that submits to Slurm (so a missed error would call sbatch). Results and data
     are set apart from shared_dir so that every leaf can be broken alone."""
-    return compose_config(["cluster=slurm", f"cluster.shared_dir={shared}", f"base_results_dir={shared}/results",
-                           f"data_dir={shared}/data", "dry_run=false", "data_preparation=demo"])  # fmt: skip
+    return compose_config(
+        [
+            "cluster=slurm",
+            f"cluster.shared_dir={shared}",
+            f"base_results_dir={shared}/results",
+            f"data_dir={shared}/data",
+            "dry_run=false",
+            "data_preparation=demo",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -203,10 +217,22 @@ def test_every_leaf_refuses_its_bad_values(
 def test_a_bad_value_from_a_preset_is_refused_like_one_from_the_command_line(tmp_path: Path) -> None:
     presets = tmp_path / "conf"
     (presets / "data_check").mkdir(parents=True)
-    (presets / "data_check" / "broken.yaml").write_text("defaults:\n  - default\n  - _self_\nnum_workers: -2\n")
-    with pytest.raises(ConfigError, match=r"^data_check.num_workers: -2 is too small; allowed: an integer, at least 1"):
-        launch(compose_config([f"hydra.searchpath=[file://{presets}]", "data_check=broken",
-                               f"cluster.shared_dir={tmp_path}/shared"]), FACTS)  # fmt: skip
+    (presets / "data_check" / "broken.yaml").write_text(
+        "defaults:\n  - default\n  - _self_\nnum_workers: -2\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^data_check.num_workers: -2 is too small; allowed: an integer, at least 1"
+    ):
+        launch(
+            compose_config(
+                [
+                    f"hydra.searchpath=[file://{presets}]",
+                    "data_check=broken",
+                    f"cluster.shared_dir={tmp_path}/shared",
+                ]
+            ),
+            FACTS,
+        )
     assert not (tmp_path / "shared").exists()
 
 
@@ -231,11 +257,13 @@ SLURM_NO_VAL, SLURM_INFINITE = -2, -1  # 0xfffffffe and 0xffffffff read as int
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=st.one_of(
-    st.text(alphabet="0123456789-: ", max_size=14),
-    st.from_regex(r"\A[0-9]{1,4}(-[0-9]{1,2})?(:[0-9]{1,2}){0,2}\Z"),
-    st.sampled_from(["UNLIMITED", "infinite", "-1", "0", "forever", "1-", "1:99:00", "٣:00"]),
-))  # fmt: skip
+@given(
+    text=st.one_of(
+        st.text(alphabet="0123456789-: ", max_size=14),
+        st.from_regex(r"\A[0-9]{1,4}(-[0-9]{1,2})?(:[0-9]{1,2}){0,2}\Z"),
+        st.sampled_from(["UNLIMITED", "infinite", "-1", "0", "forever", "1-", "1:99:00", "٣:00"]),
+    )
+)
 def test_every_time_we_accept_slurm_accepts_with_the_same_length(text: str, slurm_time_str2mins: Any) -> None:
     ours = SlurmTime().problem(text) is None
     minutes = slurm_time_str2mins(text.encode())
@@ -246,14 +274,18 @@ def test_every_time_we_accept_slurm_accepts_with_the_same_length(text: str, slur
         assert not ours, text
 
 
-@pytest.mark.parametrize("text", ["30", "30:15", "04:00:00", "48:00:00", "2-0", "2-12", "2-12:30", "2-12:30:15"])
+@pytest.mark.parametrize(
+    "text", ["30", "30:15", "04:00:00", "48:00:00", "2-0", "2-12", "2-12:30", "2-12:30:15"]
+)
 def test_every_documented_slurm_form_is_accepted(text: str, slurm_time_str2mins: Any) -> None:
     assert SlurmTime().problem(text) is None
     assert slurm_time_str2mins(text.encode()) > 0
 
 
 @pytest.mark.parametrize("text", ["UNLIMITED", "INFINITE", "0", "00:00:00", f"{MAX_SLURM_TIME_S // 60 + 1}"])
-def test_no_limit_and_too_long_are_refused_though_slurm_parses_them(text: str, slurm_time_str2mins: Any) -> None:
+def test_no_limit_and_too_long_are_refused_though_slurm_parses_them(
+    text: str, slurm_time_str2mins: Any
+) -> None:
     assert SlurmTime().problem(text) is not None
     assert slurm_time_str2mins(text.encode()) != SLURM_NO_VAL
 
@@ -268,7 +300,12 @@ def test_an_integer_range_accepts_exactly_its_interval(lo: int, span: int, value
 @given(name=st.text(max_size=40))
 def test_a_path_component_never_leaves_its_folder(name: str) -> None:
     if PATH_COMPONENT.problem(name) is None:
-        assert "/" not in name and "%" not in name and name not in (".", "..") and not name.startswith((".", "-"))
+        assert (
+            "/" not in name
+            and "%" not in name
+            and name not in (".", "..")
+            and not name.startswith((".", "-"))
+        )
         assert (Path("/runs") / name).parent == Path("/runs")
 
 
@@ -280,4 +317,7 @@ def test_ordinary_run_names_are_accepted(name: str) -> None:
 def test_choice_tells_16_from_16_0_and_true_from_1() -> None:
     assert Choice((16, "bf16")).problem(16.0) is not None
     assert Choice((1,)).problem(True) is not None
-    assert Choice(("no", "border")).problem("False") == 'is not a choice (YAML reads a bare no as false: write "no")'
+    assert (
+        Choice(("no", "border")).problem("False")
+        == 'is not a choice (YAML reads a bare no as false: write "no")'
+    )

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, compose_config
 
+from launcher.cli import launch, main
 from launcher.errors import ConfigError
-from launcher.main import launch, main
 from launcher.stages.common import Facts
 
 BAD_INPUTS = [
@@ -25,23 +25,55 @@ BAD_INPUTS = [
     (["cluster=aws_p5", "container.mounts=[/data:/data]"], "data_dir", "container.mounts"),
     (["cluster=local", "container=pyxis"], "container.runtime", "container=none"),
     (["+env.HF_TOKEN=hf_abc"], "env.HF_TOKEN", "file"),
-    (["cluster=aws_p5", "stages=[training]", "training.model.global_batch_size=1000",
-      "training.trainer.num_nodes=1", "training.model.micro_batch_size=64"],
-     "training.model.global_batch_size", "[512, 1024]"),
-    (["cluster=aws_p5", "stages=[training]", "+training.trainer.devices=4"], "training.trainer.devices", "agree"),
-    (["cluster=aws_p5", "stages=[training]", "training.trainer.accumulate_grad_batches=2"],
-     "accumulate_grad_batches", "must stay 1"),
+    (
+        [
+            "cluster=aws_p5",
+            "stages=[training]",
+            "training.model.global_batch_size=1000",
+            "training.trainer.num_nodes=1",
+            "training.model.micro_batch_size=64",
+        ],
+        "training.model.global_batch_size",
+        "[512, 1024]",
+    ),
+    (
+        ["cluster=aws_p5", "stages=[training]", "+training.trainer.devices=4"],
+        "training.trainer.devices",
+        "agree",
+    ),
+    (
+        ["cluster=aws_p5", "stages=[training]", "training.trainer.accumulate_grad_batches=2"],
+        "accumulate_grad_batches",
+        "must stay 1",
+    ),
     (["stages=[training]"], "cluster.gpus_per_node", "aws_p5"),
     (["cluster=aws_p5", "training.run.chain=0"], "training.run.chain", "at least 1"),
     (["+training.run.nodes=2"], "training.run.nodes", "allowed keys"),
-    (["cluster=aws_p5", "stages=[training]", "assets.vae.revision=main"], "assets.vae.revision",
-     "commit sha"),
-    (["cluster=aws_p5", "stages=[training]", "assets.dir=/models"], "assets.text_encoder.local_dir",
-     "container.mounts"),
-    (["stages=[assets]", "assets.text_encoder.files=[]"], "assets.text_encoder.files", "a file name in the repo"),
-    (["cluster=aws_p5", "stages=[training]", "training.run.time_limit=4"], "training.run.stop_before_limit_s",
-     "1200 s leaves no training time in the job's limit 4 (training.run.time_limit)"),
-    (["++container.mounts={a: b}"], "container.mounts", "Cannot merge DictConfig with ListConfig; allowed: a list"),
+    (
+        ["cluster=aws_p5", "stages=[training]", "assets.vae.revision=main"],
+        "assets.vae.revision",
+        "commit sha",
+    ),
+    (
+        ["cluster=aws_p5", "stages=[training]", "assets.dir=/models"],
+        "assets.text_encoder.local_dir",
+        "container.mounts",
+    ),
+    (
+        ["stages=[assets]", "assets.text_encoder.files=[]"],
+        "assets.text_encoder.files",
+        "a file name in the repo",
+    ),
+    (
+        ["cluster=aws_p5", "stages=[training]", "training.run.time_limit=4"],
+        "training.run.stop_before_limit_s",
+        "1200 s leaves no training time in the job's limit 4 (training.run.time_limit)",
+    ),
+    (
+        ["++container.mounts={a: b}"],
+        "container.mounts",
+        "Cannot merge DictConfig with ListConfig; allowed: a list",
+    ),
 ]
 
 
@@ -61,12 +93,21 @@ def test_bad_input_is_refused_before_anything_is_written(
 
 def test_cli_reports_the_error_and_exits_2(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(REPO / "launcher/main.py"), f"cluster.shared_dir={tmp_path}",
-         "data_preparation.num_partitions=-1"],
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "launcher/main.py"),
+            f"cluster.shared_dir={tmp_path}",
+            "data_preparation.num_partitions=-1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2
-    assert done.stderr == "error: data_preparation.num_partitions: -1 is too small; allowed: an integer, at least 1\n"
+    assert (
+        done.stderr
+        == "error: data_preparation.num_partitions: -1 is too small; allowed: an integer, at least 1\n"
+    )
     assert "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -74,32 +115,57 @@ def test_cli_reports_the_error_and_exits_2(tmp_path: Path) -> None:
 def test_unknown_group_option_lists_the_choices(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "launcher/main.py"), "cluster=aws_p6", f"cluster.shared_dir={tmp_path}"],
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode != 0
     assert "aws_p5" in done.stderr and "aws_p4de" in done.stderr
 
 
 # The cases of issue 12, each typed alone into the full AWS pipeline with the image present.
 ISSUE_CASES = [
-    ("training.trainer.num_nodes=0", "training.trainer.num_nodes: 0 is too small; allowed: an integer, at least 1"),
+    (
+        "training.trainer.num_nodes=0",
+        "training.trainer.num_nodes: 0 is too small; allowed: an integer, at least 1",
+    ),
     ("training.model.micro_batch_size=0", "training.model.micro_batch_size: 0 is too small; allowed:"),
-    ("cluster.time_limit=forever", "cluster.time_limit: 'forever' is not a Slurm time; allowed: a Slurm time:"),
+    (
+        "cluster.time_limit=forever",
+        "cluster.time_limit: 'forever' is not a Slurm time; allowed: a Slurm time:",
+    ),
     ("run_name=", "run_name: '' is empty; allowed: a single path component"),
     ("run_name=a/b", "run_name: 'a/b' has the wrong form; allowed: a single path component"),
-    ("data_preparation.download_parquet.source=", "data_preparation.download_parquet.source: '' is empty; allowed:"),
-    ("training.trainer.precision=fp16", "training.trainer.precision: 'fp16' is not a choice; allowed: one of"),
+    (
+        "data_preparation.download_parquet.source=",
+        "data_preparation.download_parquet.source: '' is empty; allowed:",
+    ),
+    (
+        "training.trainer.precision=fp16",
+        "training.trainer.precision: 'fp16' is not a choice; allowed: one of",
+    ),
     ("data_check.num_workers=-1", "data_check.num_workers: -1 is too small; allowed:"),
     ("training.model.data.num_workers=-4", "training.model.data.num_workers: -4 is too small; allowed:"),
-    ("data_preparation.download_images.processes=-1", "data_preparation.download_images.processes: -1 is too"),
-    ("data_preparation.download_images.threads=-8", "data_preparation.download_images.threads: -8 is too small"),
+    (
+        "data_preparation.download_images.processes=-1",
+        "data_preparation.download_images.processes: -1 is too",
+    ),
+    (
+        "data_preparation.download_images.threads=-8",
+        "data_preparation.download_images.threads: -8 is too small",
+    ),
 ]
 
 
 def _aws_argv(tmp_path: Path) -> list[str]:
     (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
-    return ["cluster=aws_p5", "stages=[data_preparation,training]", f"cluster.shared_dir={tmp_path}",
-            f"container.mounts=[{tmp_path}:{tmp_path}]", f"container.image={tmp_path}/nemo.sqsh"]  # fmt: skip
+    return [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        f"cluster.shared_dir={tmp_path}",
+        f"container.mounts=[{tmp_path}:{tmp_path}]",
+        f"container.image={tmp_path}/nemo.sqsh",
+    ]
 
 
 def test_the_aws_pipeline_without_a_bad_value_is_submitted(
@@ -125,10 +191,15 @@ def test_issue_cases_exit_2_naming_key_value_and_what_is_allowed(
 def test_data_check_without_a_nemo_interpreter_is_refused_with_the_fix(tmp_path: Path) -> None:
     no_venv = Facts(python=sys.executable, code_dir=str(tmp_path / "checkout"))
     with pytest.raises(ConfigError) as error:
-        launch(compose_config([f"cluster.shared_dir={tmp_path}", "stages=[data_preparation,data_check]"]), no_venv)
+        launch(
+            compose_config([f"cluster.shared_dir={tmp_path}", "stages=[data_preparation,data_check]"]),
+            no_venv,
+        )
     assert error.value.key == "data_check.python"
-    assert f"cd {tmp_path}/checkout && python3 -m venv .venv-nemo && .venv-nemo/bin/pip install -r " \
-           "requirements-nemo.txt" in str(error.value)  # fmt: skip
+    assert (
+        f"cd {tmp_path}/checkout && python3 -m venv .venv-nemo && .venv-nemo/bin/pip install -r "
+        "requirements-nemo.txt" in str(error.value)
+    )
     assert list(tmp_path.iterdir()) == []
     # The default command (data preparation alone) needs no NeMo.
     launch(compose_config([f"cluster.shared_dir={tmp_path}", "dry_run=true"]), no_venv)

@@ -4,6 +4,7 @@ Pre-checks run in this interpreter (no torch/NeMo needed). The NeMo loader runs 
 the interpreter named by env NEMO_PYTHON (default: <repo>/.venv-nemo/bin/python), so this test venv
 stays light; those tests skip when that interpreter lacks NeMo, and fail instead when REQUIRE_NEMO=1.
 """
+
 from __future__ import annotations
 
 import io
@@ -44,25 +45,46 @@ def make_dataset(root: Path, tars: int = 2, per_tar: int = 8, image_ext: str = "
         with wds.TarWriter(str(root / "shards" / names[-1])) as sink:
             for i in range(per_tar):
                 fmt = "JPEG" if image_ext == "jpg" else image_ext.upper()
-                sink.write({"__key__": f"{t:05d}{i:04d}", image_ext: _image_bytes(rng, fmt),
-                            "txt": f"a caption for sample {t}-{i}"})
+                sink.write(
+                    {
+                        "__key__": f"{t:05d}{i:04d}",
+                        image_ext: _image_bytes(rng, fmt),
+                        "txt": f"a caption for sample {t}-{i}",
+                    }
+                )
     wdinfo = root / "wdinfo.pkl"
-    wdinfo.write_bytes(pickle.dumps({"tar_files": names, "chunk_size": per_tar,
-                                     "total_key_count": tars * per_tar}))
+    wdinfo.write_bytes(
+        pickle.dumps({"tar_files": names, "chunk_size": per_tar, "total_key_count": tars * per_tar})
+    )
     return wdinfo
 
 
 def make_config(root: Path, wdinfo: Path, local_root: Path | None = None, **model: Any) -> Path:
     """A resolved NeMo SD training config (the parts the loader reads), as the launcher renders it."""
-    cfg: dict[str, Any] = {"trainer": {"devices": 1, "num_nodes": 1},
-           "model": {"first_stage_key": "images", "cond_stage_key": "captions", "micro_batch_size": 4,
-                     "data": {"num_workers": 2, "synthetic_data": False,
-                              "train": {"dataset_path": [str(wdinfo)],
-                                        "augmentations": {"resize_smallest_side": 256,
-                                                          "center_crop_h_w": "256, 256",
-                                                          "horizontal_flip": False}},
-                              "webdataset": {"infinite_sampler": False,
-                                             "local_root_path": str(local_root or root / "shards")}}}}
+    cfg: dict[str, Any] = {
+        "trainer": {"devices": 1, "num_nodes": 1},
+        "model": {
+            "first_stage_key": "images",
+            "cond_stage_key": "captions",
+            "micro_batch_size": 4,
+            "data": {
+                "num_workers": 2,
+                "synthetic_data": False,
+                "train": {
+                    "dataset_path": [str(wdinfo)],
+                    "augmentations": {
+                        "resize_smallest_side": 256,
+                        "center_crop_h_w": "256, 256",
+                        "horizontal_flip": False,
+                    },
+                },
+                "webdataset": {
+                    "infinite_sampler": False,
+                    "local_root_path": str(local_root or root / "shards"),
+                },
+            },
+        },
+    }
     cfg["model"].update(model)
     path = root / "train.yaml"
     OmegaConf.save(OmegaConf.create(cfg), path)
@@ -72,14 +94,17 @@ def make_config(root: Path, wdinfo: Path, local_root: Path | None = None, **mode
 def precheck(config: Path, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
     """Run the pre-checks in this interpreter; exit code, JSON report, stderr text."""
     report = tmp_path / "report.json"
-    code = data_check.main(["--training-config", str(config), "--precheck-only", "--report", str(report),
-                            *extra])
+    code = data_check.main(
+        ["--training-config", str(config), "--precheck-only", "--report", str(report), *extra]
+    )
     return code, json.loads(report.read_text()), "\n".join(json.loads(report.read_text())["errors"])
 
 
 def test_import_does_not_load_torch_or_nemo() -> None:
-    code = ("import sys, data_prep.data_check; "
-            "sys.exit(any(m in sys.modules for m in ('torch', 'nemo', 'megatron')))")
+    code = (
+        "import sys, data_prep.data_check; "
+        "sys.exit(any(m in sys.modules for m in ('torch', 'nemo', 'megatron')))"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False).returncode == 0
 
 
@@ -91,7 +116,11 @@ def test_good_set_passes_prechecks_and_plans_shards(tmp_path: Path) -> None:
     assert report["wdinfo"]["total_key_count"] == 20
     assert [s["jpg_txt_samples"] for s in report["scans"]] == [4] * 5
     plan = report["plan"]
-    assert (plan["tars_per_rank"], plan["tars_left_out_per_epoch"], plan["idle_workers_per_rank"]) == (2, 1, 0)
+    assert (plan["tars_per_rank"], plan["tars_left_out_per_epoch"], plan["idle_workers_per_rank"]) == (
+        2,
+        1,
+        0,
+    )
     assert any("left out of every epoch" in w for w in report["warnings"])
 
 
@@ -164,8 +193,9 @@ def test_unknown_augmentation_and_synthetic_data(tmp_path: Path) -> None:
 
 def _run_nemo(python: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([python, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+    return subprocess.run(
+        [python, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 @pytest.mark.slow
@@ -173,8 +203,19 @@ def test_good_set_through_nemo_loader(tmp_path: Path, nemo_python: str) -> None:
     config = make_config(tmp_path, make_dataset(tmp_path, tars=2, per_tar=8))
     report_path = tmp_path / "report.json"
     # Ask for more batches than exist: the loader's real epoch (2 tars x 8 samples, mbs 4) ends at 4.
-    proc = _run_nemo(nemo_python, "-m", "data_prep.data_check", "--training-config", str(config),
-                     "--batches", "10", "--world-size", "2", "--report", str(report_path))
+    proc = _run_nemo(
+        nemo_python,
+        "-m",
+        "data_prep.data_check",
+        "--training-config",
+        str(config),
+        "--batches",
+        "10",
+        "--world-size",
+        "2",
+        "--report",
+        str(report_path),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     loader = json.loads(report_path.read_text())["loader"]
     assert loader["images"] == [4, 256, 256, 3]
@@ -188,10 +229,12 @@ def test_good_set_through_nemo_loader(tmp_path: Path, nemo_python: str) -> None:
 def test_nemo_itself_yields_nothing_for_png(tmp_path: Path, nemo_python: str) -> None:
     # Bypass the pre-check on purpose: confirm that NeMo's own loader really drops .png samples.
     config = make_config(tmp_path, make_dataset(tmp_path, tars=1, per_tar=4, image_ext="png"))
-    code = ("import json, pathlib; from data_prep import tar_checks as t, nemo_loader_check as d; "
-            f"m = t.load_model_config(pathlib.Path({str(config)!r})); "
-            "r = d.run_nemo_loader(m, batches=2, workers=1, mbs=2); "
-            "print(json.dumps({'result': r, 'errors': d.loader_errors(r, 2)}))")
+    code = (
+        "import json, pathlib; from data_prep import tar_checks as t, nemo_loader_check as d; "
+        f"m = t.load_model_config(pathlib.Path({str(config)!r})); "
+        "r = d.run_nemo_loader(m, batches=2, workers=1, mbs=2); "
+        "print(json.dumps({'result': r, 'errors': d.loader_errors(r, 2)}))"
+    )
     proc = _run_nemo(nemo_python, "-c", code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -10,8 +10,6 @@ import json
 import os
 import pickle
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +18,23 @@ from conftest import compose_config
 from PIL import Image
 
 from launcher import manifest
-from launcher.main import launch
+from launcher.cli import launch
 
 pytestmark = pytest.mark.slow
 CHUNK = 20
 
 
 def _run(shared: Path, *overrides: str) -> Path:
-    launch(compose_config([f"cluster.shared_dir={shared}", "data_preparation=demo",
-                           f"container.python={sys.executable}", *overrides]))  # fmt: skip
+    launch(
+        compose_config(
+            [
+                f"cluster.shared_dir={shared}",
+                "data_preparation=demo",
+                f"container.python={sys.executable}",
+                *overrides,
+            ]
+        )
+    )
     return shared / "data"
 
 
@@ -68,15 +74,6 @@ def test_demo_on_the_local_backend_then_rerun_is_identical(tmp_path: Path) -> No
     assert before == after
 
 
-@pytest.fixture
-def slurm_shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for key, value in slurm_cluster.env.items():
-        monkeypatch.setenv(key, value)
-    with tempfile.TemporaryDirectory(prefix="dataprep-", dir="/tmp") as tmp:
-        os.chmod(tmp, 0o755)
-        yield Path(tmp)
-
-
 def test_demo_on_the_real_slurm_cluster(slurm_cluster, slurm_shared: Path) -> None:
     _run(slurm_shared, "cluster=slurm", "container=none")
     records = manifest.load(slurm_shared / "results/sd_pretrain")
@@ -93,15 +90,23 @@ def test_demo_on_the_real_slurm_cluster(slurm_cluster, slurm_shared: Path) -> No
 def test_demo_then_data_check_with_nemo_on_the_local_backend(tmp_path: Path) -> None:
     """Issue acceptance: stages=[data_preparation,data_check] passes offline and reports the real
     sample count and batch shape, read by NeMo's own loader (needs the NeMo venv)."""
-    nemo = os.environ.get("NEMO_PYTHON") or str(Path(__file__).resolve().parent.parent / ".venv-nemo/bin/python")
+    nemo = os.environ.get("NEMO_PYTHON") or str(
+        Path(__file__).resolve().parent.parent / ".venv-nemo/bin/python"
+    )
     if not Path(nemo).exists():
         if os.environ.get("REQUIRE_NEMO"):
             pytest.fail(f"REQUIRE_NEMO is set but there is no NeMo interpreter at {nemo}")
         pytest.skip(f"no NeMo interpreter at {nemo} (tests/install_nemo.sh)")
     # The data alone: no assets job, no model check (tests/test_training_slurm.py runs both, staged
     # from the fake Hub, and tests/test_nemo_training.py the model check).
-    data = _run(tmp_path, "cluster=local", "stages=[data_preparation,data_check]", f"data_check.python={nemo}",
-                "assets.enable=false", "data_check.model_check=false")
+    data = _run(
+        tmp_path,
+        "cluster=local",
+        "stages=[data_preparation,data_check]",
+        f"data_check.python={nemo}",
+        "assets.enable=false",
+        "data_check.model_check=false",
+    )
     report = json.loads((tmp_path / "results/sd_pretrain/data_check/report.json").read_text())
     with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
         total = pickle.load(handle)["total_key_count"]

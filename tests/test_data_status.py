@@ -16,15 +16,32 @@ def _write(path: Path, data: dict[str, object]) -> None:
 
 def test_partition_rates_done_and_running(tmp_path: Path) -> None:
     raw = tmp_path / "tarfiles_raw"
-    _write(raw / "part-00000.done.json", {"rows": 200, "successes": 180, "failed_to_download": 15,
-                                          "failed_to_resize": 5, "errors": {"HTTP Error 503: Slow Down": 12}})
+    _write(
+        raw / "part-00000.done.json",
+        {
+            "rows": 200,
+            "successes": 180,
+            "failed_to_download": 15,
+            "failed_to_resize": 5,
+            "errors": {"HTTP Error 503: Slow Down": 12},
+        },
+    )
     (raw / "part-00000").mkdir()
     for shard, (count, ok) in enumerate([(100, 97), (100, 91)]):
-        _write(raw / "part-00001" / f"{shard:05d}_stats.json",
-               {"count": count, "successes": ok, "failed_to_download": count - ok, "failed_to_resize": 0,
-                "status_dict": {"success": ok}})  # fmt: skip
+        _write(
+            raw / "part-00001" / f"{shard:05d}_stats.json",
+            {
+                "count": count,
+                "successes": ok,
+                "failed_to_download": count - ok,
+                "failed_to_resize": 0,
+                "status_dict": {"success": ok},
+            },
+        )
     (raw / "part-00002").mkdir()  # started, no shard finished yet
-    _write(tmp_path / "parquet/manifest.json", {"rows_kept": 400, "rows_read": 420, "partitions": [{}, {}, {}]})
+    _write(
+        tmp_path / "parquet/manifest.json", {"rows_kept": 400, "rows_read": 420, "partitions": [{}, {}, {}]}
+    )
     rows = dict(data_counts(str(tmp_path)))
     assert rows["download_images"] == "1/3 partitions done: 180 images, 20 failed (90.0% ok)"
     assert rows["  part-00000"] == "90.0% ok: 180 of 200, 20 failed (most: HTTP Error 503: Slow Down)"

@@ -12,8 +12,8 @@ import pytest
 from conftest import FIXED_FACTS, REPO, compose_config
 from omegaconf import OmegaConf
 
+from launcher.cli import launch
 from launcher.errors import ConfigError
-from launcher.main import launch
 from launcher.pipeline import build_plan
 from launcher.spec import JobSpec
 from launcher.validate import to_schema
@@ -39,11 +39,21 @@ def _flags(job: JobSpec) -> dict[str, str]:
 def test_aws_p5_dry_run_without_overrides_plans_pd12m(tmp_path: Path) -> None:
     """The issue's acceptance: `cluster=aws_p5` alone plans PD12M, shown by a real dry run."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "launcher/main.py"), "cluster=aws_p5", "stages=[data_preparation,training]",
-         "dry_run=true", f"cluster.shared_dir={tmp_path}", f"container.mounts=[{tmp_path}:{tmp_path}]",
-         "container.code_dir=/workspace/launcher"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "launcher/main.py"),
+            "cluster=aws_p5",
+            "stages=[data_preparation,training]",
+            "dry_run=true",
+            f"cluster.shared_dir={tmp_path}",
+            f"container.mounts=[{tmp_path}:{tmp_path}]",
+            "container.code_dir=/workspace/launcher",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     script = (tmp_path / "results/sd_pretrain/data_preparation/download_parquet.sbatch").read_text()
     assert "--source Spawning/PD12M" in script
@@ -64,14 +74,20 @@ def test_pd12m_pins_a_full_commit_and_the_download_settings_reach_the_script() -
     assert images["--disallowed-header-directives"] == "noai,noimageai,noindex,noimageindex"
     assert (images["--timeout"], images["--retries"]) == ("20", "2")
     assert "--processes" not in images and "--threads" not in images  # derived from the task's CPUs
-    none = _flags(_jobs("data_preparation=pd12m", "data_preparation.download_images.disallowed_header_directives=[]")
-                  ["download_images"])  # fmt: skip
+    none = _flags(
+        _jobs("data_preparation=pd12m", "data_preparation.download_images.disallowed_header_directives=[]")[
+            "download_images"
+        ]
+    )
     assert none["--disallowed-header-directives"] == ""
 
 
 def test_laion_art_stays_a_preset_for_a_copy() -> None:
-    flags = _flags(_jobs("data_preparation=laion_art",
-                         "data_preparation.download_parquet.source=s3://bucket/laion-art/")["download_parquet"])
+    flags = _flags(
+        _jobs(
+            "data_preparation=laion_art", "data_preparation.download_parquet.source=s3://bucket/laion-art/"
+        )["download_parquet"]
+    )
     assert flags["--source"] == "s3://bucket/laion-art/" and "--revision" not in flags
     assert (flags["--url-col"], flags["--caption-col"], flags["--pattern"]) == ("URL", "TEXT", "*.parquet")
 
@@ -89,11 +105,18 @@ def test_own_tars_skip_the_downloads() -> None:
     [
         (["data_preparation=webdataset_tars"], "data_preparation.tars.source: required with tars.enable"),
         (["data_preparation=webdataset_tars", "data_preparation.tars.source=my-tars"], "absolute folder"),
-        (["data_preparation.tars.enable=true", "data_preparation.tars.source=/fsx/t"],
-         "tars.enable: your own tars replace the downloads, but download_parquet, download_images, demo"),
-        (["data_preparation.download_parquet.max_rows=0"], "download_parquet.max_rows: 0 is too small; allowed: an integer, at least 1"),
-        (["cluster=aws_p5", "data_preparation=webdataset_tars", "data_preparation.tars.source=/data/tars"],
-         "/data/tars is not inside any container mount"),
+        (
+            ["data_preparation.tars.enable=true", "data_preparation.tars.source=/fsx/t"],
+            "tars.enable: your own tars replace the downloads, but download_parquet, download_images, demo",
+        ),
+        (
+            ["data_preparation.download_parquet.max_rows=0"],
+            "download_parquet.max_rows: 0 is too small; allowed: an integer, at least 1",
+        ),
+        (
+            ["cluster=aws_p5", "data_preparation=webdataset_tars", "data_preparation.tars.source=/data/tars"],
+            "/data/tars is not inside any container mount",
+        ),
     ],
 )
 def test_bad_dataset_settings_are_refused_before_anything_is_written(

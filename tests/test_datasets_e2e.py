@@ -27,14 +27,13 @@ from hf_fake_hub import FakeHub
 from pd12m_standin import PD12M_REPO, pd12m_revision, write_repo
 from PIL import Image
 from slurm.cluster import SlurmCluster
-from test_data_prep_e2e import slurm_shared  # noqa: F401 (a fixture: a folder the cluster's jobs can use)
 
 from data_prep import demo
 from data_prep.serve import serve_folder
 from launcher import manifest
+from launcher.cli import launch
 from launcher.data_status import data_counts
-from launcher.main import launch
-from launcher.watch import newest_log
+from launcher.paths import newest_log
 
 pytestmark = pytest.mark.slow
 CHUNK = 10
@@ -44,10 +43,12 @@ SMALL = [  # the preset as it is, sized for 2 cores and ~100 images
     "data_preparation.reorganize_tar.num_tasks=2",
     f"data_preparation.reorganize_tar.tar_chunk_size={CHUNK}",
     "data_preparation.generate_wdinfo.verify=true",
-    *(f"data_preparation.{step}.resources={{cpus_per_task:1,mem:2G,time:'00:10:00'}}"
-      for step in ("download_parquet", "download_images", "tars", "reorganize_tar", "generate_wdinfo")),
+    *(
+        f"data_preparation.{step}.resources={{cpus_per_task:1,mem:2G,time:'00:10:00'}}"
+        for step in ("download_parquet", "download_images", "tars", "reorganize_tar", "generate_wdinfo")
+    ),
     "data_check.resources={cpus_per_task:2,mem:8G,time:'00:20:00'}",
-]  # fmt: skip
+]
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,11 @@ def pd12m() -> Iterator[Pd12mHost]:
 
 
 def _launch(shared: Path, *overrides: str) -> Path:
-    launch(compose_config([f"cluster.shared_dir={shared}", f"container.python={sys.executable}",
-                           *SMALL, *overrides]))  # fmt: skip
+    launch(
+        compose_config(
+            [f"cluster.shared_dir={shared}", f"container.python={sys.executable}", *SMALL, *overrides]
+        )
+    )
     return shared / "data"
 
 
@@ -112,10 +116,17 @@ def _check_nemo_read(run_dir: Path, data: Path) -> None:
 
 
 def test_pd12m_on_the_local_backend_ends_in_data_nemo_reads(
-    pd12m: Pd12mHost, nemo_python: str, tmp_path: Path  # noqa: F811
+    pd12m: Pd12mHost,
+    nemo_python: str,
+    tmp_path: Path,
 ) -> None:
-    data = _launch(tmp_path, "cluster=local", *_pd12m(pd12m, "stages=[data_preparation,data_check]", *DATA_ONLY,
-                                                       f"data_check.python={nemo_python}"))  # fmt: skip
+    data = _launch(
+        tmp_path,
+        "cluster=local",
+        *_pd12m(
+            pd12m, "stages=[data_preparation,data_check]", *DATA_ONLY, f"data_check.python={nemo_python}"
+        ),
+    )
     _check_pd12m(data, pd12m)
     _check_nemo_read(tmp_path / "results/sd_pretrain", data)
     status = dict(data_counts(str(data)))
@@ -133,19 +144,34 @@ def test_max_rows_end_to_end_downloads_only_the_first_rows(pd12m: Pd12mHost, tmp
 
 
 def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
-    slurm_cluster: SlurmCluster, slurm_shared: Path, pd12m: Pd12mHost, nemo_python: str  # noqa: F811
+    slurm_cluster: SlurmCluster,
+    slurm_shared: Path,
+    pd12m: Pd12mHost,
+    nemo_python: str,
 ) -> None:
     # gpus_per_node=0: data_check plans a data-parallel world of one (5 tars cannot feed 8 ranks).
-    data = _launch(slurm_shared, "cluster=slurm", "container=none", "cluster.gpus_per_node=0",
-                   *_pd12m(pd12m, "stages=[data_preparation,data_check]", *DATA_ONLY, f"data_check.python={nemo_python}"))
+    data = _launch(
+        slurm_shared,
+        "cluster=slurm",
+        "container=none",
+        "cluster.gpus_per_node=0",
+        *_pd12m(
+            pd12m, "stages=[data_preparation,data_check]", *DATA_ONLY, f"data_check.python={nemo_python}"
+        ),
+    )
     records = manifest.load(slurm_shared / "results/sd_pretrain")
     for record in records:
         assert record.job_id and record.backend == "slurm"
         states = {j.state for j in slurm_cluster.wait_jobs(record.job_id, timeout=300)}
-        log = newest_log(record)
+        log = newest_log(record.log_pattern)
         assert states == {"COMPLETED"}, (record.name, states, log.read_text()[-3000:] if log else None)
-    assert [r.name for r in records] == ["download_parquet", "download_images", "reorganize_tar",
-                                         "generate_wdinfo", "data_check"]  # fmt: skip
+    assert [r.name for r in records] == [
+        "download_parquet",
+        "download_images",
+        "reorganize_tar",
+        "generate_wdinfo",
+        "data_check",
+    ]
     _check_pd12m(data, pd12m)
     _check_nemo_read(slurm_shared / "results/sd_pretrain", data)
 
@@ -153,8 +179,12 @@ def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
 # Bring your own tars: four shards of different sizes in nested folders, keys restarting at 0 in
 # each (they collide across shards), extra members, member order varied, pax and GNU headers,
 # and two samples missing a member (dropped and counted). (relative path, samples, tar format)
-OWN_SHARDS = (("a/shard-0.tar", 7, tarfile.PAX_FORMAT), ("a/shard-1.tar", 13, tarfile.GNU_FORMAT),
-              ("b/c/big.tar", 30, tarfile.PAX_FORMAT), ("b/one.tar", 1, tarfile.USTAR_FORMAT))  # fmt: skip
+OWN_SHARDS = (
+    ("a/shard-0.tar", 7, tarfile.PAX_FORMAT),
+    ("a/shard-1.tar", 13, tarfile.GNU_FORMAT),
+    ("b/c/big.tar", 30, tarfile.PAX_FORMAT),
+    ("b/one.tar", 1, tarfile.USTAR_FORMAT),
+)
 INCOMPLETE = {("a/shard-0.tar", 3): "txt", ("a/shard-1.tar", 5): "jpg"}
 
 
@@ -177,7 +207,7 @@ def write_own_tars(root: Path) -> list[str]:
                 Image.new("RGB", (48, 40), (5 * i, len(rel) * 9, 120)).save(image, "JPEG")
                 members = {"json": b"{}", "txt": caption.encode(), "jpg": image.getvalue()}
                 members.pop(INCOMPLETE.get((rel, i), ""), None)
-                for ext in (sorted(members) if i % 2 else sorted(members, reverse=True)):
+                for ext in sorted(members) if i % 2 else sorted(members, reverse=True):
                     _add(tar, f"{key}.{ext}", members[ext])
                 if (rel, i) not in INCOMPLETE:
                     kept.append(caption)
@@ -186,8 +216,13 @@ def write_own_tars(root: Path) -> list[str]:
 
 
 def _own_tars_run(shared: Path, source: str, *overrides: str) -> Path:
-    return _launch(shared, "cluster=local", "data_preparation=webdataset_tars",
-                   f"data_preparation.tars.source={source}", *overrides)  # fmt: skip
+    return _launch(
+        shared,
+        "cluster=local",
+        "data_preparation=webdataset_tars",
+        f"data_preparation.tars.source={source}",
+        *overrides,
+    )
 
 
 def test_own_tars_end_to_end_byte_identical_from_a_folder_and_from_a_url(tmp_path: Path) -> None:
@@ -198,15 +233,20 @@ def test_own_tars_end_to_end_byte_identical_from_a_folder_and_from_a_url(tmp_pat
         copied = _own_tars_run(tmp_path / "run2", "hf://datasets/me/own-tars", f"+env.HF_ENDPOINT={hub.url}")
     assert all((linked / "tarfiles_source/tars" / f"{i:06d}.tar").is_symlink() for i in range(4))
     assert not any(p.is_symlink() for p in (copied / "tarfiles_source/tars").iterdir())
-    outputs = {data: {p.name: p.read_bytes() for p in (data / "tarfiles_reorganized").glob("*.tar")}
-               for data in (linked, copied)}  # fmt: skip
+    outputs = {
+        data: {p.name: p.read_bytes() for p in (data / "tarfiles_reorganized").glob("*.tar")}
+        for data in (linked, copied)
+    }
     assert sorted(outputs[linked]) == [f"{i:06d}.tar" for i in range(len(kept) // CHUNK)]
     assert outputs[linked] == outputs[copied]
     wdinfo = (linked / "tarfiles_reorganized/wdinfo.pkl").read_bytes()
     assert wdinfo == (copied / "tarfiles_reorganized/wdinfo.pkl").read_bytes()
     assert pickle.loads(wdinfo)["total_key_count"] == len(kept) // CHUNK * CHUNK
-    read = [s for name in sorted(outputs[linked]) for s in
-            wds.WebDataset(str(linked / "tarfiles_reorganized" / name), shardshuffle=False)]  # fmt: skip
+    read = [
+        s
+        for name in sorted(outputs[linked])
+        for s in wds.WebDataset(str(linked / "tarfiles_reorganized" / name), shardshuffle=False)
+    ]
     assert [s["txt"].decode() for s in read] == kept[: len(read)]
     assert all({k for k in s if not k.startswith("__")} == {"jpg", "txt"} for s in read)  # .json left out
     report = json.loads(next((linked / "tarfiles_reorganized/_reports").glob("*.json")).read_text())

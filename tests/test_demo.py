@@ -44,7 +44,7 @@ def test_source_rows_match_files_and_kinds(demo_dir: Path) -> None:
     kinds = [r["kind"] for r in record["rows"]]
     assert kinds.count("truncated") == 1 and kinds.count("not_image") == 1 and kinds.count("not_found") >= 2
     for row, width, height in zip(
-        record["rows"], table.column("WIDTH").to_pylist(), table.column("HEIGHT").to_pylist()
+        record["rows"], table.column("WIDTH").to_pylist(), table.column("HEIGHT").to_pylist(), strict=True
     ):
         name = row["url"].removeprefix("${" + ENV_NAME + "}/")
         if row["kind"] == "ok":
@@ -69,9 +69,23 @@ def test_same_seed_same_data_and_rerun_does_nothing(demo_dir: Path, tmp_path: Pa
     assert all((demo_dir / "images" / n).read_bytes() == (other / "images" / n).read_bytes() for n in names)
     before = (other / "demo.json").stat().st_mtime_ns
     result = subprocess.run(
-        [sys.executable, "-m", "data_prep.demo", "--output-dir", str(other), "--num-images", "130", "--seed", "3"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "data_prep.demo",
+            "--output-dir",
+            str(other),
+            "--num-images",
+            "130",
+            "--seed",
+            "3",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert "nothing to do" in result.stdout
     assert (other / "demo.json").stat().st_mtime_ns == before
 
@@ -79,8 +93,12 @@ def test_same_seed_same_data_and_rerun_does_nothing(demo_dir: Path, tmp_path: Pa
 def test_too_few_images_is_rejected(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "data_prep.demo", "--output-dir", str(tmp_path), "--num-images", "3"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2 and "--num-images must be >= 10" in result.stderr
 
 
@@ -110,11 +128,25 @@ def test_serve_cli_exports_base_url_and_returns_the_command_status(demo_dir: Pat
     )
     size = (demo_dir / "images" / name).stat().st_size
     result = subprocess.run(
-        [sys.executable, "-m", "data_prep.serve", "--root", str(demo_dir / "images"), "--",
-         sys.executable, "-c", child, str(size)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "data_prep.serve",
+            "--root",
+            str(demo_dir / "images"),
+            "--",
+            sys.executable,
+            "-c",
+            child,
+            str(size),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
         env={**os.environ, ENV_NAME: "stale"},
-    )  # fmt: skip
+    )
     assert result.returncode == 7, result.stderr
     assert f"exported as {ENV_NAME}" in result.stdout
 
@@ -123,8 +155,12 @@ def test_serve_cli_rejects_a_missing_root_or_command(tmp_path: Path) -> None:
     def serve(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "data_prep.serve", *args],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
 
     missing_root = serve("--root", str(tmp_path / "nope"), "--", "true")
     assert missing_root.returncode == 2 and "not a folder" in missing_root.stderr

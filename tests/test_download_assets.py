@@ -16,8 +16,8 @@ import pytest
 from conftest import REPO
 from hf_fake_hub import FakeHub
 
-from launcher.registry import RootConfig
 from launcher.pipeline import build_plan
+from launcher.registry import RootConfig
 from launcher.stages import assets
 from launcher.stages.common import Facts
 
@@ -26,10 +26,17 @@ OLD_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 BIG = 3 << 20  # the stand-in weights: big enough to stall part way, small enough to be quick
 # Files the real repos hold besides the ones the config asks for: none of them may be fetched.
 EXTRA = {
-    "text_encoder": ["pytorch_model.bin", "tf_model.h5", "flax_model.msgpack", "tokenizer.json",
-                     "preprocessor_config.json", "README.md", ".gitattributes"],
+    "text_encoder": [
+        "pytorch_model.bin",
+        "tf_model.h5",
+        "flax_model.msgpack",
+        "tokenizer.json",
+        "preprocessor_config.json",
+        "README.md",
+        ".gitattributes",
+    ],
     "vae": ["diffusion_pytorch_model.bin", "README.md", ".gitattributes"],
-}  # fmt: skip
+}
 
 
 def _fill(folder: Path, names: list[str], seed: str) -> None:
@@ -111,11 +118,14 @@ def test_downloads_the_pinned_files_and_a_rerun_makes_no_request(setup: Setup) -
     assert {p: p.stat().st_mtime_ns for p in setup.local("text_encoder").parent.rglob("*")} == before
 
 
-@pytest.mark.parametrize(("name", "file", "record_kept"), [
-    ("text_encoder", "model.safetensors", False),  # LFS file: checked by size, then sha256
-    ("text_encoder", "model.safetensors", True),  # truncated after completion: the record's size
-    ("vae", "config.json", False),  # plain git file, same size, other bytes: git blob sha1
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "file", "record_kept"),
+    [
+        ("text_encoder", "model.safetensors", False),  # LFS file: checked by size, then sha256
+        ("text_encoder", "model.safetensors", True),  # truncated after completion: the record's size
+        ("vae", "config.json", False),  # plain git file, same size, other bytes: git blob sha1
+    ],
+)
 def test_a_damaged_file_is_downloaded_again(setup: Setup, name: str, file: str, record_kept: bool) -> None:
     assert setup.run().returncode == 0
     path = setup.local(name) / file
@@ -133,8 +143,10 @@ def test_a_damaged_file_is_downloaded_again(setup: Setup, name: str, file: str, 
 
 
 def _get_seen(hub: FakeHub, repo_id: str, file: str) -> bool:
-    return any(method == "GET" and path.startswith(f"/{repo_id}/") and path.endswith(f"/{file}")
-               for method, path, _ in hub.requests)  # fmt: skip
+    return any(
+        method == "GET" and path.startswith(f"/{repo_id}/") and path.endswith(f"/{file}")
+        for method, path, _ in hub.requests
+    )
 
 
 def test_a_download_stopped_by_slurm_is_completed_by_the_rerun(setup: Setup) -> None:
@@ -175,12 +187,17 @@ def test_a_record_of_another_revision_downloads_the_pinned_one(setup: Setup) -> 
     assert "model.safetensors" not in fetched  # the text encoder's record still matched
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"revision": "f" * 40}, "RevisionNotFound"),
-    ({"repo_id": "stabilityai/sd-vae-nope"}, "RepositoryNotFound"),
-    ({"files": ["config.json", "vae.safetensors"]},
-     "no vae.safetensors in the repo at this revision; its files: .gitattributes, README.md, config.json"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"revision": "f" * 40}, "RevisionNotFound"),
+        ({"repo_id": "stabilityai/sd-vae-nope"}, "RepositoryNotFound"),
+        (
+            {"files": ["config.json", "vae.safetensors"]},
+            "no vae.safetensors in the repo at this revision; its files: .gitattributes, README.md, config.json",
+        ),
+    ],
+)
 def test_a_wrong_repo_revision_or_file_fails_before_any_transfer(
     setup: Setup, change: dict[str, object], message: str
 ) -> None:
@@ -196,7 +213,12 @@ def test_a_wrong_repo_revision_or_file_fails_before_any_transfer(
 
 
 def test_help_explains_the_asset_arguments() -> None:
-    done = subprocess.run([sys.executable, "-m", "data_prep.download_assets", "--help"], cwd=REPO,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "data_prep.download_assets", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0
     assert "NAME REPO_ID REVISION LOCAL_DIR FILE" in done.stdout and ".complete.json" in done.stdout

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,8 +34,18 @@ FAST_ARGS = ("--processes", "1", "--threads", "8", "--samples-per-shard", str(SH
 
 
 def download_cmd(parquet_dir: Path, out: Path, partition: int, serve_root: Path | None) -> list[str]:
-    cmd = [sys.executable, "-m", "data_prep.download_images", "--parquet-dir", str(parquet_dir),
-           "--output-dir", str(out), "--partition", str(partition), *FAST_ARGS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_prep.download_images",
+        "--parquet-dir",
+        str(parquet_dir),
+        "--output-dir",
+        str(out),
+        "--partition",
+        str(partition),
+        *FAST_ARGS,
+    ]
     if serve_root is None:
         return cmd
     return [sys.executable, "-m", "data_prep.serve", "--root", str(serve_root), "--", *cmd]
@@ -165,9 +176,13 @@ def test_interrupted_download_fails_then_resumes(pipeline: dict[str, Path], tmp_
         silent.listen(64)
         env = {ENV_NAME: f"http://127.0.0.1:{silent.getsockname()[1]}"}
         proc = subprocess.Popen(
-            download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, None), cwd=REPO_ROOT,
-            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, None),
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         assert proc.stdout is not None
         for line in proc.stdout:  # wait until img2dataset is downloading
             if "Downloading starting now" in line:
@@ -197,8 +212,18 @@ def test_placeholder_without_its_variable_is_a_clear_error(
     monkeypatch.delenv("DEMO_BASE_URL_UNSET", raising=False)
     write_partition(tmp_path / "parquet", ["${DEMO_BASE_URL_UNSET}/a.jpg", "http://example.invalid/b.jpg"])
     with pytest.raises(di.DownloadError, match=r"DEMO_BASE_URL_UNSET is not set.*data_prep.serve"):
-        di.run(di.parse_args(["--parquet-dir", str(tmp_path / "parquet"), "--output-dir", str(tmp_path / "raw"),
-                              "--partition", "0"]))  # fmt: skip
+        di.run(
+            di.parse_args(
+                [
+                    "--parquet-dir",
+                    str(tmp_path / "parquet"),
+                    "--output-dir",
+                    str(tmp_path / "raw"),
+                    "--partition",
+                    "0",
+                ]
+            )
+        )
 
 
 def test_placeholders_expand_only_at_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,15 +240,31 @@ def test_options_defaults_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyP
     opts = di.parse_args(["--parquet-dir", "p", "--output-dir", "o"])
     assert (opts.partition, opts.image.resize_mode, opts.image.image_size) == (5, "center_crop", 256)
     assert opts.disallowed_header_directives == ("noai", "noimageai", "noindex", "noimageindex")
-    assert di.parse_args(["--parquet-dir", "p", "--output-dir", "o", "--disallowed-header-directives", ""]
-                         ).disallowed_header_directives == ()  # fmt: skip
-    with pytest.raises(di.DownloadError, match="--partition 5: no p/part-00005.parquet"):
+    assert (
+        di.parse_args(
+            ["--parquet-dir", "p", "--output-dir", "o", "--disallowed-header-directives", ""]
+        ).disallowed_header_directives
+        == ()
+    )
+    with pytest.raises(di.DownloadError, match=r"--partition 5: no p/part-00005\.parquet"):
         di.run(opts)
     monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
-    for args, message in ((["--resize-mode", "False"], 'YAML reads an unquoted no as false: write "no"'),
-                          ([], "--partition: give a partition index")):  # fmt: skip
-        result = run([sys.executable, "-m", "data_prep.download_images", "--parquet-dir", "p", "--output-dir", "o",
-                      *args])  # fmt: skip
+    for args, message in (
+        (["--resize-mode", "False"], 'YAML reads an unquoted no as false: write "no"'),
+        ([], "--partition: give a partition index"),
+    ):
+        result = run(
+            [
+                sys.executable,
+                "-m",
+                "data_prep.download_images",
+                "--parquet-dir",
+                "p",
+                "--output-dir",
+                "o",
+                *args,
+            ]
+        )
         assert result.returncode == 2 and message in result.stderr
 
 
@@ -239,8 +280,12 @@ def test_workers_follow_the_tasks_cpus_and_the_shards_left() -> None:
 class _RobotsHost(SimpleHTTPRequestHandler):
     """An image host that answers some images with an X-Robots-Tag header and records User-Agents."""
 
-    agents: list[str] = []
-    TAGS = {"noai": "noai", "other": "otherbot: noai", "ours": "sd-launcher: noimageai"}
+    agents: ClassVar[list[str]] = []
+    TAGS: ClassVar[dict[str, str]] = {
+        "noai": "noai",
+        "other": "otherbot: noai",
+        "ours": "sd-launcher: noimageai",
+    }
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -264,11 +309,25 @@ def test_user_agent_token_and_x_robots_tag_as_img2dataset_applies_them(tmp_path:
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(images)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        write_partition(tmp_path / "parquet", [f"http://127.0.0.1:{server.server_address[1]}/{n}" for n in names])
-        base = [sys.executable, "-m", "data_prep.download_images", "--parquet-dir", str(tmp_path / "parquet"),
-                "--partition", "0", *FAST_ARGS, "--user-agent-token", "sd-launcher"]  # fmt: skip
+        write_partition(
+            tmp_path / "parquet", [f"http://127.0.0.1:{server.server_address[1]}/{n}" for n in names]
+        )
+        base = [
+            sys.executable,
+            "-m",
+            "data_prep.download_images",
+            "--parquet-dir",
+            str(tmp_path / "parquet"),
+            "--partition",
+            "0",
+            *FAST_ARGS,
+            "--user-agent-token",
+            "sd-launcher",
+        ]
         obeyed = run([*base, "--output-dir", str(tmp_path / "obeyed")])
-        ignored = run([*base, "--output-dir", str(tmp_path / "ignored"), "--disallowed-header-directives", ""])
+        ignored = run(
+            [*base, "--output-dir", str(tmp_path / "ignored"), "--disallowed-header-directives", ""]
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -279,5 +338,6 @@ def test_user_agent_token_and_x_robots_tag_as_img2dataset_applies_them(tmp_path:
     assert done["errors"] == {"Use of image disallowed by X-Robots-Tag directive": 3}
     assert json.loads((tmp_path / "ignored" / "part-00000.done.json").read_text())["successes"] == 6
     assert handler.agents and all(
-        a.endswith("(compatible; sd-launcher; +https://github.com/rom1504/img2dataset)") for a in handler.agents
+        a.endswith("(compatible; sd-launcher; +https://github.com/rom1504/img2dataset)")
+        for a in handler.agents
     )

@@ -27,14 +27,16 @@ FILE_ROWS = (500, 333, 71)  # uneven on purpose
 def laion_like(rows: int, offset: int) -> pa.Table:
     """Columns named as in laion/laion-art; some null values in filter columns."""
     idx = range(offset, offset + rows)
-    return pa.table({
-        "URL": [f"http://example.invalid/{i}.jpg" for i in idx],
-        "TEXT": [None if i % 17 == 0 else f"caption {i}" for i in idx],
-        "WIDTH": [None if i % 23 == 0 else (i * 37) % 800 for i in idx],
-        "HEIGHT": [(i * 11) % 700 for i in idx],
-        "punsafe": [((i * 7) % 100) / 100 for i in idx],
-        "aesthetic": [4 + (i % 40) / 10 for i in idx],
-    })  # fmt: skip
+    return pa.table(
+        {
+            "URL": [f"http://example.invalid/{i}.jpg" for i in idx],
+            "TEXT": [None if i % 17 == 0 else f"caption {i}" for i in idx],
+            "WIDTH": [None if i % 23 == 0 else (i * 37) % 800 for i in idx],
+            "HEIGHT": [(i * 11) % 700 for i in idx],
+            "punsafe": [((i * 7) % 100) / 100 for i in idx],
+            "aesthetic": [4 + (i % 40) / 10 for i in idx],
+        }
+    )
 
 
 @pytest.fixture()
@@ -65,8 +67,13 @@ def run_cli(
     full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "data_prep.download_parquet", *args],
-        env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        env=full_env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_local_folder_balanced_partitions_keep_every_row_in_order(source: Path, tmp_path: Path) -> None:
@@ -89,9 +96,13 @@ def test_local_folder_balanced_partitions_keep_every_row_in_order(source: Path, 
 def test_filters_drop_rows_and_count_them_per_filter(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "parquet"
     manifest = dp.run(
-        dp.Options(source=str(source), output_dir=out, num_partitions=3,
-                   filters={"min_width": 200, "max_punsafe": 0.5})
-    )  # fmt: skip
+        dp.Options(
+            source=str(source),
+            output_dir=out,
+            num_partitions=3,
+            filters={"min_width": 200, "max_punsafe": 0.5},
+        )
+    )
     src = all_rows(source).to_pylist()
     wide = [r for r in src if r["WIDTH"] is not None and r["WIDTH"] >= 200]
     kept = [r for r in wide if r["punsafe"] <= 0.5]
@@ -134,15 +145,31 @@ def test_missing_column_is_a_clear_error(source: Path, tmp_path: Path, args: lis
 
 
 def test_bad_inputs_name_the_option(source: Path, tmp_path: Path) -> None:
-    few = run_cli("--source", str(source), "--output-dir", str(tmp_path / "o"), "--num-partitions", "5000",
-                  "--min-width", "790")  # fmt: skip
+    few = run_cli(
+        "--source",
+        str(source),
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--num-partitions",
+        "5000",
+        "--min-width",
+        "790",
+    )
     assert few.returncode == 2 and "--num-partitions 5000: only" in few.stderr
     bad_source = run_cli(
         "--source", "not a repo", "--output-dir", str(tmp_path / "o"), "--num-partitions", "1"
     )
     assert bad_source.returncode == 2 and "--source 'not a repo'" in bad_source.stderr
-    nothing = run_cli("--source", str(source), "--output-dir", str(tmp_path / "o"), "--num-partitions", "1",
-                      "--pattern", "*.csv")  # fmt: skip
+    nothing = run_cli(
+        "--source",
+        str(source),
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--num-partitions",
+        "1",
+        "--pattern",
+        "*.csv",
+    )
     assert nothing.returncode == 2 and "no file matches --pattern '*.csv'" in nothing.stderr
 
 
@@ -167,10 +194,21 @@ def test_hf_repo_id_through_fake_hub_with_token_file(source: Path, tmp_path: Pat
     out = tmp_path / "parquet"
     with FakeHub({"laion/laion-art": source}) as hub:
         result = run_cli(
-            "--source", "laion/laion-art", "--output-dir", str(out), "--num-partitions", "4",
-            "--pattern", "data/*.parquet", "--hf-token-file", str(token_file), "--min-aesthetic", "6",
-            env={"HF_ENDPOINT": hub.url, "HF_TOKEN": ""}, cwd=tmp_path,
-        )  # fmt: skip
+            "--source",
+            "laion/laion-art",
+            "--output-dir",
+            str(out),
+            "--num-partitions",
+            "4",
+            "--pattern",
+            "data/*.parquet",
+            "--hf-token-file",
+            str(token_file),
+            "--min-aesthetic",
+            "6",
+            env={"HF_ENDPOINT": hub.url, "HF_TOKEN": ""},
+            cwd=tmp_path,
+        )
         requests = list(hub.requests)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
@@ -189,10 +227,24 @@ def test_hf_repo_id_through_fake_hub_with_token_file(source: Path, tmp_path: Pat
 def test_hf_url_with_env_token_and_unknown_repo(source: Path, tmp_path: Path) -> None:
     with FakeHub({"laion/laion-art": source}) as hub:
         env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_env_token"}
-        ok = run_cli("--source", "hf://datasets/laion/laion-art/data", "--output-dir", str(tmp_path / "a"),
-                     "--num-partitions", "2", env=env)  # fmt: skip
-        missing = run_cli("--source", "hf://datasets/laion/nope", "--output-dir", str(tmp_path / "b"),
-                          "--num-partitions", "2", env=env)  # fmt: skip
+        ok = run_cli(
+            "--source",
+            "hf://datasets/laion/laion-art/data",
+            "--output-dir",
+            str(tmp_path / "a"),
+            "--num-partitions",
+            "2",
+            env=env,
+        )
+        missing = run_cli(
+            "--source",
+            "hf://datasets/laion/nope",
+            "--output-dir",
+            str(tmp_path / "b"),
+            "--num-partitions",
+            "2",
+            env=env,
+        )
         auths = {auth for _, path, auth in hub.requests if "/laion/laion-art" in path}
     assert ok.returncode == 0, ok.stderr
     assert sum(t.num_rows for t in read_parts(tmp_path / "a")) == sum(FILE_ROWS)
@@ -238,14 +290,38 @@ def test_pd12m_at_its_pinned_revision_with_the_presets_options(
     with FakeHub({PD12M_REPO: folder}, revisions={PD12M_REPO: revision}) as hub:
         env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": ""}
         result = run_cli(
-            "--source", preset.source, "--revision", preset.revision, "--pattern", preset.pattern,
-            "--url-col", preset.url_col, "--caption-col", preset.caption_col, "--min-width",
-            str(preset.min_width), "--min-height", str(preset.min_height), "--output-dir", str(out),
-            "--num-partitions", "3", env=env,
-        )  # fmt: skip
+            "--source",
+            preset.source,
+            "--revision",
+            preset.revision,
+            "--pattern",
+            preset.pattern,
+            "--url-col",
+            preset.url_col,
+            "--caption-col",
+            preset.caption_col,
+            "--min-width",
+            str(preset.min_width),
+            "--min-height",
+            str(preset.min_height),
+            "--output-dir",
+            str(out),
+            "--num-partitions",
+            "3",
+            env=env,
+        )
         paths = [path for _, path, _ in hub.requests]
-        wrong = run_cli("--source", PD12M_REPO, "--revision", "1" * 40, "--output-dir", str(tmp_path / "w"),
-                        "--num-partitions", "1", env=env)  # fmt: skip
+        wrong = run_cli(
+            "--source",
+            PD12M_REPO,
+            "--revision",
+            "1" * 40,
+            "--output-dir",
+            str(tmp_path / "w"),
+            "--num-partitions",
+            "1",
+            env=env,
+        )
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["inputs"]["source"] == f"hf://datasets/{PD12M_REPO}@{revision}"
@@ -258,14 +334,25 @@ def test_pd12m_at_its_pinned_revision_with_the_presets_options(
     merged = pa.concat_tables(read_parts(out))
     assert merged.column("url").to_pylist() == [r["url"] for r in big]
     assert merged.column("caption").to_pylist() == [r["caption"] for r in big]
-    assert manifest["rows_dropped"] == {"min_width": len(narrow), "min_height": len(rows) - len(big) - len(narrow)}
+    assert manifest["rows_dropped"] == {
+        "min_width": len(narrow),
+        "min_height": len(rows) - len(big) - len(narrow),
+    }
     revisions_read = {m[1] for p in paths if (m := re.search(r"/(?:tree|resolve)/([^/?]+)", p))}
     assert revisions_read == {revision}  # never main
     assert wrong.returncode == 2 and "cannot list" in wrong.stderr and "1" * 40 in wrong.stderr
 
 
 def test_revision_is_refused_for_a_source_without_revisions(source: Path, tmp_path: Path) -> None:
-    result = run_cli("--source", str(source), "--revision", "abc", "--output-dir", str(tmp_path / "o"),
-                     "--num-partitions", "1")  # fmt: skip
+    result = run_cli(
+        "--source",
+        str(source),
+        "--revision",
+        "abc",
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--num-partitions",
+        "1",
+    )
     assert result.returncode == 2
     assert "--revision abc: only a Hugging Face dataset" in result.stderr

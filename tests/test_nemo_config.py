@@ -9,20 +9,29 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import compose_config
-from test_render import _shellcheck
 from omegaconf import OmegaConf
+from test_render import _shellcheck
 
+from launcher.cli import launch
 from launcher.errors import ConfigError, LauncherError
-from launcher.main import launch
 from launcher.nemo_version import CPU_NEMO_VERSION, NEMO_CONTAINER
 
+
 def _saved(tmp_path: Path, *extra: str) -> tuple[Path, object]:
-    launch(compose_config([
-        "cluster=aws_p5", "stages=[data_preparation,training]", "dry_run=true", "training.trainer.num_nodes=2",
-        f"cluster.shared_dir={tmp_path}", f"container.mounts=[{tmp_path}:{tmp_path}]", *extra,
-    ]))  # fmt: skip
+    launch(
+        compose_config(
+            [
+                "cluster=aws_p5",
+                "stages=[data_preparation,training]",
+                "dry_run=true",
+                "training.trainer.num_nodes=2",
+                f"cluster.shared_dir={tmp_path}",
+                f"container.mounts=[{tmp_path}:{tmp_path}]",
+                *extra,
+            ]
+        )
+    )
     name = "sd_860m_res_256_synthetic" if any("synthetic" in e for e in extra) else "sd_860m_res_256"
     path = tmp_path / f"results/sd_pretrain/training/{name}.yaml"
     return path, OmegaConf.load(path)
@@ -45,7 +54,8 @@ def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) ->
     _, cfg = _saved(tmp_path, "training.run.chain=2")
     run = tmp_path / "results/sd_pretrain"
     assert cfg.model.first_stage_config.from_pretrained == str(
-        tmp_path / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors")
+        tmp_path / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
+    )
     assert cfg.model.cond_stage_config.version == str(tmp_path / "models/clip-vit-large-patch14")
     assert cfg.exp_manager.max_time_per_run == "01:23:40:00"  # 48 h less training.run.stop_before_limit_s
     parts = [(run / f"training/sd_860m_res_256_part{k}.sbatch").read_text() for k in (0, 1)]
@@ -56,16 +66,23 @@ def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) ->
             assert line in script
         assert "PYTHONPATH" not in script  # the image's own PYTHONPATH stays
     assert "singleton" in parts[1] and "afterany:" in parts[1]
-    shellcheck = subprocess.run([_shellcheck(), *map(str, run.rglob("*.sbatch"))], capture_output=True, text=True)
+    shellcheck = subprocess.run(
+        [_shellcheck(), *map(str, run.rglob("*.sbatch"))], capture_output=True, text=True
+    )
     assert shellcheck.returncode == 0, shellcheck.stdout
 
 
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("training.model.first_stage_config.from_pretrained=null", "training.model.first_stage_config.from_pretrained"),
-        ("training.model.cond_stage_config.version=openai/clip-vit-large-patch14",
-         "training.model.cond_stage_config.version"),
+        (
+            "training.model.first_stage_config.from_pretrained=null",
+            "training.model.first_stage_config.from_pretrained",
+        ),
+        (
+            "training.model.cond_stage_config.version=openai/clip-vit-large-patch14",
+            "training.model.cond_stage_config.version",
+        ),
         ("training.run.stop_before_limit_s=200000", "training.run.stop_before_limit_s"),
         ("cluster.time_limit=forever", "cluster.time_limit"),
     ],
@@ -78,27 +95,51 @@ def test_training_inputs_refused_before_anything_is_written(tmp_path: Path, over
 
 
 def test_synthetic_data_may_train_without_a_vae(tmp_path: Path) -> None:
-    _, cfg = _saved(tmp_path, "training=stable_diffusion/860m_res_256_synthetic", "training.trainer.num_nodes=1",
-                    "training.model.first_stage_config.from_pretrained=null", "data_check.enable=false")
+    _, cfg = _saved(
+        tmp_path,
+        "training=stable_diffusion/860m_res_256_synthetic",
+        "training.trainer.num_nodes=1",
+        "training.model.first_stage_config.from_pretrained=null",
+        "data_check.enable=false",
+    )
     assert cfg.model.first_stage_config.from_pretrained is None
 
 
 def test_one_nemo_version_for_presets_container_and_cpu_checks() -> None:
     repo = Path(__file__).resolve().parents[1]
     assert f"ARG NEMO_IMAGE={NEMO_CONTAINER}\n" in (repo / "Dockerfile").read_text()
-    assert f"nemo_toolkit[core,common-only]=={CPU_NEMO_VERSION}\n" in (repo / "requirements-nemo.txt").read_text()
+    assert (
+        f"nemo_toolkit[core,common-only]=={CPU_NEMO_VERSION}\n"
+        in (repo / "requirements-nemo.txt").read_text()
+    )
 
 
 def _training_only(tmp_path: Path, tars: int, *extra: str) -> None:
     wdinfo = tmp_path / "data/tarfiles_reorganized/wdinfo.pkl"
     wdinfo.parent.mkdir(parents=True, exist_ok=True)
-    wdinfo.write_bytes(pickle.dumps({"tar_files": [f"{i:06d}.tar" for i in range(tars)], "chunk_size": 1000,
-                                     "total_key_count": tars * 1000}))  # fmt: skip
+    wdinfo.write_bytes(
+        pickle.dumps(
+            {
+                "tar_files": [f"{i:06d}.tar" for i in range(tars)],
+                "chunk_size": 1000,
+                "total_key_count": tars * 1000,
+            }
+        )
+    )
     (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
-    launch(compose_config([
-        "cluster=aws_p5", "stages=[training]", "training.trainer.num_nodes=2", f"cluster.shared_dir={tmp_path}",
-        f"container.mounts=[{tmp_path}:{tmp_path}]", f"container.image={tmp_path}/nemo.sqsh", *extra,
-    ]))  # fmt: skip
+    launch(
+        compose_config(
+            [
+                "cluster=aws_p5",
+                "stages=[training]",
+                "training.trainer.num_nodes=2",
+                f"cluster.shared_dir={tmp_path}",
+                f"container.mounts=[{tmp_path}:{tmp_path}]",
+                f"container.image={tmp_path}/nemo.sqsh",
+                *extra,
+            ]
+        )
+    )
 
 
 def test_preflight_refuses_fewer_tars_than_ranks(tmp_path: Path) -> None:
@@ -108,7 +149,7 @@ def test_preflight_refuses_fewer_tars_than_ranks(tmp_path: Path) -> None:
 
 
 def test_preflight_refuses_a_missing_image(tmp_path: Path) -> None:
-    with pytest.raises(LauncherError, match="container.image: /nowhere/x.sqsh does not exist"):
+    with pytest.raises(LauncherError, match=r"container\.image: /nowhere/x\.sqsh does not exist"):
         _training_only(tmp_path, 40, "container.image=/nowhere/x.sqsh")
 
 
@@ -124,8 +165,17 @@ def test_preflight_reports_the_shard_plan(tmp_path: Path, capsys: pytest.Capture
     [
         ((), False),
         # NeMo marks a checkpoint being written with <name less .ckpt and -EMA>-unfinished.
-        (("sd--step=82500-consumed_samples=1.0.ckpt", "sd--step=82500-consumed_samples=1.0-unfinished"), False),
-        (("sd--step=82500-consumed_samples=1.0-EMA.ckpt", "sd--step=82500-consumed_samples=1.0-unfinished"), False),
+        (
+            ("sd--step=82500-consumed_samples=1.0.ckpt", "sd--step=82500-consumed_samples=1.0-unfinished"),
+            False,
+        ),
+        (
+            (
+                "sd--step=82500-consumed_samples=1.0-EMA.ckpt",
+                "sd--step=82500-consumed_samples=1.0-unfinished",
+            ),
+            False,
+        ),
         (("sd--step=8250-consumed_samples=1.0.ckpt",), False),
         (("sd--step=82500-consumed_samples=1.0.ckpt",), True),
         (("sd--step=82500-consumed_samples=1.0-last.ckpt", "sd--step=82500-consumed_samples=1.0.ckpt"), True),
@@ -136,12 +186,14 @@ def test_chained_job_is_done_only_at_a_finished_max_steps_checkpoint(
 ) -> None:
     _saved(tmp_path)
     script = (tmp_path / "results/sd_pretrain/training/sd_860m_res_256.sbatch").read_text()
-    prologue = script[script.index("for checkpoint in"): script.index("\ndone\n") + 6]
+    prologue = script[script.index("for checkpoint in") : script.index("\ndone\n") + 6]
     checkpoints = tmp_path / "results/sd_pretrain/training/results/checkpoints"
     checkpoints.mkdir(parents=True)
     for name in files:
         (checkpoints / name).write_text("")
-    ran = subprocess.run(["bash", "-c", prologue + "echo TRAINING WOULD START"], capture_output=True, text=True)
+    ran = subprocess.run(
+        ["bash", "-c", prologue + "echo TRAINING WOULD START"], capture_output=True, text=True
+    )
     assert ran.returncode == 0
     assert ("already reached" in ran.stdout) is done
     assert ("TRAINING WOULD START" in ran.stdout) is not done

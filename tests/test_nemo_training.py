@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from nemo_cpu.harness import REPO, prepare_demo_data, render_training, run_sd_train, write_tiny_assets
 
 from launcher.throughput import read_training_progress
-from nemo_cpu.harness import REPO, prepare_demo_data, render_training, run_sd_train, write_tiny_assets
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,9 @@ def test_nemo_trains_checkpoints_and_resumes(shared: Path, nemo_python: str) -> 
     second = run_sd_train(nemo_python, config, shared / "second.log")
     assert second.returncode == 0, second.stderr[-4000:]
     log = (shared / "second.log").read_text()
-    assert "Restored all states from the checkpoint at" in log and "step=2-consumed_samples=4.0-last.ckpt" in log
+    assert (
+        "Restored all states from the checkpoint at" in log and "step=2-consumed_samples=4.0-last.ckpt" in log
+    )
     progress = read_training_progress(shared / "second.log", global_batch_size=2, num_gpus=1)
     assert progress is not None and (progress.last_step, progress.consumed_samples) == (4, 8)
     assert any("-step=4-" in name and name.endswith("-last.ckpt") for name in _checkpoints(config))
@@ -60,12 +62,19 @@ def test_nemo_trains_checkpoints_and_resumes(shared: Path, nemo_python: str) -> 
     ("override", "nemo_says"),
     [
         # The keys the preset had before NeMo judged it (NeMo 1.23 names; 2.x rejects them).
-        ("+training.model.unet_config.enable_amp_o2_fp16=false", "unexpected keyword argument 'enable_amp_o2_fp16'"),
-        ("training.model.ddp_overlap=true", "Either distributed_fused_adam or megatron_amp_O2 needs to be set"),
+        (
+            "+training.model.unet_config.enable_amp_o2_fp16=false",
+            "unexpected keyword argument 'enable_amp_o2_fp16'",
+        ),
+        (
+            "training.model.ddp_overlap=true",
+            "Either distributed_fused_adam or megatron_amp_O2 needs to be set",
+        ),
     ],
 )
-def test_nemo_rejects_the_keys_the_old_preset_had(shared: Path, nemo_python: str, override: str,
-                                                  nemo_says: str) -> None:  # fmt: skip
+def test_nemo_rejects_the_keys_the_old_preset_had(
+    shared: Path, nemo_python: str, override: str, nemo_says: str
+) -> None:
     config = render_training(shared, "bad", "training.trainer.max_steps=1", override)
     proc = run_sd_train(nemo_python, config, shared / "bad.log")
     assert proc.returncode != 0
@@ -75,10 +84,24 @@ def test_nemo_rejects_the_keys_the_old_preset_had(shared: Path, nemo_python: str
 def _data_check(nemo_python: str, config: Path) -> tuple[int, dict]:
     report = config.parent / "report.json"
     proc = subprocess.run(
-        [nemo_python, "-m", "data_prep.data_check", "--training-config", str(config), "--model-check",
-         "--batches", "1", "--report", str(report)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            nemo_python,
+            "-m",
+            "data_prep.data_check",
+            "--training-config",
+            str(config),
+            "--model-check",
+            "--batches",
+            "1",
+            "--report",
+            str(report),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc.returncode, json.loads(report.read_text())
 
 
@@ -94,8 +117,10 @@ def test_model_check_builds_the_three_modules_from_the_staged_assets(shared: Pat
 def _vae_with_renamed_key(nemo_python: str, shared: Path) -> Path:
     bad = shared / "models/bad-vae/diffusion_pytorch_model.safetensors"
     bad.parent.mkdir(parents=True, exist_ok=True)
-    code = ("import sys; from safetensors.torch import load_file, save_file; s = load_file(sys.argv[1]); "
-            "s['encoder.conv_in.weight_renamed'] = s.pop('encoder.conv_in.weight'); save_file(s, sys.argv[2])")
+    code = (
+        "import sys; from safetensors.torch import load_file, save_file; s = load_file(sys.argv[1]); "
+        "s['encoder.conv_in.weight_renamed'] = s.pop('encoder.conv_in.weight'); save_file(s, sys.argv[2])"
+    )
     good = shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
     subprocess.run([nemo_python, "-c", code, str(good), str(bad)], check=True, timeout=120)
     return bad
@@ -103,9 +128,13 @@ def _vae_with_renamed_key(nemo_python: str, shared: Path) -> Path:
 
 def test_model_check_fails_where_nemo_would_only_print(shared: Path, nemo_python: str) -> None:
     bad_vae = _vae_with_renamed_key(nemo_python, shared)
-    config = render_training(shared, "check_bad", f"training.model.first_stage_config.from_pretrained={bad_vae}",
-                             "+training.model.unet_config.enable_amp_o2_fp16=false",
-                             "training.model.unet_config.context_dim=64")  # fmt: skip
+    config = render_training(
+        shared,
+        "check_bad",
+        f"training.model.first_stage_config.from_pretrained={bad_vae}",
+        "+training.model.unet_config.enable_amp_o2_fp16=false",
+        "training.model.unet_config.context_dim=64",
+    )
     code, report = _data_check(nemo_python, config)
     assert code == 1 and "models" in report
     errors = "\n".join(report["errors"])
@@ -117,8 +146,13 @@ def test_model_check_fails_where_nemo_would_only_print(shared: Path, nemo_python
 
 def test_nemo_stops_itself_and_checkpoints_before_the_job_limit(shared: Path, nemo_python: str) -> None:
     """The derived exp_manager.max_time_per_run (job limit less stop_before_limit_s) is what ends the run."""
-    config = render_training(shared, "timed", "training.run.time_limit=21", "training.run.stop_before_limit_s=1252",
-                             "training.trainer.max_steps=100000")  # fmt: skip
+    config = render_training(
+        shared,
+        "timed",
+        "training.run.time_limit=21",
+        "training.run.stop_before_limit_s=1252",
+        "training.trainer.max_steps=100000",
+    )
     assert "max_time_per_run: 00:00:00:08" in config.read_text()  # 21 min less 1252 s
     proc = run_sd_train(nemo_python, config, shared / "timed.log")
     assert proc.returncode == 0, proc.stderr[-4000:]

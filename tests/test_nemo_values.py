@@ -52,18 +52,24 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def installed(nemo_python: str) -> dict[str, Any]:  # noqa: F811
-    done = subprocess.run([nemo_python, "-c", PROBE], capture_output=True, text=True, timeout=600, check=False)
+def installed(nemo_python: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [nemo_python, "-c", PROBE], capture_output=True, text=True, timeout=600, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def test_trainer_precision_is_what_lightning_accepts(installed: dict[str, Any]) -> None:
-    assert sorted(map(repr, nemo_values.LIGHTNING_PRECISION)) == sorted(map(repr, installed["lightning_precision"]))
+    assert sorted(map(repr, nemo_values.LIGHTNING_PRECISION)) == sorted(
+        map(repr, installed["lightning_precision"])
+    )
 
 
 def test_model_precision_is_what_stable_diffusion_accepts(installed: dict[str, Any]) -> None:
-    assert sorted(map(repr, nemo_values.SD_MODEL_PRECISION)) == sorted(map(repr, installed["sd_model_precision"]))
+    assert sorted(map(repr, nemo_values.SD_MODEL_PRECISION)) == sorted(
+        map(repr, installed["sd_model_precision"])
+    )
 
 
 def test_optimizers_are_nemos_registry_with_apex_and_mcore(installed: dict[str, Any]) -> None:

@@ -18,19 +18,46 @@ from launcher.validate import to_schema
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CASES = {
     "aws_p5_full": ["cluster=aws_p5", "stages=[data_preparation,training]", "training.trainer.num_nodes=2"],
-    "aws_p5_1node": ["cluster=aws_p5", "stages=[training]", "training.trainer.num_nodes=1",
-                     "training.model.global_batch_size=1024"],
-    "aws_p4de_2node_chain": ["cluster=aws_p4de", "stages=[training]", "training.trainer.num_nodes=2",
-                             "training.run.chain=2", "training.run.wandb_api_key_file=/fsx/secrets/wandb",
-                             "assets.hf_token_file=/fsx/secrets/hf_token"],
-    "slurm_no_container_demo": ["cluster=slurm", "data_preparation=demo", "cluster.partition=cpu",
-                                "cluster.account=team a", "container.python=python3"],
-    "local_demo": ["cluster=local", "stages=[data_preparation,data_check]", "container.python=python3",
-                   "data_check.python=/opt/venv-nemo/bin/python"],
-    "slurm_own_tars": ["cluster=slurm", "data_preparation=webdataset_tars", "container.python=python3",
-                       "data_preparation.tars.source='s3://bucket/my tars/'"],
-    "aws_p5_benchmark": ["cluster=aws_p5", "stages=[benchmark]", "benchmark.nodes=[1,2]",
-                         "benchmark.micro_batch_sizes=[32,64,128]", "benchmark.array_throttle=2"],
+    "aws_p5_1node": [
+        "cluster=aws_p5",
+        "stages=[training]",
+        "training.trainer.num_nodes=1",
+        "training.model.global_batch_size=1024",
+    ],
+    "aws_p4de_2node_chain": [
+        "cluster=aws_p4de",
+        "stages=[training]",
+        "training.trainer.num_nodes=2",
+        "training.run.chain=2",
+        "training.run.wandb_api_key_file=/fsx/secrets/wandb",
+        "assets.hf_token_file=/fsx/secrets/hf_token",
+    ],
+    "slurm_no_container_demo": [
+        "cluster=slurm",
+        "data_preparation=demo",
+        "cluster.partition=cpu",
+        "cluster.account=team a",
+        "container.python=python3",
+    ],
+    "local_demo": [
+        "cluster=local",
+        "stages=[data_preparation,data_check]",
+        "container.python=python3",
+        "data_check.python=/opt/venv-nemo/bin/python",
+    ],
+    "slurm_own_tars": [
+        "cluster=slurm",
+        "data_preparation=webdataset_tars",
+        "container.python=python3",
+        "data_preparation.tars.source='s3://bucket/my tars/'",
+    ],
+    "aws_p5_benchmark": [
+        "cluster=aws_p5",
+        "stages=[benchmark]",
+        "benchmark.nodes=[1,2]",
+        "benchmark.micro_batch_sizes=[32,64,128]",
+        "benchmark.array_throttle=2",
+    ],
 }
 
 
@@ -45,7 +72,10 @@ def test_q_quotes_everything_but_raw() -> None:
     assert q("a b") == "'a b'"
     assert q("$(rm -rf /)") == "'$(rm -rf /)'"
     assert q(Raw('"$SLURM_ARRAY_TASK_ID"')) == '"$SLURM_ARRAY_TASK_ID"'
-    assert flag("container-image", "nvcr.io#nvidia/nemo:24.07") == "--container-image='nvcr.io#nvidia/nemo:24.07'"
+    assert (
+        flag("container-image", "nvcr.io#nvidia/nemo:24.07")
+        == "--container-image='nvcr.io#nvidia/nemo:24.07'"
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -83,11 +113,19 @@ def test_rendered_scripts_pass_shellcheck_and_bash_n(case: str, tmp_path: Path) 
 
 def test_training_script_has_pyxis_efa_and_ranks() -> None:
     text = rendered("aws_p5_full")["training/sd_860m_res_256.sbatch"]
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --exclusive", "export FI_PROVIDER=efa", "--container-image=/fsx/apps/nemo-sd.sqsh",
-                 "--container-mounts=/fsx:/fsx", "--no-container-mount-home", "#SBATCH --requeue"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --exclusive",
+        "export FI_PROVIDER=efa",
+        "--container-image=/fsx/apps/nemo-sd.sqsh",
+        "--container-mounts=/fsx:/fsx",
+        "--no-container-mount-home",
+        "#SBATCH --requeue",
+    ):
         assert line in text, line
-    srun = text[text.index("\nsrun"):]
+    srun = text[text.index("\nsrun") :]
     assert "--container-env=" in srun and "FI_PROVIDER" in srun
     assert "NCCL_PROTO" not in text and "NCCL_ALGO" not in text
 

@@ -28,8 +28,15 @@ def jpeg(seed: int) -> bytes:
     return buf.getvalue()
 
 
-def make_raw(root: Path, partitions: int = 2, shards: int = 2, per_shard: int = 13, missing_every: int = 5,
-             shuffle_seed: int | None = None, mtime: float | None = None) -> list[tuple[str, bytes]]:
+def make_raw(
+    root: Path,
+    partitions: int = 2,
+    shards: int = 2,
+    per_shard: int = 13,
+    missing_every: int = 5,
+    shuffle_seed: int | None = None,
+    mtime: float | None = None,
+) -> list[tuple[str, bytes]]:
     """img2dataset layout; returns the expected (caption, jpeg) of complete samples in output order.
 
     Every `missing_every`-th sample has no .jpg (dropped). With `shuffle_seed`, samples are written in
@@ -59,8 +66,9 @@ def make_raw(root: Path, partitions: int = 2, shards: int = 2, per_shard: int = 
 
 
 def run(inp: Path, out: Path, chunk: int, *extra: str) -> int:
-    return reorganize_tar.main(["--input-dir", str(inp), "--output-dir", str(out), "--chunk-size", str(chunk),
-                                *extra])
+    return reorganize_tar.main(
+        ["--input-dir", str(inp), "--output-dir", str(out), "--chunk-size", str(chunk), *extra]
+    )
 
 
 def run_tasks(inp: Path, out: Path, chunk: int, count: int, *extra: str) -> None:
@@ -110,16 +118,32 @@ def test_headers_normalized(tmp_path: Path) -> None:
         members = tar.getmembers()
     assert [m.name for m in members] == [f"{i:09d}.{e}" for i in range(3) for e in ("jpg", "txt")]
     assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode, m.pax_headers == {}) for m in members} == {
-        (0, 0, 0, "", "", 0o644, True)}
+        (0, 0, 0, "", "", 0o644, True)
+    }
 
 
 def test_task_count_does_not_change_bytes(tmp_path: Path) -> None:
     make_raw(tmp_path / "raw", partitions=3, shards=2, per_shard=11)
     run_tasks(tmp_path / "raw", tmp_path / "one", 4, 1)
     env = {**os.environ, "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "data_prep.reorganize_tar", "--input-dir",
-                               str(tmp_path / "raw"), "--output-dir", str(tmp_path / "three"), "--chunk-size", "4"],
-                              cwd=REPO, env={**env, "SLURM_ARRAY_TASK_ID": str(t + 1)}) for t in range(3)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "data_prep.reorganize_tar",
+                "--input-dir",
+                str(tmp_path / "raw"),
+                "--output-dir",
+                str(tmp_path / "three"),
+                "--chunk-size",
+                "4",
+            ],
+            cwd=REPO,
+            env={**env, "SLURM_ARRAY_TASK_ID": str(t + 1)},
+        )
+        for t in range(3)
+    ]
     assert [p.wait() for p in procs] == [0, 0, 0]  # three array tasks in parallel, ids 1..3
     one, three = tar_bytes(tmp_path / "one"), tar_bytes(tmp_path / "three")
     assert len(one) == (3 * 2 * (11 - 2)) // 4 and one == three
@@ -161,7 +185,9 @@ def test_truncated_shard_keeps_complete_prefix(tmp_path: Path) -> None:
     members, _ = scan_members(data, len(data))
     cut = members[10].data_offset + 100  # inside sample 3's members (jpg, json, txt per sample)
     shard.write_bytes(data[:cut])
-    kept = len({m.name.split(".")[0] for m in members if m.data_offset + m.size <= cut and m.name.endswith("txt")})
+    kept = len(
+        {m.name.split(".")[0] for m in members if m.data_offset + m.size <= cut and m.name.endswith("txt")}
+    )
     assert run(tmp_path / "raw", tmp_path / "out", 1) == 0
     rep = report(tmp_path / "out")
     assert [b["shard"] for b in rep["bad_shards"]] == ["part-00000/00000.tar"]
@@ -201,13 +227,17 @@ def test_keep_remainder_writes_short_last_tar(tmp_path: Path) -> None:
     assert sum(counts) == len(expected) and counts[-1] == len(expected) % 7 and set(counts[:-1]) == {7}
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--chunk-size", "0"], "--chunk-size must be >= 1"),
-    (["--chunk-size", "5", "--extensions", "jpg,jpg"], "--extensions must be distinct"),
-    (["--chunk-size", "5", "--task-index", "3", "--task-count", "3"], "--task-index must be in"),
-])
-def test_bad_options_name_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
-                                     message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--chunk-size", "0"], "--chunk-size must be >= 1"),
+        (["--chunk-size", "5", "--extensions", "jpg,jpg"], "--extensions must be distinct"),
+        (["--chunk-size", "5", "--task-index", "3", "--task-count", "3"], "--task-index must be in"),
+    ],
+)
+def test_bad_options_name_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     with pytest.raises(SystemExit) as exc:
         reorganize_tar.main(["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "o"), *args])
     assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -22,7 +22,7 @@ from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
 from launcher.errors import SubmitError
 from launcher.spec import Container, JobSpec, Plan, Resources
-from launcher.watch import status
+from launcher.status.states import status
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -58,8 +58,13 @@ def test_pipeline_arrays_throttle_and_afterok(cluster_env, work: Path) -> None:
     assert summary == {"first": "COMPLETED 1", "fan": "COMPLETED 4", "last": "COMPLETED 1"}
     log = work / "run/toy/logs" / f"fan_{ids['fan']}_3.out"
     assert "task 3/4 on n" in log.read_text()
-    logs = subprocess.run([sys.executable, "-m", "launcher", "logs", str(work / "run"), "first"],
-                          capture_output=True, text=True, cwd=REPO, check=True)  # fmt: skip
+    logs = subprocess.run(
+        [sys.executable, "-m", "launcher", "logs", str(work / "run"), "first"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
     assert "first_" in logs.stdout
 
 
@@ -76,8 +81,9 @@ def test_failed_array_task_cancels_dependents(cluster_env, work: Path) -> None:
 
 def test_sbatch_error_is_reported_and_nothing_after_is_submitted(cluster_env, work: Path) -> None:
     plan = toy_plan(work / "run", work / "out")
-    bad = dataclasses.replace(plan.jobs[1], resources=dataclasses.replace(plan.jobs[1].resources,
-                                                                          partition="no_such_partition"))
+    bad = dataclasses.replace(
+        plan.jobs[1], resources=dataclasses.replace(plan.jobs[1].resources, partition="no_such_partition")
+    )
     plan = dataclasses.replace(plan, jobs=(plan.jobs[0], bad, plan.jobs[2]))
     with pytest.raises(SubmitError, match="invalid partition specified"):
         SlurmBackend().schedule(prepare(plan))
@@ -86,11 +92,16 @@ def test_sbatch_error_is_reported_and_nothing_after_is_submitted(cluster_env, wo
 
 
 def test_cancel_a_run(cluster_env, work: Path) -> None:
-    sleeper = JobSpec(stage="toy", name="sleeper", argv=("sleep", "300"),
-                      resources=Resources(mem="100M", time="00:10:00"))  # fmt: skip
+    sleeper = JobSpec(
+        stage="toy", name="sleeper", argv=("sleep", "300"), resources=Resources(mem="100M", time="00:10:00")
+    )
     ids = SlurmBackend().schedule(prepare(Plan(run_dir=work / "run", jobs=(sleeper,))))
-    done = subprocess.run([sys.executable, "-m", "launcher", "cancel", str(work / "run")],
-                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "cancel", str(work / "run")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert cluster_env.wait_job(ids["sleeper"], timeout=30).state == "CANCELLED"
 
@@ -98,14 +109,22 @@ def test_cancel_a_run(cluster_env, work: Path) -> None:
 def test_pyxis_flags_reach_the_standin_on_two_nodes(cluster_env, work: Path) -> None:
     """16 ranks on 2 nodes with the exact pyxis flags users get (the stand-in runs no container)."""
     job = JobSpec(
-        stage="toy", name="ranks",
-        argv=("bash", "-c", 'echo "rank=$SLURM_PROCID node=$SLURM_NODEID '
-              'image=$PYXIS_STANDIN_CONTAINER_IMAGE env=$PYXIS_STANDIN_CONTAINER_ENV '
-              'gpus=$CUDA_VISIBLE_DEVICES" > "$0/rank_$SLURM_PROCID"', str(work / "out")),
+        stage="toy",
+        name="ranks",
+        argv=(
+            "bash",
+            "-c",
+            'echo "rank=$SLURM_PROCID node=$SLURM_NODEID '
+            "image=$PYXIS_STANDIN_CONTAINER_IMAGE env=$PYXIS_STANDIN_CONTAINER_ENV "
+            'gpus=$CUDA_VISIBLE_DEVICES" > "$0/rank_$SLURM_PROCID"',
+            str(work / "out"),
+        ),
         resources=Resources(nodes=2, ntasks_per_node=8, gpus_per_node=8, mem="1G", time="00:05:00"),
-        container=Container(image="/fsx/apps/nemo sd.sqsh", mounts=("/fsx:/fsx",), env_names=("FI_PROVIDER",)),
+        container=Container(
+            image="/fsx/apps/nemo sd.sqsh", mounts=("/fsx:/fsx",), env_names=("FI_PROVIDER",)
+        ),
         env=(("FI_PROVIDER", "efa"),),
-    )  # fmt: skip
+    )
     ids = SlurmBackend().schedule(prepare(Plan(run_dir=work / "run", jobs=(job,))))
     assert cluster_env.wait_job(ids["ranks"], timeout=60).state == "COMPLETED"
     lines = sorted((work / "out").glob("rank_*"))

@@ -32,7 +32,15 @@ class GreetingConfig:
 def _plan(ctx: Context) -> tuple[JobSpec, ...]:
     g = ctx.cfg.greeting
     out = ctx.run_dir / "greeting" / "out.txt"
-    argv = ("bash", "-c", 'for _ in $(seq "$1"); do echo "$2"; done > "$3"', "greet", g.times, g.greeting, out)
+    argv = (
+        "bash",
+        "-c",
+        'for _ in $(seq "$1"); do echo "$2"; done > "$3"',
+        "greet",
+        g.times,
+        g.greeting,
+        out,
+    )
     return (make_job(ctx, stage="greeting", name="greet", argv=tuple(map(str, argv)), resources=Resources()),)
 
 
@@ -70,7 +78,9 @@ def test_a_new_stage_alone_waits_for_nothing_and_is_not_known_without_its_module
     cfg = _cfg(tmp_path, "stages=[greeting]")
     assert planned_names(cfg, WITH_GREETING) == {"greeting"}
     assert build_plan(cfg, FIXED_FACTS, WITH_GREETING).job("greet").depends_on == ()
-    with pytest.raises(ConfigError, match="'greeting' is not a choice; allowed: one of 'assets', .*'training'"):
+    with pytest.raises(
+        ConfigError, match=r"'greeting' is not a choice; allowed: one of 'assets', .*'training'"
+    ):
         to_schema(compose_config([f"cluster.shared_dir={tmp_path}", "stages=[greeting]"]))
 
 

@@ -18,15 +18,21 @@ from omegaconf import OmegaConf
 from launcher import manifest
 from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
-from launcher.main import launch
+from launcher.cli import launch
 from launcher.spec import JobSpec, Plan, Resources
 
 
-def run_status(run: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_status(
+    run: str, *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "launcher", "status", run, *args], cwd=cwd, capture_output=True, text=True,
-        timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100", **(env or {})},
-    )  # fmt: skip
+        [sys.executable, "-m", "launcher", "status", run, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100", **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +53,11 @@ def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_run: Pat
     rows = lines[header + 1 : lines.index("", title)]
     jobs = [r.name for r in manifest.load(demo_run / "results/sd_pretrain")]
     assert [row.split()[0] for row in rows] == jobs and len(jobs) == 5, done.stdout
-    for job, row in zip(jobs, rows):
-        assert row.split()[2:4] == ["COMPLETED", str(2 if job in ("download_images", "reorganize_tar") else 1)]
+    for job, row in zip(jobs, rows, strict=True):
+        assert row.split()[2:4] == [
+            "COMPLETED",
+            str(2 if job in ("download_images", "reorganize_tar") else 1),
+        ]
         assert row.split()[-1].startswith(f"data_preparation/logs/{job}_"), row
     assert "tarfiles_reorganized/wdinfo.pkl: 11 tars x 20" in done.stdout
 
@@ -65,8 +74,9 @@ def test_watch_refreshes_until_the_running_job_ends(slurm_cluster, monkeypatch: 
         monkeypatch.setenv(key, value)
     with tempfile.TemporaryDirectory(prefix="watch-", dir="/tmp") as tmp:  # readable by the Slurm daemons
         run = Path(tmp) / "run"
-        sleeper = JobSpec(stage="toy", name="sleeper", argv=("sleep", "4"),
-                          resources=Resources(mem="100M", time="00:05:00"))  # fmt: skip
+        sleeper = JobSpec(
+            stage="toy", name="sleeper", argv=("sleep", "4"), resources=Resources(mem="100M", time="00:05:00")
+        )
         ids = SlurmBackend().schedule(prepare(Plan(run_dir=run, jobs=(sleeper,))))
         done = run_status(str(run), "--watch", "--interval", "0.5", cwd=REPO)
         assert done.returncode == 0, done.stderr
@@ -78,8 +88,17 @@ def test_watch_refreshes_until_the_running_job_ends(slurm_cluster, monkeypatch: 
 
 @pytest.fixture
 def planned_training(tmp_path: Path) -> Iterator[Path]:
-    launch(compose_config(["cluster=aws_p5", "stages=[data_preparation,training]", "dry_run=true",
-                           f"cluster.shared_dir={tmp_path}", f"container.mounts=[{tmp_path}:{tmp_path}]"]))  # fmt: skip
+    launch(
+        compose_config(
+            [
+                "cluster=aws_p5",
+                "stages=[data_preparation,training]",
+                "dry_run=true",
+                f"cluster.shared_dir={tmp_path}",
+                f"container.mounts=[{tmp_path}:{tmp_path}]",
+            ]
+        )
+    )
     yield tmp_path
 
 
@@ -105,13 +124,18 @@ trainer.logger.finalize("success")
 """
 
 
-def test_nemo_writes_tensorboard_events_where_status_says(planned_training: Path, nemo_python: str) -> None:  # noqa: F811
+def test_nemo_writes_tensorboard_events_where_status_says(planned_training: Path, nemo_python: str) -> None:
     """NeMo's exp_manager, given the exp_manager section of the config the launcher wrote, puts its
     TensorBoard event files in the folder `status` names."""
     config = planned_training / "results/sd_pretrain/training/sd_860m_res_256.yaml"
     assert OmegaConf.load(config).exp_manager.create_tensorboard_logger
-    subprocess.run([nemo_python, "-c", PROBE_EXP_MANAGER, str(config)], cwd=planned_training, check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [nemo_python, "-c", PROBE_EXP_MANAGER, str(config)],
+        cwd=planned_training,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     done = run_status("results/sd_pretrain", cwd=planned_training)
     assert "TensorBoard events: training/results (1 event file(s) so far)" in done.stdout
     assert list((planned_training / "results/sd_pretrain/training/results").glob("events.out.tfevents.*"))

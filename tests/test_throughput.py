@@ -145,8 +145,14 @@ def _live_log(tmp_path: Path, gbs: int, steps: int, *sleeps: float) -> Path:
     log = tmp_path / "slurm-live.out"
     extra = [",".join(map(str, sleeps))] if sleeps else []
     with log.open("wb") as out:
-        subprocess.run([str(NEMO_PYTHON), str(script), str(gbs), str(steps), *extra], stdout=out, stderr=out,
-                       check=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        subprocess.run(
+            [str(NEMO_PYTHON), str(script), str(gbs), str(steps), *extra],
+            stdout=out,
+            stderr=out,
+            check=True,
+            timeout=300,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     return log
 
 
@@ -167,7 +173,7 @@ def test_real_nemo_progress_bar_is_parsed(tmp_path: Path) -> None:
 def test_status_shows_training_progress_from_the_log(tmp_path: Path) -> None:
     """`python -m launcher status` reads the training job's newest log with the saved NeMo config."""
     from launcher import manifest as run_manifest
-    from launcher.watch import training_progress
+    from launcher.stages.training_status import training_progress
 
     run = tmp_path / "run"
     logs = run / "training" / "logs"
@@ -176,9 +182,16 @@ def test_status_shows_training_progress_from_the_log(tmp_path: Path) -> None:
         "trainer: {num_nodes: 8, devices: 8}\nmodel: {global_batch_size: 8192}\n"
     )
     (logs / "sd_77.out").write_bytes((Path(__file__).parent / "data" / "nemo_train_log.txt").read_bytes())
-    record = run_manifest.JobRecord(stage="training", name="sd", job_id="77", array=None,
-                                    script=str(run / "training" / "sd.sbatch"),
-                                    log_pattern=str(logs / "sd_%j.out"), depends_on=[], backend="slurm")  # fmt: skip
+    record = run_manifest.JobRecord(
+        stage="training",
+        name="sd",
+        job_id="77",
+        array=None,
+        script=str(run / "training" / "sd.sbatch"),
+        log_pattern=str(logs / "sd_%j.out"),
+        depends_on=[],
+        backend="slurm",
+    )
     run_manifest.save(run, [record])
     [line] = training_progress(run)
     assert line.startswith("sd: step ") and "samples/s" in line and "64 GPUs" in line
@@ -192,7 +205,7 @@ def test_step_timings_of_nemo_bar_are_in_step_order(tmp_path: Path) -> None:
     sleeps = (0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
     timings = step_timings(_live_log(tmp_path, 8, len(sleeps), *sleeps).read_bytes().decode("utf-8"))
     assert len(timings) == len(sleeps)
-    for step, (timing, slept) in enumerate(zip(timings, sleeps), start=1):
+    for step, (timing, slept) in enumerate(zip(timings, sleeps, strict=True), start=1):
         assert timing >= slept, (step, timings)
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-
-from launcher import manifest
-from launcher.main import launch
 from hf_fake_hub import FakeHub
 from nemo_cpu.harness import write_tiny_assets
 from nemo_cpu.tiny import TINY_OVERRIDES
 from test_data_check import make_dataset
+
+from launcher import manifest
+from launcher.cli import launch
 
 pytestmark = pytest.mark.slow
 STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
@@ -42,16 +42,30 @@ def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def _launch(shared: Path, *overrides: str) -> dict[str, str]:
-    launch(compose_config([
-        "cluster=slurm", "container=pyxis", "stages=[training]", "data_check.enable=false",
-        "assets.enable=false",  # no Hub here: tests/test_assets_stage.py runs the assets job
-        f"cluster.shared_dir={shared}", f"container.mounts=[{shared}:{shared}]",
-        f"container.image={shared}/nemo.sqsh", f"container.python={sys.executable}",
-        f"container.code_dir={shared}", f"training.run.script={STANDIN}", f"training.run.python={sys.executable}",
-        "training.trainer.num_nodes=2", "training.model.micro_batch_size=4",
-        "training.model.global_batch_size=64", "cluster.gpu_job_mem=1G",
-        f"training.run.wandb_api_key_file={shared}/wandb_key", *overrides,
-    ]))  # fmt: skip
+    launch(
+        compose_config(
+            [
+                "cluster=slurm",
+                "container=pyxis",
+                "stages=[training]",
+                "data_check.enable=false",
+                "assets.enable=false",  # no Hub here: tests/test_assets_stage.py runs the assets job
+                f"cluster.shared_dir={shared}",
+                f"container.mounts=[{shared}:{shared}]",
+                f"container.image={shared}/nemo.sqsh",
+                f"container.python={sys.executable}",
+                f"container.code_dir={shared}",
+                f"training.run.script={STANDIN}",
+                f"training.run.python={sys.executable}",
+                "training.trainer.num_nodes=2",
+                "training.model.micro_batch_size=4",
+                "training.model.global_batch_size=64",
+                "cluster.gpu_job_mem=1G",
+                f"training.run.wandb_api_key_file={shared}/wandb_key",
+                *overrides,
+            ]
+        )
+    )
     return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
 
 
@@ -91,8 +105,12 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -
 
 def test_failing_data_check_cancels_training(slurm_cluster, shared: Path) -> None:
     """The wdinfo lists tars that are not there: data_check fails and training never starts."""
-    ids = _launch(shared, "data_check.enable=true", "stages=[data_check,training]",
-                  f"data_check.python={sys.executable}")  # fmt: skip
+    ids = _launch(
+        shared,
+        "data_check.enable=true",
+        "stages=[data_check,training]",
+        f"data_check.python={sys.executable}",
+    )
     assert slurm_cluster.wait_job(ids["data_check"], timeout=60).state == "FAILED"
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=30).state == "CANCELLED"
     log = (shared / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
@@ -111,8 +129,12 @@ def real_data(shared: Path, nemo_python: str) -> Iterator[tuple[Path, FakeHub]]:
     write_tiny_assets(nemo_python, shared / "hub")
     (shared / "hub/models/sd-vae-ft-mse/config.json").write_text("{}")
     assets = compose_config([]).assets
-    repos = {assets[name].repo_id: {assets[name].revision: shared / "hub/models" / Path(assets[name].local_dir).name}
-             for name in ("text_encoder", "vae")}  # fmt: skip
+    repos = {
+        assets[name].repo_id: {
+            assets[name].revision: shared / "hub/models" / Path(assets[name].local_dir).name
+        }
+        for name in ("text_encoder", "vae")
+    }
     with FakeHub({}, models=repos) as hub:
         yield shared, hub
 
@@ -120,13 +142,24 @@ def real_data(shared: Path, nemo_python: str) -> Iterator[tuple[Path, FakeHub]]:
 def _assets_checks_training(data: tuple[Path, FakeHub], nemo_python: str, *overrides: str) -> dict[str, str]:
     shared, hub = data
     tiny = [o for o in TINY_OVERRIDES if ".accelerator=" not in o and "_batch_size=" not in o]
-    return _launch(shared, "stages=[data_check,training]", "data_check.enable=true", f"data_check.python={nemo_python}",
-                   "assets.enable=true", f"+env.HF_ENDPOINT={hub.url}",
-                   "training.model.micro_batch_size=2", "training.model.global_batch_size=32", *tiny,
-                   "training.trainer.max_steps=1", *overrides)  # fmt: skip
+    return _launch(
+        shared,
+        "stages=[data_check,training]",
+        "data_check.enable=true",
+        f"data_check.python={nemo_python}",
+        "assets.enable=true",
+        f"+env.HF_ENDPOINT={hub.url}",
+        "training.model.micro_batch_size=2",
+        "training.model.global_batch_size=32",
+        *tiny,
+        "training.trainer.max_steps=1",
+        *overrides,
+    )
 
 
-def test_assets_then_model_check_then_training(slurm_cluster, real_data: tuple[Path, FakeHub], nemo_python: str) -> None:
+def test_assets_then_model_check_then_training(
+    slurm_cluster, real_data: tuple[Path, FakeHub], nemo_python: str
+) -> None:
     ids = _assets_checks_training(real_data, nemo_python)
     shared = real_data[0]
     jobs = {job: slurm_cluster.wait_job(ids[job], timeout=300) for job in ("pretrained_assets", "data_check")}
@@ -134,16 +167,27 @@ def test_assets_then_model_check_then_training(slurm_cluster, real_data: tuple[P
     assert [job.state for job in jobs.values()] == ["COMPLETED"] * 3
     # In order: Slurm started each only after the previous one succeeded.
     edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_pretrain")}
-    assert edges == {"pretrained_assets": [], "data_check": ["afterok:pretrained_assets"],
-                     "sd_860m_res_256": ["afterok:data_check"]}
+    assert edges == {
+        "pretrained_assets": [],
+        "data_check": ["afterok:pretrained_assets"],
+        "sd_860m_res_256": ["afterok:data_check"],
+    }
     report = json.loads((shared / "results/sd_pretrain/data_check/report.json").read_text())
     assert report["ok"] and set(report["models"]) == {"unet", "vae", "text_encoder"}
-    assert report["models"]["vae"]["file"] == str(shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors")
+    assert report["models"]["vae"]["file"] == str(
+        shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
+    )
 
 
-def test_failing_model_check_cancels_training(slurm_cluster, real_data: tuple[Path, FakeHub], nemo_python: str) -> None:
-    ids = _assets_checks_training(real_data, nemo_python, "+training.model.unet_config.enable_amp_o2_fp16=false")
+def test_failing_model_check_cancels_training(
+    slurm_cluster, real_data: tuple[Path, FakeHub], nemo_python: str
+) -> None:
+    ids = _assets_checks_training(
+        real_data, nemo_python, "+training.model.unet_config.enable_amp_o2_fp16=false"
+    )
     assert slurm_cluster.wait_job(ids["data_check"], timeout=300).state == "FAILED"
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=60).state == "CANCELLED"
-    log = (real_data[0] / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
+    log = (
+        real_data[0] / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out"
+    ).read_text()
     assert "model.unet_config: NeMo cannot build it" in log and "enable_amp_o2_fp16" in log

@@ -16,13 +16,27 @@ TASK = (
 
 def toy_plan(run_dir: Path, out: Path, fail_task: int = -1, throttle: int = 2) -> Plan:
     res = Resources(cpus_per_task=1, mem="100M", time="00:05:00")
-    first = JobSpec(stage="toy", name="first", resources=res,
-                    argv=("bash", "-c", 'echo "it is \'quoted\' & fine" > "$0/first.txt"', str(out)))
-    fan = JobSpec(stage="toy", name="fan", resources=res, array=Array(4, throttle),
-                  argv=("bash", "-c", TASK, "fan", str(out), str(fail_task)), depends_on=(Dependency("first"),))
-    last = JobSpec(stage="toy", name="last", resources=res,
-                   argv=("bash", "-c", 'ls "$0" | grep -c end_ > "$0/last.txt"', str(out)),
-                   depends_on=(Dependency("fan"),))  # fmt: skip
+    first = JobSpec(
+        stage="toy",
+        name="first",
+        resources=res,
+        argv=("bash", "-c", 'echo "it is \'quoted\' & fine" > "$0/first.txt"', str(out)),
+    )
+    fan = JobSpec(
+        stage="toy",
+        name="fan",
+        resources=res,
+        array=Array(4, throttle),
+        argv=("bash", "-c", TASK, "fan", str(out), str(fail_task)),
+        depends_on=(Dependency("first"),),
+    )
+    last = JobSpec(
+        stage="toy",
+        name="last",
+        resources=res,
+        argv=("bash", "-c", 'ls "$0" | grep -c end_ > "$0/last.txt"', str(out)),
+        depends_on=(Dependency("fan"),),
+    )
     return Plan(run_dir=run_dir, jobs=(first, fan, last))
 
 

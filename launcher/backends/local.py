@@ -59,8 +59,11 @@ class LocalBackend:
         with open(log, "w") as out:
             done = subprocess.run(
                 ["bash", str(plan.script_path(job))],
-                stdout=out, stderr=subprocess.STDOUT, env=_task_env(job, job_id, task), check=False,
-            )  # fmt: skip
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=_task_env(job, job_id, task),
+                check=False,
+            )
         return done.returncode
 
     def _run_job(self, plan: Plan, job: JobSpec, job_id: str) -> list[int]:
@@ -77,18 +80,29 @@ class LocalBackend:
         manifest.save(plan.run_dir, records(request, job_ids, self.name))
         states: dict[str, str] = {}
         for job in plan.jobs:
-            blocked = [d.job for d in job.depends_on
-                       if d.kind is DependencyKind.afterok and states.get(d.job) != "COMPLETED"]  # fmt: skip
+            blocked = [
+                d.job
+                for d in job.depends_on
+                if d.kind is DependencyKind.afterok and states.get(d.job) != "COMPLETED"
+            ]
             start = time.monotonic()
             codes = [] if blocked else self._run_job(plan, job, job_ids[job.name])
             states[job.name] = "CANCELLED" if blocked else ("COMPLETED" if not any(codes) else "FAILED")
-            record = {"state": states[job.name], "exit_codes": codes,
-                      "seconds": round(time.monotonic() - start, 2), "blocked_by": blocked}  # fmt: skip
-            manifest.write_atomic(RunPaths(plan.run_dir).state_file(job.stage, job.name), json.dumps(record) + "\n")
+            record = {
+                "state": states[job.name],
+                "exit_codes": codes,
+                "seconds": round(time.monotonic() - start, 2),
+                "blocked_by": blocked,
+            }
+            manifest.write_atomic(
+                RunPaths(plan.run_dir).state_file(job.stage, job.name), json.dumps(record) + "\n"
+            )
             print(f"  {job.stage}/{job.name}: {states[job.name]} in {record['seconds']} s", flush=True)
         failed = [name for name, state in states.items() if state != "COMPLETED"]
         if failed:
-            raise LauncherError(f"local run did not complete: {', '.join(failed)} (see logs under {plan.run_dir})")
+            raise LauncherError(
+                f"local run did not complete: {', '.join(failed)} (see logs under {plan.run_dir})"
+            )
         return job_ids
 
 

@@ -15,8 +15,17 @@ from launcher.bench.cases import bench_dir
 from launcher.bench.report import markdown_table, rate
 from launcher.bench.results import collect
 
-HEADER = ("micro batch", "nodes", "A img/s per GPU", "B img/s per GPU", "A img/s total", "B img/s total",
-          "B / A", "A status", "B status")  # fmt: skip
+HEADER = (
+    "micro batch",
+    "nodes",
+    "A img/s per GPU",
+    "B img/s per GPU",
+    "A img/s total",
+    "B img/s total",
+    "B / A",
+    "A status",
+    "B status",
+)
 
 
 def rows_of(run_dir: Path) -> list[dict[str, Any]]:
@@ -38,7 +47,18 @@ def compare(run_a: Path, run_b: Path) -> str:
         ra, rb = a.get(key, {}), b.get(key, {})
         ta, tb = ra.get("img_s_total"), rb.get("img_s_total")
         ratio = f"{tb / ta:.2f}x" if ta and tb else "-"
-        table.append([str(key[0]), str(key[1]), rate(ra.get("img_s_per_gpu")), rate(rb.get("img_s_per_gpu")),
-                      rate(ta), rate(tb), ratio, ra.get("status", "absent"), rb.get("status", "absent")])  # fmt: skip
+        table.append(
+            [
+                str(key[0]),
+                str(key[1]),
+                rate(ra.get("img_s_per_gpu")),
+                rate(rb.get("img_s_per_gpu")),
+                rate(ta),
+                rate(tb),
+                ratio,
+                ra.get("status", "absent"),
+                rb.get("status", "absent"),
+            ]
+        )
     head = f"A: {run_a} ({_gpus(list(a.values()))})\nB: {run_b} ({_gpus(list(b.values()))})\n\n"
     return head + markdown_table(HEADER, table)

@@ -18,8 +18,18 @@ from launcher.bench.cases import Sweep, bench_dir
 from launcher.bench.results import Result, collect
 from launcher.manifest import write_atomic
 
-COLUMNS = ("GPU", "nodes", "GPUs", "micro batch", "global batch", "img/s per GPU", "img/s total",
-           "scaling vs 1 node", "peak GPU memory", "status")  # fmt: skip
+COLUMNS = (
+    "GPU",
+    "nodes",
+    "GPUs",
+    "micro batch",
+    "global batch",
+    "img/s per GPU",
+    "img/s total",
+    "scaling vs 1 node",
+    "peak GPU memory",
+    "status",
+)
 
 
 def rate(value: float | None) -> str:
@@ -48,8 +58,18 @@ def status(r: Result, sweep: Sweep) -> str:
 
 
 def table_row(r: Result, sweep: Sweep) -> list[str]:
-    return [r.gpu, str(r.nodes), str(r.gpus), str(r.micro_batch_size), str(r.global_batch_size),
-            rate(r.img_s_per_gpu), rate(r.img_s_total), scaling(r), memory(r.peak_gpu_mib), status(r, sweep)]  # fmt: skip
+    return [
+        r.gpu,
+        str(r.nodes),
+        str(r.gpus),
+        str(r.micro_batch_size),
+        str(r.global_batch_size),
+        rate(r.img_s_per_gpu),
+        rate(r.img_s_total),
+        scaling(r),
+        memory(r.peak_gpu_mib),
+        status(r, sweep),
+    ]
 
 
 def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
@@ -59,7 +79,11 @@ def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -
 
 def markdown(run_dir: Path, sweep: Sweep, results: list[Result]) -> str:
     table = markdown_table(COLUMNS, [table_row(r, sweep) for r in results])
-    data = "synthetic data (NeMo's `synthetic_data`)" if sweep.synthetic_data else "the prepared data under data_dir"
+    data = (
+        "synthetic data (NeMo's `synthetic_data`)"
+        if sweep.synthetic_data
+        else "the prepared data under data_dir"
+    )
     return f"""# Throughput sweep: {run_dir.name}
 
 NeMo `sd_train.py` with the run's training config, {data}, {sweep.max_steps} steps per task, global batch =
@@ -96,13 +120,18 @@ def plot_png(results: list[Result], title: str) -> bytes:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for nodes in sorted({r.nodes for r in results}):
-        points = sorted((r.micro_batch_size, r.img_s_per_gpu) for r in results
-                        if r.nodes == nodes and r.status == "ok" and r.img_s_per_gpu)  # fmt: skip
+        points = sorted(
+            (r.micro_batch_size, r.img_s_per_gpu)
+            for r in results
+            if r.nodes == nodes and r.status == "ok" and r.img_s_per_gpu
+        )
         if points:
-            ax.plot(*zip(*points), marker="o", label=f"{nodes} node{'s' if nodes > 1 else ''}")
+            ax.plot(*zip(*points, strict=True), marker="o", label=f"{nodes} node{'s' if nodes > 1 else ''}")
     oom = [r.micro_batch_size for r in results if r.status == "OOM"]
     if oom:
-        ax.scatter(oom, [0] * len(oom), marker="x", color="red", zorder=3, clip_on=False, label="out of memory")
+        ax.scatter(
+            oom, [0] * len(oom), marker="x", color="red", zorder=3, clip_on=False, label="out of memory"
+        )
     sizes = sorted({r.micro_batch_size for r in results})
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
@@ -122,8 +151,13 @@ def plot_png(results: list[Result], title: str) -> bytes:
 def write_report(run_dir: Path) -> Path:
     sweep, results = collect(run_dir)
     bench = bench_dir(run_dir)
-    meta = {"run": str(run_dir), "max_steps": sweep.max_steps, "warmup_steps": sweep.warmup_steps,
-            "synthetic_data": sweep.synthetic_data, "rows": [r.as_dict() for r in results]}  # fmt: skip
+    meta = {
+        "run": str(run_dir),
+        "max_steps": sweep.max_steps,
+        "warmup_steps": sweep.warmup_steps,
+        "synthetic_data": sweep.synthetic_data,
+        "rows": [r.as_dict() for r in results],
+    }
     write_atomic(bench / "report.json", json.dumps(meta, indent=2) + "\n")
     write_atomic(bench / "report.csv", csv_text(results))
     write_atomic(bench / "throughput.png", plot_png(results, f"{run_dir.name}: img/s per GPU"))
@@ -141,11 +175,16 @@ def progress_lines(run_dir: Path) -> list[str]:
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     report = bench_dir(run_dir) / "report.md"
-    lines = [f"benchmark: {len(results)} tasks: " + ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
-             + f"; report: {report if report.exists() else 'not written yet'}"]  # fmt: skip
+    lines = [
+        f"benchmark: {len(results)} tasks: "
+        + ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
+        + f"; report: {report if report.exists() else 'not written yet'}"
+    ]
     for r in results:
-        lines.append(f"  {r.case}: {r.status}, step {r.steps_done}/{sweep.max_steps}, "
-                     f"{rate(r.img_s_per_gpu)} img/s per GPU, peak GPU memory {memory(r.peak_gpu_mib)}")  # fmt: skip
+        lines.append(
+            f"  {r.case}: {r.status}, step {r.steps_done}/{sweep.max_steps}, "
+            f"{rate(r.img_s_per_gpu)} img/s per GPU, peak GPU memory {memory(r.peak_gpu_mib)}"
+        )
     return lines
 
 

@@ -71,7 +71,9 @@ def node_records(bench: Path, case: Case) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(task_dir(bench, case).glob("node*.json"))]
 
 
-def _status(text: str | None, nodes: list[dict[str, Any]], steps_done: int, max_steps: int) -> tuple[str, int | None]:
+def _status(
+    text: str | None, nodes: list[dict[str, Any]], steps_done: int, max_steps: int
+) -> tuple[str, int | None]:
     codes = [n.get("exit_code") for n in nodes]
     failed = next((code for code in codes if code), None)
     if text is None:
@@ -87,7 +89,9 @@ def _status(text: str | None, nodes: list[dict[str, Any]], steps_done: int, max_
     return ("incomplete" if steps_done < max_steps else "ok"), 0
 
 
-def measure(sweep: Sweep, case: Case, text: str | None, nodes: list[dict[str, Any]], log: Path | None) -> Result:
+def measure(
+    sweep: Sweep, case: Case, text: str | None, nodes: list[dict[str, Any]], log: Path | None
+) -> Result:
     timings = step_timings(text) if text else []
     steps = [float(m.group(1)) for m in _GLOBAL_STEP.finditer(text or "")]
     steps_done = int(max(steps, default=0))
@@ -98,12 +102,25 @@ def measure(sweep: Sweep, case: Case, text: str | None, nodes: list[dict[str, An
     peaks = [n["peak_mib"] for n in nodes if n.get("peak_mib") is not None]
     gpu = next((n["gpu"] for n in nodes if n.get("gpu") not in (None, "n/a")), "n/a")
     return Result(
-        job=case.job, task=case.task, case=case.name, gpu=gpu, nodes=case.nodes, gpus=case.ranks,
-        micro_batch_size=case.micro_batch_size, global_batch_size=case.global_batch_size, status=status,
-        exit_code=code, steps_done=steps_done, steps_measured=len(measured), step_time_s=step_time,
-        img_s_total=total, img_s_per_gpu=total / case.ranks if total else None, scaling_vs_1_node=None,
-        peak_gpu_mib=max(peaks) if peaks else None, log=str(log) if log else None,
-    )  # fmt: skip
+        job=case.job,
+        task=case.task,
+        case=case.name,
+        gpu=gpu,
+        nodes=case.nodes,
+        gpus=case.ranks,
+        micro_batch_size=case.micro_batch_size,
+        global_batch_size=case.global_batch_size,
+        status=status,
+        exit_code=code,
+        steps_done=steps_done,
+        steps_measured=len(measured),
+        step_time_s=step_time,
+        img_s_total=total,
+        img_s_per_gpu=total / case.ranks if total else None,
+        scaling_vs_1_node=None,
+        peak_gpu_mib=max(peaks) if peaks else None,
+        log=str(log) if log else None,
+    )
 
 
 def _with_scaling(results: list[Result]) -> list[Result]:
@@ -126,4 +143,3 @@ def collect(run_dir: Path) -> tuple[Sweep, list[Result]]:
         text = log.read_bytes().decode("utf-8", errors="replace") if log else None
         results.append(measure(sweep, case, text, node_records(bench, case), log))
     return sweep, _with_scaling(results)
-

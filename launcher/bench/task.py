@@ -64,7 +64,9 @@ def query_gpus(nvidia_smi: str) -> list[tuple[str, int]]:
     return rows
 
 
-def sample_until(stop: threading.Event, record: NodeRecord, path: Path, nvidia_smi: str, every_s: float) -> None:
+def sample_until(
+    stop: threading.Event, record: NodeRecord, path: Path, nvidia_smi: str, every_s: float
+) -> None:
     """Sample now and every `every_s` seconds until `stop`; save the record when the peak grows."""
     while True:
         rows = query_gpus(nvidia_smi)
@@ -80,8 +82,15 @@ def sample_until(stop: threading.Event, record: NodeRecord, path: Path, nvidia_s
 
 def run_sampled(command: list[str], path: Path, every_s: float) -> int:
     """Run `command` as a child with memory sampling; its exit status (128 + signal if killed)."""
-    record = NodeRecord(node=int(os.environ.get("SLURM_NODEID", "0")), host=socket.gethostname(), gpu="n/a",
-                        gpus=None, peak_mib=None, samples=0, exit_code=None)  # fmt: skip
+    record = NodeRecord(
+        node=int(os.environ.get("SLURM_NODEID", "0")),
+        host=socket.gethostname(),
+        gpu="n/a",
+        gpus=None,
+        peak_mib=None,
+        samples=0,
+        exit_code=None,
+    )
     record.save(path)
     children: list[subprocess.Popen[bytes]] = []
     # Slurm signals every process of the step at its limit; pass on what reaches us alone (scancel -s).
@@ -94,7 +103,9 @@ def run_sampled(command: list[str], path: Path, every_s: float) -> int:
     nvidia_smi = shutil.which("nvidia-smi")
     sampler = None
     if nvidia_smi:
-        sampler = threading.Thread(target=sample_until, args=(stop, record, path, nvidia_smi, every_s), daemon=True)
+        sampler = threading.Thread(
+            target=sample_until, args=(stop, record, path, nvidia_smi, every_s), daemon=True
+        )
         sampler.start()
     code = child.wait()
     stop.set()
@@ -106,8 +117,11 @@ def run_sampled(command: list[str], path: Path, every_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="launcher/bench/task.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="launcher/bench/task.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--bench-dir", type=Path, required=True, help="<run>/benchmark (holds cases.json)")
     parser.add_argument("--job", required=True, help="the array job's name, e.g. bench_n2")
     parser.add_argument("--sample-s", type=float, default=2.0, help="seconds between nvidia-smi samples")
@@ -121,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     config = config_path(args.bench_dir, case)
     command += ["--config-path", str(config.parent), "--config-name", config.name]
     if os.environ.get("SLURM_PROCID", "0") == "0":
-        print(f"benchmark case {case.name}: {case.nodes} node(s) x {case.gpus_per_node} rank(s), micro batch "
-              f"{case.micro_batch_size}, global batch {case.global_batch_size}, {sweep.max_steps} steps "
-              f"({sweep.warmup_steps} warm-up)", flush=True)  # fmt: skip
+        print(
+            f"benchmark case {case.name}: {case.nodes} node(s) x {case.gpus_per_node} rank(s), micro batch "
+            f"{case.micro_batch_size}, global batch {case.global_batch_size}, {sweep.max_steps} steps "
+            f"({sweep.warmup_steps} warm-up)",
+            flush=True,
+        )
     if os.environ.get("SLURM_LOCALID", "0") != "0":
         os.execvp(command[0], command)  # the node's first rank samples for the whole node
     path = node_file(args.bench_dir, case, int(os.environ.get("SLURM_NODEID", "0")))

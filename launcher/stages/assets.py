@@ -7,7 +7,7 @@ training), and only those wait for it: a wrong repo id, revision or token never 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -22,8 +22,10 @@ JOB_NAME = "pretrained_assets"
 
 HUB_REPO_ID = Pattern(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", "a Hub repo id: owner/name")
 COMMIT_SHA = Pattern(r"[0-9a-f]{40}", "a 40-hex commit sha (the repo's History on the Hub): pin one")
-REPO_FILE = Pattern(r"(?!-)(?!.*(?:^|/)\.\.(?:/|$))[^/\x00-\x1f][^\x00-\x1f]*",
-                    "a file name in the repo (a relative path, no '..', not starting with '-' or '/')")
+REPO_FILE = Pattern(
+    r"(?!-)(?!.*(?:^|/)\.\.(?:/|$))[^/\x00-\x1f][^\x00-\x1f]*",
+    "a file name in the repo (a relative path, no '..', not starting with '-' or '/')",
+)
 
 
 @dataclass
@@ -45,7 +47,7 @@ class AssetsConfig:
     enable: bool = True
     dir: str = ruled(ABS_PATH, MISSING)
     # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
-    hf_token_file: Optional[str] = ruled(ABS_PATH, None)
+    hf_token_file: str | None = ruled(ABS_PATH, None)
     text_encoder: AssetConfig = field(default_factory=AssetConfig)
     vae: AssetConfig = field(default_factory=AssetConfig)
     resources: JobResources = field(default_factory=JobResources)
@@ -66,9 +68,13 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     # The token reaches the job as HF_TOKEN, read from the file at run time (never written here).
     secrets = (("HF_TOKEN", assets.hf_token_file),) if assets.hf_token_file else ()
     job = make_job(
-        ctx, stage=NAME, name=JOB_NAME, argv=ctx.module("data_prep.download_assets", *args),
-        resources=cpu_resources(ctx, assets.resources), secret_files=secrets,
-    )  # fmt: skip
+        ctx,
+        stage=NAME,
+        name=JOB_NAME,
+        argv=ctx.module("data_prep.download_assets", *args),
+        resources=cpu_resources(ctx, assets.resources),
+        secret_files=secrets,
+    )
     return (job,)
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
 from launcher import nemo_config
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
+from launcher.bench.report import progress_lines
 from launcher.config import BackendName, JobResources
 from launcher.errors import ConfigError
 from launcher.rules import Each, Range, SlurmTime, ruled, slurm_time_seconds
@@ -45,7 +46,7 @@ class BenchmarkConfig:
     synthetic_data: bool = True
     time_per_task: str = ruled(SlurmTime(), "00:30:00")
     # Array tasks of one node count running at once (null = as many as Slurm allows).
-    array_throttle: Optional[int] = ruled(Range(1), None)
+    array_throttle: int | None = ruled(Range(1), None)
     # Seconds between nvidia-smi samples of GPU memory beside each task.
     memory_sample_s: float = ruled(Range(0, integer=False, above_lo=True), 2.0)
     report_resources: JobResources = field(
@@ -69,15 +70,22 @@ def _sweep(cfg: Any) -> Sweep:
         for nodes in b.nodes
         for i, mbs in enumerate(b.micro_batch_sizes)
     )
-    return Sweep(max_steps=b.max_steps, warmup_steps=b.warmup_steps, synthetic_data=b.synthetic_data,
-                 memory_sample_s=b.memory_sample_s, cases=cases)  # fmt: skip
+    return Sweep(
+        max_steps=b.max_steps,
+        warmup_steps=b.warmup_steps,
+        synthetic_data=b.synthetic_data,
+        memory_sample_s=b.memory_sample_s,
+        cases=cases,
+    )
 
 
 def _case_cfg(cfg: Any, case: Case) -> Any:
     """The run's config with the training section changed only where the sweep says."""
     b, tr = cfg.benchmark, cfg.training
-    model: dict[str, Any] = {"micro_batch_size": case.micro_batch_size,
-                             "global_batch_size": case.global_batch_size}  # fmt: skip
+    model: dict[str, Any] = {
+        "micro_batch_size": case.micro_batch_size,
+        "global_batch_size": case.global_batch_size,
+    }
     if b.synthetic_data:
         # One epoch covers every step: an epoch boundary inside the measured steps would restart
         # the loader workers and be counted as training time.
@@ -131,15 +139,34 @@ def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
     # Started by path, not `-m` with this repo on PYTHONPATH: NeMo must keep the image's PYTHONPATH,
     # exactly as the training job runs it (the wrapper finds its own package from its path).
     wrapper = f"{ctx.code_dir}/launcher/bench/task.py"
-    argv = (python, "-u", wrapper, "--bench-dir", str(bench_dir(ctx.run_dir)), "--job", cases[0].job,
-            "--sample-s", str(b.memory_sample_s), "--", python, "-u", run.script)  # fmt: skip
+    argv = (
+        python,
+        "-u",
+        wrapper,
+        "--bench-dir",
+        str(bench_dir(ctx.run_dir)),
+        "--job",
+        cases[0].job,
+        "--sample-s",
+        str(b.memory_sample_s),
+        "--",
+        python,
+        "-u",
+        run.script,
+    )
     # Tasks on one machine would measure each other: the local backend runs them one at a time.
     throttle = 1 if ctx.cfg.cluster.backend is BackendName.local else b.array_throttle
     job = make_job(
-        ctx, stage=NAME, name=cases[0].job, argv=argv, resources=_resources(ctx, cases[0]),
-        array=Array(len(cases), throttle), secret_files=training.secret_files_of(ctx),
-        env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
-    )  # fmt: skip
+        ctx,
+        stage=NAME,
+        name=cases[0].job,
+        argv=argv,
+        resources=_resources(ctx, cases[0]),
+        array=Array(len(cases), throttle),
+        secret_files=training.secret_files_of(ctx),
+        env=nemo_config.OFFLINE_HUB_ENV,
+        with_code=False,
+    )
     return dataclasses.replace(job, srun_args=(*job.srun_args, KILL_ON_BAD_EXIT))
 
 
@@ -149,18 +176,26 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     sweeps = [_sweep_job(ctx, [case for case in cases if case.job == name]) for name in names]
     after_all = tuple(Dependency(job.name, DependencyKind.afterany) for job in sweeps)
     report = make_job(
-        ctx, stage=NAME, name=REPORT_JOB, argv=ctx.module("launcher.bench.report", bench_dir(ctx.run_dir)),
-        resources=cpu_resources(ctx, ctx.cfg.benchmark.report_resources), depends_on=after_all,
-    )  # fmt: skip
+        ctx,
+        stage=NAME,
+        name=REPORT_JOB,
+        argv=ctx.module("launcher.bench.report", bench_dir(ctx.run_dir)),
+        resources=cpu_resources(ctx, ctx.cfg.benchmark.report_resources),
+        depends_on=after_all,
+    )
     return (*sweeps, report)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
     s, b = sweep(ctx), ctx.cfg.benchmark
-    return ((f"benchmark: {len(b.nodes)} node count(s) x {len(b.micro_batch_sizes)} micro batch size(s) = "
+    return (
+        (
+            f"benchmark: {len(b.nodes)} node count(s) x {len(b.micro_batch_sizes)} micro batch size(s) = "
             f"{len(s.cases)} tasks of {s.max_steps} steps ({s.warmup_steps} warm-up steps excluded), "
             f"{'synthetic' if s.synthetic_data else 'real'} data; "
-            f"report: {bench_dir(ctx.run_dir) / 'report.md'}"),)  # fmt: skip
+            f"report: {bench_dir(ctx.run_dir) / 'report.md'}"
+        ),
+    )
 
 
 def _needs(cfg: Any) -> tuple[str, ...]:
@@ -205,4 +240,5 @@ STAGE = StageSpec(
     check=_check,
     files=files,
     notes=_notes,
+    status=progress_lines,
 )

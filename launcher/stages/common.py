@@ -149,7 +149,9 @@ def inside_mounts(path: str, mounts: list[str]) -> bool:
     return False
 
 
-def require_mounted(key: str, path: str, mounts: list[str], remedy: str = "add it to container.mounts") -> None:
+def require_mounted(
+    key: str, path: str, mounts: list[str], remedy: str = "add it to container.mounts"
+) -> None:
     """The one refusal of a path that a pyxis job would not see at the same place."""
     if not inside_mounts(path, mounts):
         listed = ", ".join(mounts) or "none"

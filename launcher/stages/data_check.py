@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from launcher import nemo_config
 from launcher.config import BackendName, JobResources, Runtime
@@ -26,7 +26,7 @@ class DataCheckConfig:
     enable: bool = True
     # Interpreter with NeMo; null = training.run.python in a container, else the NeMo venv
     # (.venv-nemo beside this checkout, see requirements-nemo.txt) or this launcher's own.
-    python: Optional[str] = ruled(Text(), None)
+    python: str | None = ruled(Text(), None)
     batches: int = ruled(Range(1), 4)
     # Also build NeMo's UNet, VAE (staged weights, every key) and text encoder on CPU.
     model_check: bool = True

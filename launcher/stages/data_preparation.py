@@ -33,41 +33,59 @@ def _download_parquet_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str
     source = str(ctx.layout.demo_dir / "source") if dp.demo.enable else step.source
     return ctx.module(
         "data_prep.download_parquet",
-        "--source", source,
-        "--output-dir", ctx.layout.parquet_dir,
-        "--num-partitions", dp.num_partitions,
-        "--pattern", step.pattern,
-        "--url-col", step.url_col,
-        "--caption-col", step.caption_col,
-        *_optional_flags({
-            "revision": step.revision,
-            "max-rows": step.max_rows,
-            "min-width": step.min_width,
-            "min-height": step.min_height,
-            "max-punsafe": step.max_punsafe,
-            "max-pwatermark": step.max_pwatermark,
-            "min-aesthetic": step.min_aesthetic,
-            "hf-token-file": step.hf_token_file,
-        }),
-    )  # fmt: skip
+        "--source",
+        source,
+        "--output-dir",
+        ctx.layout.parquet_dir,
+        "--num-partitions",
+        dp.num_partitions,
+        "--pattern",
+        step.pattern,
+        "--url-col",
+        step.url_col,
+        "--caption-col",
+        step.caption_col,
+        *_optional_flags(
+            {
+                "revision": step.revision,
+                "max-rows": step.max_rows,
+                "min-width": step.min_width,
+                "min-height": step.min_height,
+                "max-punsafe": step.max_punsafe,
+                "max-pwatermark": step.max_pwatermark,
+                "min-aesthetic": step.min_aesthetic,
+                "hf-token-file": step.hf_token_file,
+            }
+        ),
+    )
 
 
 def _download_images_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
     step = dp.download_images
     argv = ctx.module(
         "data_prep.download_images",
-        "--parquet-dir", ctx.layout.parquet_dir,
-        "--output-dir", ctx.layout.raw_tar_dir,
-        "--image-size", step.image_size,
-        "--resize-mode", step.resize_mode,
-        "--encode-quality", step.encode_quality,
-        "--samples-per-shard", step.samples_per_shard,
-        "--timeout", step.timeout,
-        "--retries", step.retries,
-        "--disallowed-header-directives", ",".join(step.disallowed_header_directives),
-        *_optional_flags({"processes": step.processes, "threads": step.threads,
-                          "user-agent-token": step.user_agent_token}),
-    )  # fmt: skip
+        "--parquet-dir",
+        ctx.layout.parquet_dir,
+        "--output-dir",
+        ctx.layout.raw_tar_dir,
+        "--image-size",
+        step.image_size,
+        "--resize-mode",
+        step.resize_mode,
+        "--encode-quality",
+        step.encode_quality,
+        "--samples-per-shard",
+        step.samples_per_shard,
+        "--timeout",
+        step.timeout,
+        "--retries",
+        step.retries,
+        "--disallowed-header-directives",
+        ",".join(step.disallowed_header_directives),
+        *_optional_flags(
+            {"processes": step.processes, "threads": step.threads, "user-agent-token": step.user_agent_token}
+        ),
+    )
     if not dp.demo.enable:
         return argv
     # The demo's images are served on 127.0.0.1 for the length of each download task.
@@ -78,11 +96,14 @@ def _fetch_tars_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]
     tars = dp.tars
     return ctx.module(
         "data_prep.fetch_tars",
-        "--source", tars.source,
-        "--output-dir", ctx.layout.source_tar_dir,
-        "--pattern", tars.pattern,
+        "--source",
+        tars.source,
+        "--output-dir",
+        ctx.layout.source_tar_dir,
+        "--pattern",
+        tars.pattern,
         *_optional_flags({"hf-token-file": tars.hf_token_file}),
-    )  # fmt: skip
+    )
 
 
 def _reorganize_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
@@ -90,23 +111,30 @@ def _reorganize_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]
     keep = ("--keep-remainder",) if step.keep_remainder else ()
     return ctx.module(
         "data_prep.reorganize_tar",
-        "--input-dir", ctx.layout.source_tar_dir if dp.tars.enable else ctx.layout.raw_tar_dir,
-        "--output-dir", ctx.layout.tar_dir,
-        "--chunk-size", step.tar_chunk_size,
-        "--extensions", ",".join(step.extensions),
+        "--input-dir",
+        ctx.layout.source_tar_dir if dp.tars.enable else ctx.layout.raw_tar_dir,
+        "--output-dir",
+        ctx.layout.tar_dir,
+        "--chunk-size",
+        step.tar_chunk_size,
+        "--extensions",
+        ",".join(step.extensions),
         *keep,
-    )  # fmt: skip
+    )
 
 
 def _wdinfo_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
     verify = ("--verify",) if dp.generate_wdinfo.verify else ()
     return ctx.module(
         "data_prep.generate_wdinfo",
-        "--tar-dir", ctx.layout.tar_dir,
-        "--chunk-size", dp.reorganize_tar.tar_chunk_size,
-        "--output", ctx.layout.wdinfo,
+        "--tar-dir",
+        ctx.layout.tar_dir,
+        "--chunk-size",
+        dp.reorganize_tar.tar_chunk_size,
+        "--output",
+        ctx.layout.wdinfo,
         *verify,
-    )  # fmt: skip
+    )
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
@@ -143,31 +171,61 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     dp = ctx.cfg.data_preparation
     steps: list[tuple[str, bool, tuple[str, ...], object, Array | None]] = [
-        ("make_demo_source", dp.demo.enable,
-         ctx.module("data_prep.demo", "--output-dir", ctx.layout.demo_dir,
-                    "--num-images", dp.demo.num_images),
-         dp.download_parquet.resources, None),
-        ("download_parquet", dp.download_parquet.enable, _download_parquet_argv(ctx, dp),
-         dp.download_parquet.resources, None),
-        ("download_images", dp.download_images.enable, _download_images_argv(ctx, dp),
-         dp.download_images.resources, Array(dp.num_partitions, dp.download_images.array_throttle)),
-        ("fetch_tars", dp.tars.enable, _fetch_tars_argv(ctx, dp),
-         dp.tars.resources, None),
-        ("reorganize_tar", dp.reorganize_tar.enable, _reorganize_argv(ctx, dp),
-         dp.reorganize_tar.resources, Array(dp.reorganize_tar.num_tasks)),
-        ("generate_wdinfo", dp.generate_wdinfo.enable, _wdinfo_argv(ctx, dp),
-         dp.generate_wdinfo.resources, None),
-    ]  # fmt: skip
+        (
+            "make_demo_source",
+            dp.demo.enable,
+            ctx.module(
+                "data_prep.demo", "--output-dir", ctx.layout.demo_dir, "--num-images", dp.demo.num_images
+            ),
+            dp.download_parquet.resources,
+            None,
+        ),
+        (
+            "download_parquet",
+            dp.download_parquet.enable,
+            _download_parquet_argv(ctx, dp),
+            dp.download_parquet.resources,
+            None,
+        ),
+        (
+            "download_images",
+            dp.download_images.enable,
+            _download_images_argv(ctx, dp),
+            dp.download_images.resources,
+            Array(dp.num_partitions, dp.download_images.array_throttle),
+        ),
+        ("fetch_tars", dp.tars.enable, _fetch_tars_argv(ctx, dp), dp.tars.resources, None),
+        (
+            "reorganize_tar",
+            dp.reorganize_tar.enable,
+            _reorganize_argv(ctx, dp),
+            dp.reorganize_tar.resources,
+            Array(dp.reorganize_tar.num_tasks),
+        ),
+        (
+            "generate_wdinfo",
+            dp.generate_wdinfo.enable,
+            _wdinfo_argv(ctx, dp),
+            dp.generate_wdinfo.resources,
+            None,
+        ),
+    ]
     jobs: list[JobSpec] = []
     for name, enabled, argv, resources, array in steps:
         if not enabled:
             continue
         deps = after(jobs[-1].name) if jobs else ()
-        jobs.append(make_job(
-            ctx, stage=NAME, name=name, argv=argv,
-            resources=cpu_resources(ctx, resources),  # type: ignore[arg-type]
-            array=array, depends_on=deps,
-        ))  # fmt: skip
+        jobs.append(
+            make_job(
+                ctx,
+                stage=NAME,
+                name=name,
+                argv=argv,
+                resources=cpu_resources(ctx, resources),  # type: ignore[arg-type]
+                array=array,
+                depends_on=deps,
+            )
+        )
     return tuple(jobs)
 
 

@@ -6,7 +6,6 @@ Data only; launcher/stages/data_preparation.py plans the steps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from launcher.config import StepConfig
 from launcher.rules import ABS_PATH, Choice, Each, Pattern, Range, Text, ruled
@@ -16,20 +15,20 @@ from launcher.rules import ABS_PATH, Choice, Each, Pattern, Range, Text, ruled
 class DownloadParquetConfig(StepConfig):
     source: str = ruled(Text(), "laion/laion-art")
     # HF commit (or tag/branch) to read; only for an HF source (repo id or hf://datasets/...).
-    revision: Optional[str] = ruled(Text(), None)
+    revision: str | None = ruled(Text(), None)
     pattern: str = ruled(Text(), "*.parquet")
     url_col: str = ruled(Text(), "URL")
     caption_col: str = ruled(Text(), "TEXT")
-    min_width: Optional[int] = ruled(Range(0), None)
-    min_height: Optional[int] = ruled(Range(0), None)
+    min_width: int | None = ruled(Range(0), None)
+    min_height: int | None = ruled(Range(0), None)
     # LAION's punsafe/pwatermark are probabilities; its aesthetic score runs from 0 to 10.
-    max_punsafe: Optional[float] = ruled(Range(0, 1, integer=False), None)
-    max_pwatermark: Optional[float] = ruled(Range(0, 1, integer=False), None)
-    min_aesthetic: Optional[float] = ruled(Range(0, 10, integer=False), None)
+    max_punsafe: float | None = ruled(Range(0, 1, integer=False), None)
+    max_pwatermark: float | None = ruled(Range(0, 1, integer=False), None)
+    min_aesthetic: float | None = ruled(Range(0, 10, integer=False), None)
     # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
-    hf_token_file: Optional[str] = ruled(ABS_PATH, None)
+    hf_token_file: str | None = ruled(ABS_PATH, None)
     # Keep only the first N rows that pass the filters (a smoke-size run); null = all.
-    max_rows: Optional[int] = ruled(Range(1), None)
+    max_rows: int | None = ruled(Range(1), None)
 
 
 # img2dataset 1.47.0's default: images whose X-Robots-Tag carries one of these are not downloaded.
@@ -38,19 +37,21 @@ ROBOTS_DIRECTIVES = ["noai", "noimageai", "noindex", "noimageindex"]
 
 @dataclass
 class DownloadImagesConfig(StepConfig):
-    array_throttle: Optional[int] = ruled(Range(1), None)
+    array_throttle: int | None = ruled(Range(1), None)
     image_size: int = ruled(Range(1), 256)
     # img2dataset's resize modes.
-    resize_mode: str = ruled(Choice(("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")), "center_crop")
+    resize_mode: str = ruled(
+        Choice(("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")), "center_crop"
+    )
     # JPEG quality (img2dataset encodes jpg).
     encode_quality: int = ruled(Range(0, 100), 95)
-    processes: Optional[int] = ruled(Range(1), None)
-    threads: Optional[int] = ruled(Range(1), None)
+    processes: int | None = ruled(Range(1), None)
+    threads: int | None = ruled(Range(1), None)
     samples_per_shard: int = ruled(Range(1), 1000)
     timeout: int = ruled(Range(1), 10)
     retries: int = ruled(Range(0), 0)
     # Added to img2dataset's User-Agent as "(compatible; <token>; +https://github.com/rom1504/img2dataset)".
-    user_agent_token: Optional[str] = ruled(Text(), None)
+    user_agent_token: str | None = ruled(Text(), None)
     disallowed_header_directives: list[str] = ruled(Each(Text()), factory=lambda: list(ROBOTS_DIRECTIVES))
 
 
@@ -72,9 +73,9 @@ class TarsConfig(StepConfig):
 
     enable: bool = False
     # A local folder (absolute path) or any fsspec URL (s3://..., hf://datasets/<repo>@<rev>/...).
-    source: Optional[str] = ruled(Text(), None)
+    source: str | None = ruled(Text(), None)
     pattern: str = ruled(Text(), "*.tar")
-    hf_token_file: Optional[str] = ruled(ABS_PATH, None)
+    hf_token_file: str | None = ruled(ABS_PATH, None)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from launcher import nemo_config
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
@@ -12,6 +12,7 @@ from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
+from launcher.stages import training_status
 from launcher.stages.common import Context, make_job
 
 NAME = "training"
@@ -20,21 +21,20 @@ NAME = "training"
 @dataclass
 class TrainingRunConfig:
     name: str = ruled(PATH_COMPONENT, "sd_860m_res_256")
-    time_limit: Optional[str] = ruled(SlurmTime(), None)
+    time_limit: str | None = ruled(SlurmTime(), None)
     # Jobs submitted one after the other (afterany + singleton): K x time_limit of training.
     chain: int = ruled(Range(1), 1)
     script: str = ruled(Text(), "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py")
     # NeMo's interpreter (inside the container); null = the job interpreter.
-    python: Optional[str] = ruled(Text(), "python3")
+    python: str | None = ruled(Text(), "python3")
     # NeMo stops and checkpoints this long before the job's time limit (exp_manager.max_time_per_run
     # is derived from it); it also covers container start and model build, which NeMo's timer does not count.
     stop_before_limit_s: int = ruled(Range(0), 1200)
     # Slurm may requeue the job after a node failure or preemption; it resumes from its checkpoint.
     requeue: bool = True
     # Secrets are read inside the job from these files; never written into scripts or configs.
-    wandb_api_key_file: Optional[str] = ruled(ABS_PATH, None)
-    hf_token_file: Optional[str] = ruled(ABS_PATH, None)
-
+    wandb_api_key_file: str | None = ruled(ABS_PATH, None)
+    hf_token_file: str | None = ruled(ABS_PATH, None)
 
 
 @dataclass
@@ -92,8 +92,15 @@ def secret_files_of(ctx: Context) -> tuple[tuple[str, str], ...]:
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     run = ctx.cfg.training.run
     config = nemo_config.config_path(ctx)
-    argv = (run.python or ctx.python, "-u", run.script, "--config-path", str(config.parent),
-            "--config-name", config.name)  # fmt: skip
+    argv = (
+        run.python or ctx.python,
+        "-u",
+        run.script,
+        "--config-path",
+        str(config.parent),
+        "--config-name",
+        config.name,
+    )
     # No --signal: NeMo stops itself before the limit (exp_manager.max_time_per_run); Lightning's
     # SIGUSR1 handler would write an hpc_ckpt NeMo never resumes from and call scontrol requeue.
     sbatch_args: tuple[tuple[str, str | None], ...] = (("open-mode", "append"),)
@@ -103,11 +110,23 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     for part in range(run.chain):
         name = run.name if run.chain == 1 else f"{run.name}_part{part}"
         deps = (Dependency(jobs[-1].name, DependencyKind.afterany),) if jobs else ()
-        jobs.append(make_job(
-            ctx, stage=NAME, name=name, argv=argv, resources=resources(ctx), depends_on=deps,
-            sbatch_args=sbatch_args, prologue=_done_check(ctx), secret_files=secret_files_of(ctx),
-            singleton=run.chain > 1, slurm_name=run.name, env=nemo_config.OFFLINE_HUB_ENV, with_code=False,
-        ))  # fmt: skip
+        jobs.append(
+            make_job(
+                ctx,
+                stage=NAME,
+                name=name,
+                argv=argv,
+                resources=resources(ctx),
+                depends_on=deps,
+                sbatch_args=sbatch_args,
+                prologue=_done_check(ctx),
+                secret_files=secret_files_of(ctx),
+                singleton=run.chain > 1,
+                slurm_name=run.name,
+                env=nemo_config.OFFLINE_HUB_ENV,
+                with_code=False,
+            )
+        )
     return tuple(jobs)
 
 
@@ -144,4 +163,5 @@ STAGE = StageSpec(
     check=_check,
     files=_files,
     notes=_notes,
+    status=training_status.status_lines,
 )

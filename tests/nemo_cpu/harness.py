@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from launcher.main import compose_config, launch
+from launcher.cli import compose_config, launch
 from nemo_cpu.tiny import TINY_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,25 +21,54 @@ def prepare_demo_data(shared_dir: Path) -> None:
 
 def write_tiny_assets(nemo_python: str, shared_dir: Path) -> None:
     """Tiny CLIP + VAE where the assets job puts the real ones (<shared_dir>/models/...)."""
-    subprocess.run([nemo_python, str(Path(__file__).resolve().parent / "tiny.py"), str(shared_dir / "models")],
-                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [nemo_python, str(Path(__file__).resolve().parent / "tiny.py"), str(shared_dir / "models")],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
 
 
 def render_training(shared_dir: Path, run_name: str, *overrides: str) -> Path:
     """The training config exactly as `stages=[training]` writes it for a 1-GPU node, made tiny."""
-    launch(compose_config([
-        f"cluster.shared_dir={shared_dir}", "cluster=slurm", "cluster.gpus_per_node=1", "training.trainer.num_nodes=1",
-        "stages=[training]", "data_check.enable=false", "dry_run=true", f"run_name={run_name}",
-        *TINY_OVERRIDES, *overrides,
-    ]))  # fmt: skip
+    launch(
+        compose_config(
+            [
+                f"cluster.shared_dir={shared_dir}",
+                "cluster=slurm",
+                "cluster.gpus_per_node=1",
+                "training.trainer.num_nodes=1",
+                "stages=[training]",
+                "data_check.enable=false",
+                "dry_run=true",
+                f"run_name={run_name}",
+                *TINY_OVERRIDES,
+                *overrides,
+            ]
+        )
+    )
     return shared_dir / "results" / run_name / TRAINING_CONFIG
 
 
 def run_sd_train(nemo_python: str, config: Path, log: Path) -> subprocess.CompletedProcess[str]:
     """NeMo's sd_train entry on CPU, offline as the training job runs it; output also kept in `log`."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([nemo_python, "-u", str(SD_TRAIN_CPU), "--config-path", str(config.parent),
-                           "--config-name", config.name],
-                          cwd=config.parent, env=env, capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            nemo_python,
+            "-u",
+            str(SD_TRAIN_CPU),
+            "--config-path",
+            str(config.parent),
+            "--config-name",
+            config.name,
+        ],
+        cwd=config.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     log.write_text(proc.stdout + proc.stderr)
     return proc

@@ -50,7 +50,9 @@ def patch_for_cpu() -> list[str]:
     sys.path.insert(0, str(REPO))
     import data_prep.nemo_compat as compat  # apex GroupNorm -> torch GroupNorm (+SiLU), same params
 
-    done = [f"apex GroupNorm -> torch.nn.GroupNorm(+SiLU) in {len(compat.MODULES_USING_APEX_GROUP_NORM)} modules"]
+    done = [
+        f"apex GroupNorm -> torch.nn.GroupNorm(+SiLU) in {len(compat.MODULES_USING_APEX_GROUP_NORM)} modules"
+    ]
 
     # MegatronBaseModel reads the NGC container's version string and fails on None outside NGC;
     # 24.07 is the PyTorch container nemo:24.09 is built on.
@@ -79,7 +81,11 @@ def patch_for_cpu() -> list[str]:
     nemo_get_optimizer = optimizers.get_optimizer
 
     def get_optimizer(name: str, **kwargs: Any) -> Any:
-        return functools.partial(torch.optim.AdamW, **kwargs) if name == "fused_adam" else nemo_get_optimizer(name, **kwargs)
+        return (
+            functools.partial(torch.optim.AdamW, **kwargs)
+            if name == "fused_adam"
+            else nemo_get_optimizer(name, **kwargs)
+        )
 
     optim.get_optimizer = optimizers.get_optimizer = get_optimizer
     done.append("optim fused_adam (apex FusedAdam) -> torch.optim.AdamW")
@@ -119,7 +125,9 @@ def patch_for_cpu() -> list[str]:
 
 def sd_train_main(cfg: Any) -> None:
     """What sd_train.py's main() does for the presets (see the module docstring)."""
-    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm import MegatronLatentDiffusion
+    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm import (
+        MegatronLatentDiffusion,
+    )
     from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
     from nemo.collections.nlp.parts.nlp_overrides import NLPDDPStrategy
     from nemo.utils.exp_manager import exp_manager
@@ -131,8 +139,12 @@ def sd_train_main(cfg: Any) -> None:
         def _training_strategy(self) -> NLPDDPStrategy:
             overlap = bool(self.cfg.model.get("ddp_overlap", True))
             extra = {"bucket_cap_mb": 256} if overlap else {}
-            return NLPDDPStrategy(no_ddp_communication_hook=not overlap, find_unused_parameters=overlap,
-                                  gradient_as_bucket_view=self.cfg.model.gradient_as_bucket_view, **extra)  # fmt: skip
+            return NLPDDPStrategy(
+                no_ddp_communication_hook=not overlap,
+                find_unused_parameters=overlap,
+                gradient_as_bucket_view=self.cfg.model.gradient_as_bucket_view,
+                **extra,
+            )
 
     trainer = Builder(cfg).create_trainer(None)
     exp_manager(trainer, cfg.exp_manager)

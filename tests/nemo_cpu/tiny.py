@@ -68,19 +68,33 @@ def write_clip(folder: Path) -> None:
     (folder / "merges.txt").write_text("#version: 0.2\n")
     tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
     torch.manual_seed(0)
-    config = CLIPTextConfig(vocab_size=len(vocab), hidden_size=WIDTH, intermediate_size=2 * WIDTH,
-                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
-                            bos_token_id=vocab[_SPECIAL[0]], eos_token_id=vocab[_SPECIAL[1]])  # fmt: skip
+    config = CLIPTextConfig(
+        vocab_size=len(vocab),
+        hidden_size=WIDTH,
+        intermediate_size=2 * WIDTH,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        bos_token_id=vocab[_SPECIAL[0]],
+        eos_token_id=vocab[_SPECIAL[1]],
+    )
     CLIPTextModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
 # NeMo (LDM) VAE key -> diffusers key: the inverse of what AutoencoderKL._state_key_mapping undoes.
-_PLAIN = [("mid.attn_1.norm", "mid_block.attentions.0.group_norm"), ("mid.attn_1.q", "mid_block.attentions.0.query"),
-          ("mid.attn_1.k", "mid_block.attentions.0.key"), ("mid.attn_1.v", "mid_block.attentions.0.value"),
-          ("mid.attn_1.proj_out", "mid_block.attentions.0.proj_attn"), ("nin_shortcut", "conv_shortcut"),
-          ("norm_out", "conv_norm_out"), (".upsample.", ".upsamplers.0."), (".downsample.", ".downsamplers.0."),
-          (".block.", ".resnets.")]  # fmt: skip
+_PLAIN = [
+    ("mid.attn_1.norm", "mid_block.attentions.0.group_norm"),
+    ("mid.attn_1.q", "mid_block.attentions.0.query"),
+    ("mid.attn_1.k", "mid_block.attentions.0.key"),
+    ("mid.attn_1.v", "mid_block.attentions.0.value"),
+    ("mid.attn_1.proj_out", "mid_block.attentions.0.proj_attn"),
+    ("nin_shortcut", "conv_shortcut"),
+    ("norm_out", "conv_norm_out"),
+    (".upsample.", ".upsamplers.0."),
+    (".downsample.", ".downsamplers.0."),
+    (".block.", ".resnets."),
+]
 
 
 def diffusers_key(key: str, levels: int) -> str:
@@ -95,12 +109,22 @@ def diffusers_key(key: str, levels: int) -> str:
 def write_vae(path: Path) -> None:
     """NeMo's own AutoencoderKL at tiny width, saved under diffusers' key names as safetensors."""
     import torch
-    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.autoencoder import AutoencoderKL
+    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.autoencoder import (
+        AutoencoderKL,
+    )
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
-    ddconfig = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3,
-                "attn_resolutions": [], "dropout": 0.0, **VAE}  # fmt: skip
+    ddconfig = {
+        "double_z": True,
+        "z_channels": 4,
+        "resolution": 256,
+        "in_channels": 3,
+        "out_ch": 3,
+        "attn_resolutions": [],
+        "dropout": 0.0,
+        **VAE,
+    }
     state = AutoencoderKL(ddconfig=ddconfig, embed_dim=4).state_dict()
     levels = len(VAE["ch_mult"])
     path.parent.mkdir(parents=True, exist_ok=True)

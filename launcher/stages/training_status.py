@@ -1,0 +1,78 @@
+"""Training's lines in `status`: progress from the newest log, where TensorBoard events go."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from launcher import manifest
+from launcher.paths import newest_log, relative_to_run
+from launcher.quoting import join
+
+
+def training_progress(run_dir: Path) -> list[str]:
+    """Step, consumed samples, loss and samples/s of each training job, from its newest log."""
+    from omegaconf import OmegaConf
+
+    from launcher.throughput import read_training_progress
+
+    lines = []
+    for record in manifest.load(run_dir):
+        # Chained parts (<name>_partK) share the one NeMo config <name>.yaml.
+        folder = Path(record.script).parent
+        config = next(
+            (
+                p
+                for p in folder.glob("*.yaml")
+                if re.fullmatch(rf"{re.escape(p.stem)}(_part\d+)?", record.name)
+            ),
+            None,
+        )
+        log = newest_log(record.log_pattern)
+        if record.stage != "training" or log is None or config is None:
+            continue
+        nemo = OmegaConf.load(config)
+        gpus = int(nemo.trainer.num_nodes) * int(nemo.trainer.devices)
+        p = read_training_progress(log, int(nemo.model.global_batch_size), gpus)
+        if p is None:
+            lines.append(f"{record.name}: no training step logged yet ({log.name})")
+            continue
+        rate = (
+            f"{p.samples_per_s:,.0f} samples/s ({p.samples_per_s_per_gpu:,.1f} per GPU, {gpus} GPUs)"
+            if p.samples_per_s and p.samples_per_s_per_gpu
+            else "samples/s unknown"
+        )
+        lines.append(
+            f"{record.name}: step {p.last_step}/{p.total_steps or '?'}, consumed ~{p.consumed_samples}, "
+            f"loss {p.loss}, {rate}"
+        )
+    return lines
+
+
+def tensorboard_lines(run_dir: Path) -> list[str]:
+    """Where training writes TensorBoard events and the command that opens them.
+
+    NeMo's exp_manager with `explicit_log_dir` and `create_tensorboard_logger` gives Lightning's
+    TensorBoardLogger that folder with an empty name and version (nemo/utils/exp_manager.py,
+    check_explicit_log_dir and configure_loggers), so the event files lie directly in it.
+    """
+    from omegaconf import OmegaConf
+
+    folders = []
+    for path in sorted((run_dir / "training").glob("*.yaml")):
+        exp = OmegaConf.load(path).get("exp_manager") or {}
+        if exp.get("create_tensorboard_logger") and exp.get("explicit_log_dir"):
+            folders.append(Path(exp["explicit_log_dir"]))
+    lines = []
+    for folder in dict.fromkeys(folders):
+        shown = run_dir / relative_to_run(folder, run_dir)
+        events = len(list(folder.glob("events.out.tfevents.*")))
+        lines.append(
+            f"TensorBoard events: {relative_to_run(folder, run_dir)} ({events} event file(s) so far)"
+        )
+        lines.append(f"  open them: {join(['tensorboard', '--logdir', shown])}")
+    return lines
+
+
+def status_lines(run_dir: Path) -> list[str]:
+    return [*training_progress(run_dir), *tensorboard_lines(run_dir)]

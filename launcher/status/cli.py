@@ -1,0 +1,93 @@
+"""Watch a run from its manifest: status, logs (like `tail -f`), cancel, compare.
+
+python -m launcher status <run_dir> [--watch [--interval SECONDS]]      (installed: sd-status ...)
+python -m launcher logs <run_dir> <job> [--follow]
+python -m launcher cancel <run_dir>
+python -m launcher compare <run_dir A> <run_dir B>    (two benchmark sweeps side by side)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from launcher import manifest
+from launcher.paths import newest_log
+from launcher.status.states import run_command
+from launcher.status.view import print_status
+
+
+def _logs(run_dir: Path, job: str, follow: bool, lines: int) -> int:
+    records = {r.name: r for r in manifest.load(run_dir)}
+    if job not in records:
+        print(f"error: no job {job!r} in this run; jobs: {', '.join(records)}", file=sys.stderr)
+        return 2
+    log = newest_log(records[job].log_pattern)
+    if log is None:
+        print(f"no log yet for {job} (pattern {records[job].log_pattern})", file=sys.stderr)
+        return 1
+    print(f"==> {log} <==", flush=True)
+    argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), str(log)]
+    os.execvp("tail", argv)
+    return 0  # not reached
+
+
+def _cancel(run_dir: Path) -> int:
+    records = manifest.load(run_dir)
+    ids = [r.job_id for r in records if r.job_id and r.backend == "slurm"]
+    if not ids:
+        print("nothing to cancel: no Slurm jobs in this run (local runs finish before the launcher exits)")
+        return 0
+    done = run_command(["scancel", *ids])
+    print(f"scancel {' '.join(ids)}: {'ok' if done.returncode == 0 else done.stderr.strip()}")
+    return done.returncode
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} is not from 0 (excluded) to 3600 seconds")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("status", "logs", "cancel", "compare"):
+        p = sub.add_parser(name)
+        p.add_argument("run_dir", type=Path, help="<base_results_dir>/<run_name>")
+        if name == "status":
+            p.add_argument("--watch", "-w", action="store_true", help="refresh until every job has ended")
+            p.add_argument(
+                "--interval", type=_seconds, default=30.0, help="seconds between refreshes (default 30)"
+            )
+        if name == "compare":
+            p.add_argument("other_run_dir", type=Path, help="the run to compare with the first (B)")
+        if name == "logs":
+            p.add_argument("job", help="job name as in the manifest, e.g. download_images")
+            p.add_argument("--follow", "-f", action="store_true", help="keep printing, like tail -f")
+            p.add_argument("--lines", "-n", type=int, default=50)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "status":
+            return print_status(args.run_dir, args.interval if args.watch else None)
+        if args.command == "logs":
+            return _logs(args.run_dir, args.job, args.follow, args.lines)
+        if args.command == "compare":
+            from launcher.bench.compare import compare
+
+            print(compare(args.run_dir, args.other_run_dir), end="")
+            return 0
+        return _cancel(args.run_dir)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def run() -> None:
+    """The `sd-status` console command."""
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Every job's state from its manifest record: from Slurm (sacct, else scontrol) or the local backend."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher import manifest
+from launcher.manifest import JobRecord
+from launcher.paths import RunPaths
+
+# Slurm job states from which a job still changes (squeue(1) JOB STATE CODES); anything else has
+# ended, UNKNOWN included (a job that left scontrol's memory on a cluster without accounting).
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "CONFIGURING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SUSPENDED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
+
+
+@dataclass
+class JobStatus:
+    record: JobRecord
+    states: Counter[str] = field(default_factory=Counter)
+    exit_codes: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        return ", ".join(f"{state} {n}" for state, n in sorted(self.states.items())) or "UNKNOWN"
+
+    @property
+    def active(self) -> bool:
+        return any(state in ACTIVE_STATES for state in self.states)
+
+
+def _array_size(spec: str) -> int:
+    """Task count of `0-9%3`, `1,3-5` style array specs."""
+    total = 0
+    for part in spec.split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        total += int(hi or lo) - int(lo) + 1
+    return total
+
+
+def parse_sacct(text: str) -> dict[str, list[tuple[str, str]]]:
+    """`sacct --parsable2 --noheader -o JobID,State,ExitCode` -> job id -> [(state, exit code)]."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 3 or "." in parts[0]:
+            continue  # job steps (123.batch) repeat their job
+        job_id = re.split(r"[_\[]", parts[0])[0]
+        count = _array_size(parts[0].split("[")[1].rstrip("]")) if "[" in parts[0] else 1
+        out.setdefault(job_id, []).extend([(parts[1].split()[0], parts[2])] * count)
+    return out
+
+
+def parse_scontrol(text: str) -> list[tuple[str, str]]:
+    """`scontrol show job -o <id>` lines -> [(state, exit code)], pending array ranges expanded."""
+    rows: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        fields_ = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "JobState" not in fields_:
+            continue
+        tasks = fields_.get("ArrayTaskId", "")
+        count = _array_size(tasks) if tasks and not tasks.isdigit() else 1
+        rows.extend([(fields_["JobState"], fields_.get("ExitCode", "?"))] * count)
+    return rows
+
+
+def run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def slurm_states(ids: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """From sacct when the cluster keeps accounting, else from scontrol (until MinJobAge)."""
+    done = run_command(
+        ["sacct", "--parsable2", "--noheader", "-o", "JobID,State,ExitCode", "-j", ",".join(ids)]
+    )
+    if done.returncode == 0 and done.stdout.strip():
+        return parse_sacct(done.stdout)
+    return {
+        job_id: parse_scontrol(run_command(["scontrol", "show", "job", "-o", job_id]).stdout)
+        for job_id in ids
+    }
+
+
+def local_states(run_dir: Path, record: JobRecord) -> list[tuple[str, str]]:
+    path = RunPaths(run_dir).state_file(record.stage, record.name)
+    if not path.exists():
+        return [("UNKNOWN", "?")]
+    state = json.loads(path.read_text())
+    codes = state["exit_codes"] or ["-"]
+    return [(state["state"], str(code)) for code in codes]
+
+
+def status(run_dir: Path) -> list[JobStatus]:
+    records = manifest.load(run_dir)
+    ids = [r.job_id for r in records if r.job_id and r.backend == "slurm"]
+    from_slurm = slurm_states(ids) if ids else {}
+    out = []
+    for record in records:
+        if record.backend == "dry_run" or not record.job_id:
+            rows = [("NOT_SUBMITTED", "-")]
+        elif record.backend == "local":
+            rows = local_states(run_dir, record)
+        else:
+            rows = from_slurm.get(record.job_id) or [("UNKNOWN", "?")]
+        out.append(JobStatus(record, Counter(s for s, _ in rows), Counter(c for _, c in rows)))
+    return out

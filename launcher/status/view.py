@@ -1,0 +1,99 @@
+"""What `status` shows: one line per job, the data on disk, each stage's own progress lines."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.data_status import data_counts
+from launcher.paths import newest_log, relative_to_run, shorten_left
+from launcher.registry import STAGES
+from launcher.status.states import JobStatus, status
+
+
+def _exit_codes(st: JobStatus) -> str:
+    if len(st.exit_codes) == 1:
+        return next(iter(st.exit_codes))
+    return ", ".join(f"{code} x{n}" for code, n in sorted(st.exit_codes.items()))
+
+
+def jobs_table(run_dir: Path, statuses: list[JobStatus], width: int) -> Any:
+    """One line per job: the log path (relative to the run folder) gets what the other columns leave."""
+    from rich.table import Table
+
+    rows = [
+        [
+            st.record.name,
+            st.record.job_id or "-",
+            st.summary(),
+            _exit_codes(st),
+            relative_to_run(log, run_dir) if (log := newest_log(st.record.log_pattern)) else "-",
+        ]
+        for st in statuses
+    ]
+    headers = ["job", "id", "tasks by state", "exit", "newest log"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
+    # No borders, no outer padding: the columns cost their widths plus 2 between each.
+    table = Table(title=f"run {run_dir}", title_justify="left", box=None, pad_edge=False, header_style="bold")
+    for header, min_width in zip(headers, [*widths, 10], strict=True):
+        table.add_column(header, no_wrap=True, min_width=min_width, overflow="ellipsis")
+    for row in rows:
+        table.add_row(*row[:-1], shorten_left(row[-1], width - sum(w + 2 for w in widths)))
+    return table
+
+
+def _data_table(run_dir: Path) -> list[Any]:
+    """Counts of data preparation, when this run has it (data_dir from the saved config)."""
+    from omegaconf import OmegaConf
+    from rich.table import Table
+
+    saved = run_dir / "config.yaml"
+    rows = data_counts(str(OmegaConf.load(saved).data_dir)) if saved.exists() else []
+    if not rows:
+        return []
+    table = Table(
+        title=f"data under {OmegaConf.load(saved).data_dir}",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+    )
+    table.add_column("step", no_wrap=True)
+    table.add_column("on disk", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return [table]
+
+
+def status_view(run_dir: Path, width: int) -> tuple[Any, bool]:
+    """Everything `status` shows, and whether every job has ended."""
+    from rich.console import Group
+
+    statuses = status(run_dir)
+    parts = [jobs_table(run_dir, statuses, width)]
+    parts += [item for table in _data_table(run_dir) for item in ("", table)]
+    notes = [line for stage in STAGES for line in stage.status(run_dir)]
+    parts += ["", *notes] if notes else []
+    return Group(*parts), not any(st.active for st in statuses)
+
+
+def print_status(run_dir: Path, watch_s: float | None) -> int:
+    """Print the status once, or (watch_s) redraw it every watch_s seconds until every job has ended."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    # A terminal gets the view redrawn in place; a pipe or file gets each refresh in turn.
+    live = Live(console=console, auto_refresh=False) if watch_s and console.is_terminal else None
+    with live or contextlib.nullcontext():
+        while True:
+            view, ended = status_view(run_dir, console.width)
+            if live is not None:
+                live.update(view, refresh=True)
+            else:
+                console.print(view)
+            if watch_s is None or ended:
+                return 0
+            time.sleep(watch_s)
