@@ -40,7 +40,13 @@ STEP = "encode_latents"
 COUNTS_DIR = "_counts"
 FORMAT_VERSION = 1
 # The config keys whose values change what is encoded; anything else (UNet, optimizer) does not.
-ENCODE_KEYS = ("first_stage_config", "cond_stage_config", "data.train.augmentations", "precision", "channels_last")
+ENCODE_KEYS = (
+    "first_stage_config",
+    "cond_stage_config",
+    "data.train.augmentations",
+    "precision",
+    "channels_last",
+)
 
 
 class EncodeError(Exception):
@@ -64,9 +70,12 @@ def fingerprint(model: Any) -> str:
     """What the latents depend on besides the image tar: the encode keys' values and the VAE file."""
     from omegaconf import OmegaConf
 
-    values = {key: OmegaConf.to_container(OmegaConf.select(model, key), resolve=True)
-              if OmegaConf.is_config(OmegaConf.select(model, key)) else OmegaConf.select(model, key)
-              for key in ENCODE_KEYS}
+    values = {
+        key: OmegaConf.to_container(OmegaConf.select(model, key), resolve=True)
+        if OmegaConf.is_config(OmegaConf.select(model, key))
+        else OmegaConf.select(model, key)
+        for key in ENCODE_KEYS
+    }
     vae = str(model.first_stage_config.get("from_pretrained") or "")
     stat = os.stat(vae) if vae and os.path.exists(vae) else None
     values["vae_file"] = [vae, stat.st_size if stat else None, int(stat.st_mtime) if stat else None]
@@ -104,8 +113,12 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> int:
 
 
 def _record_ok(record: Any, print_: str, tar: Path) -> bool:
-    return isinstance(record, dict) and record.get("fingerprint") == print_ and tar.exists() and (
-        tar.stat().st_size == record.get("bytes"))
+    return (
+        isinstance(record, dict)
+        and record.get("fingerprint") == print_
+        and tar.exists()
+        and (tar.stat().st_size == record.get("bytes"))
+    )
 
 
 def encode_tar(encoder: Any, source: Path, target: Path, batch_size: int) -> tuple[int, int]:
@@ -129,7 +142,9 @@ def encode_tar(encoder: Any, source: Path, target: Path, batch_size: int) -> tup
         if not keys:
             continue
         moments, text = encoder.encode(images, captions)
-        members += [(f"{key}.{MEMBER_EXT}", dumps_sample(m, t)) for key, m, t in zip(keys, moments, text)]
+        members += [
+            (f"{key}.{MEMBER_EXT}", dumps_sample(m, t)) for key, m, t in zip(keys, moments, text, strict=True)
+        ]
     write_tar(target, members)
     return len(members), failed
 
@@ -148,8 +163,11 @@ def run_encode(args: argparse.Namespace) -> int:
         for leftover in args.output_dir.glob(f".{name}.*{TEMP_SUFFIX}"):
             leftover.unlink(missing_ok=True)
     print_ = fingerprint(model)
-    todo = [name for name in tars if not _record_ok(read_json(counts / f"{Path(name).stem}.json"), print_,
-                                                    args.output_dir / name)]
+    todo = [
+        name
+        for name in tars
+        if not _record_ok(read_json(counts / f"{Path(name).stem}.json"), print_, args.output_dir / name)
+    ]
     prefix = f"worker {args.worker_index + 1}/{args.num_workers}"
     log(STEP, f"{prefix}: {len(tars)} tars in this slice, {len(tars) - len(todo)} already encoded")
     if not todo:
@@ -164,8 +182,14 @@ def run_encode(args: argparse.Namespace) -> int:
     for name in todo:
         source = args.input_dir / name
         samples, failed = encode_tar(encoder, source, args.output_dir / name, args.batch_size)
-        record = {"tar": name, "samples": samples, "failed": failed, "fingerprint": print_,
-                  "bytes": (args.output_dir / name).stat().st_size, "source_bytes": source.stat().st_size}
+        record = {
+            "tar": name,
+            "samples": samples,
+            "failed": failed,
+            "fingerprint": print_,
+            "bytes": (args.output_dir / name).stat().st_size,
+            "source_bytes": source.stat().st_size,
+        }
         write_json_atomic(counts / f"{Path(name).stem}.json", record)
         done += samples
         rate = done / max(time.monotonic() - start, 1e-9)
@@ -184,19 +208,27 @@ def build_latent_wdinfo(input_wdinfo: Path, output_dir: Path, verify: bool) -> W
     info = read_wdinfo(input_wdinfo)
     records = [read_json(output_dir / COUNTS_DIR / f"{Path(name).stem}.json") for name in info.tar_files]
     prints = {r.get("fingerprint") for r in records if isinstance(r, dict)}
-    missing = [name for name, r in zip(info.tar_files, records)
-               if not isinstance(r, dict) or not (output_dir / name).exists()
-               or (output_dir / name).stat().st_size != r.get("bytes")]
+    missing = [
+        name
+        for name, r in zip(info.tar_files, records, strict=True)
+        if not isinstance(r, dict)
+        or not (output_dir / name).exists()
+        or (output_dir / name).stat().st_size != r.get("bytes")
+    ]
     if missing:
-        raise WdinfoError(f"{len(missing)} of {len(info.tar_files)} latent tars in {output_dir} are not "
-                          f"committed (first: {missing[0]}): an encode task did not finish; rerun it")
+        raise WdinfoError(
+            f"{len(missing)} of {len(info.tar_files)} latent tars in {output_dir} are not "
+            f"committed (first: {missing[0]}): an encode task did not finish; rerun it"
+        )
     if len(prints) != 1:
-        raise WdinfoError(f"the latent tars in {output_dir} come from {len(prints)} different encode "
-                          "configs: rerun encode_latents (it re-encodes what differs)")
+        raise WdinfoError(
+            f"the latent tars in {output_dir} come from {len(prints)} different encode "
+            "configs: rerun encode_latents (it re-encodes what differs)"
+        )
     if verify:
         from data_prep.generate_wdinfo import count_samples
 
-        for name, record in zip(info.tar_files, records):
+        for name, record in zip(info.tar_files, records, strict=True):
             if count_samples(output_dir / name) != record["samples"]:
                 raise WdinfoError(f"--verify: {name} does not hold the {record['samples']} samples recorded")
     total = sum(r["samples"] for r in records)
@@ -226,7 +258,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.batch_size < 1:
             p.error(f"--batch-size must be >= 1, got {args.batch_size}")
         if args.num_workers < 1 or not 0 <= args.worker_index < args.num_workers:
-            p.error(f"--worker-index must be in [0, --num-workers), got {args.worker_index} of {args.num_workers}")
+            p.error(
+                f"--worker-index must be in [0, --num-workers), got {args.worker_index} of {args.num_workers}"
+            )
     return args
 
 
@@ -240,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{STEP}: error: {err}", file=sys.stderr)
         return 1
     write_wdinfo(args.output_dir / "wdinfo.pkl", info)
-    log(STEP, f"wrote {args.output_dir / 'wdinfo.pkl'}: {len(info.tar_files)} tars, "
-              f"total_key_count {info.total_key_count:,}")
+    log(
+        STEP,
+        f"wrote {args.output_dir / 'wdinfo.pkl'}: {len(info.tar_files)} tars, "
+        f"total_key_count {info.total_key_count:,}",
+    )
     return 0
 
 

@@ -37,13 +37,13 @@ class LatentEncoder:
 
     def __init__(self, model: DictConfig, device: str) -> None:
         import torch
-
-        import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm off NVIDIA's container; no-op inside)
         from nemo.collections.multimodal.data.common.webdataset import pil_loader
         from nemo.collections.multimodal.data.stable_diffusion.augmentation.augmentations import (
             construct_image_augmentations,
         )
         from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm import LatentDiffusion
+
+        import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm off NVIDIA's container; no-op inside)
 
         model = OmegaConf.create(OmegaConf.to_container(model, resolve=True))
         assert isinstance(model, DictConfig)
@@ -57,7 +57,11 @@ class LatentEncoder:
         if cuda and model.get("channels_last", False):
             self.vae = self.vae.to(memory_format=torch.channels_last)
         dtype = _AUTOCAST.get(str(model.get("precision", "32")))
-        self.autocast = (lambda: torch.autocast("cuda", getattr(torch, dtype))) if cuda and dtype else contextlib.nullcontext
+        self.autocast = (
+            (lambda: torch.autocast("cuda", getattr(torch, dtype)))
+            if cuda and dtype
+            else contextlib.nullcontext
+        )
         self.transform = construct_image_augmentations(model.data.train.get("augmentations"))
         self._load = pil_loader
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, Optional
+from typing import Any
 
 from data_prep import latent_format as fmt
 from launcher.config import JobResources, Runtime
@@ -31,32 +31,6 @@ AUG = "training.model.data.train.augmentations"
 IMAGE_KEYS = ("images", "captions")  # the preset's keys: what training reads with the switch off
 
 
-@dataclass
-class PrecacheConfig:
-    enable: bool = False
-    # Array tasks of the encode job, each one GPU node running one process per GPU.
-    num_tasks: int = ruled(Range(1), 1)
-    # Images per VAE call on one GPU.
-    batch_size: int = ruled(Range(1), 64)
-    # Rows the source holds, for the storage estimate when download_parquet.max_rows is null.
-    rows_estimate: Optional[int] = ruled(Range(1), None)
-    # NeMo's interpreter without a container (local backend); null = training.run.python in a
-    # container, else the NeMo venv beside this checkout (.venv-nemo).
-    python: Optional[str] = ruled(Text(), None)
-    # Time per encode task (on GPU nodes it takes the whole node, like training); cpus/mem for CPU runs.
-    resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=8, mem="32G",
-                                                                         time="04:00:00"))
-
-
-def latent_dir(layout: DataLayout) -> PurePosixPath:
-    """The latent tars: training's `webdataset.local_root_path` with the switch on."""
-    return layout.data_dir / "tarfiles_latents"
-
-
-def latent_wdinfo(layout: DataLayout) -> PurePosixPath:
-    return latent_dir(layout) / "wdinfo.pkl"
-
-
 def enabled(cfg: Any) -> bool:
     """Training reads latents: the switch is on and the data is real (synthetic data has no tars)."""
     synthetic = cfg.training.model.get("data", {}).get("synthetic_data")
@@ -67,9 +41,14 @@ def training_overrides(cfg: Any, layout: DataLayout) -> dict[str, Any]:
     """What the switch sets in NeMo's training config (nothing when off)."""
     if not enabled(cfg):
         return {}
-    return {"first_stage_key": fmt.FIRST_STAGE_KEY, "cond_stage_key": fmt.COND_STAGE_KEY,
-            "data": {"train": {"dataset_path": [str(latent_wdinfo(layout))]},
-                     "webdataset": {"local_root_path": str(latent_dir(layout))}}}
+    return {
+        "first_stage_key": fmt.FIRST_STAGE_KEY,
+        "cond_stage_key": fmt.COND_STAGE_KEY,
+        "data": {
+            "train": {"dataset_path": [str(layout.latent_wdinfo)]},
+            "webdataset": {"local_root_path": str(layout.latent_tar_dir)},
+        },
+    }
 
 
 # -- shapes -----------------------------------------------------------------------------------------
@@ -97,7 +76,10 @@ def sample_shapes(model: Any) -> tuple[tuple[int, int, int], tuple[int, int]]:
     embed_dim = int(model.get("first_stage_config", {}).get("embed_dim", 4))
     moments = fmt.moments_shape(embed_dim, height, width, downsampling(model))
     cond = model.get("cond_stage_config", {})
-    text = (fmt.text_tokens(int(cond.get("max_length", 77))), int(model.get("unet_config", {}).get("context_dim", 768)))
+    text = (
+        fmt.text_tokens(int(cond.get("max_length", 77))),
+        int(model.get("unet_config", {}).get("context_dim", 768)),
+    )
     return moments, text
 
 
@@ -118,8 +100,10 @@ def _check_keys(cfg: Any) -> None:
                 "data_preparation.precache.enable=true (it sets both keys and the paths)",
             )
         return
-    wanted = {"first_stage_key": (IMAGE_KEYS[0], fmt.FIRST_STAGE_KEY),
-              "cond_stage_key": (IMAGE_KEYS[1], fmt.COND_STAGE_KEY)}
+    wanted = {
+        "first_stage_key": (IMAGE_KEYS[0], fmt.FIRST_STAGE_KEY),
+        "cond_stage_key": (IMAGE_KEYS[1], fmt.COND_STAGE_KEY),
+    }
     for name, allowed in wanted.items():
         if keys[name] not in allowed:
             raise ConfigError(
@@ -149,13 +133,19 @@ def _check_resolution(cfg: Any) -> tuple[int, int]:
         )
     crop = crop_size(cfg.training.model)
     if crop is None:
-        raise ConfigError(f"{AUG}.center_crop_h_w", f"{augmentations.get('center_crop_h_w')!r}: the encode "
-                          "step needs one fixed size; allowed: 'H, W', e.g. '256, 256'")
+        raise ConfigError(
+            f"{AUG}.center_crop_h_w",
+            f"{augmentations.get('center_crop_h_w')!r}: the encode "
+            "step needs one fixed size; allowed: 'H, W', e.g. '256, 256'",
+        )
     side = int(augmentations.get("resize_smallest_side") or min(crop))
     factor = downsampling(cfg.training.model)
     if min(crop) > side or any(n % factor for n in crop):
-        raise ConfigError(f"{AUG}.center_crop_h_w", f"{crop} with resize_smallest_side {side} and a VAE "
-                          f"downsampling {factor}x: allowed: sides <= {side} and multiples of {factor}")
+        raise ConfigError(
+            f"{AUG}.center_crop_h_w",
+            f"{crop} with resize_smallest_side {side} and a VAE "
+            f"downsampling {factor}x: allowed: sides <= {side} and multiples of {factor}",
+        )
     images = cfg.data_preparation.download_images
     if images.enable and images.resize_mode != "no" and side > images.image_size:
         raise ConfigError(
@@ -223,9 +213,16 @@ def _encode_resources(ctx: Context) -> Resources:
     if cl.gpus_per_node < 1:
         return cpu_resources(ctx, pre.resources)
     cpus = cl.cpus_per_node // cl.gpus_per_node if cl.cpus_per_node else pre.resources.cpus_per_task
-    return Resources(nodes=1, ntasks_per_node=cl.gpus_per_node, cpus_per_task=max(cpus, 1),
-                     gpus_per_node=cl.gpus_per_node, mem=cl.gpu_job_mem, time=pre.resources.time,
-                     exclusive=cl.exclusive_gpu_jobs, partition=cl.partition)
+    return Resources(
+        nodes=1,
+        ntasks_per_node=cl.gpus_per_node,
+        cpus_per_task=max(cpus, 1),
+        gpus_per_node=cl.gpus_per_node,
+        mem=cl.gpu_job_mem,
+        time=pre.resources.time,
+        exclusive=cl.exclusive_gpu_jobs,
+        partition=cl.partition,
+    )
 
 
 def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, str]) -> tuple[JobSpec, ...]:
@@ -235,17 +232,35 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
     nemo_python = python(ctx.cfg, ctx.facts)
     assert nemo_python, "refused by the host check"
     device = "cuda" if ctx.cfg.cluster.gpus_per_node >= 1 else "cpu"
-    common = ("--input-wdinfo", layout.wdinfo, "--output-dir", latent_dir(layout))
+    common = ("--input-wdinfo", layout.wdinfo, "--output-dir", layout.latent_tar_dir)
     encode = make_job(
-        ctx, stage="data_preparation", name="encode_latents",
-        argv=(nemo_python, "-m", "data_prep.encode_latents", "encode", "--training-config", str(config_path),
-              "--input-dir", str(layout.tar_dir), *map(str, common), "--batch-size", str(pre.batch_size),
-              "--device", device),
-        resources=_encode_resources(ctx), array=Array(pre.num_tasks),
-        depends_on=after(last_job) if last_job else (), env=env,
+        ctx,
+        stage="data_preparation",
+        name="encode_latents",
+        argv=(
+            nemo_python,
+            "-m",
+            "data_prep.encode_latents",
+            "encode",
+            "--training-config",
+            str(config_path),
+            "--input-dir",
+            str(layout.tar_dir),
+            *map(str, common),
+            "--batch-size",
+            str(pre.batch_size),
+            "--device",
+            device,
+        ),
+        resources=_encode_resources(ctx),
+        array=Array(pre.num_tasks),
+        depends_on=after(last_job) if last_job else (),
+        env=env,
     )
     wdinfo = make_job(
-        ctx, stage="data_preparation", name="latents_wdinfo",
+        ctx,
+        stage="data_preparation",
+        name="latents_wdinfo",
         argv=ctx.module("data_prep.encode_latents", "wdinfo", *common, "--verify"),
         resources=cpu_resources(ctx, JobResources(cpus_per_task=1, mem="2G", time="00:30:00")),
         depends_on=after(encode.name),
@@ -264,8 +279,10 @@ def storage_note(cfg: Any) -> str:
     """Bytes per sample and for the planned rows, printed before anything runs."""
     moments, text = sample_shapes(cfg.training.model)
     per_sample = fmt.sample_bytes(moments, text)
-    head = (f"precache: {per_sample:,} bytes per sample (float16 moments {'x'.join(map(str, moments))} + "
-            f"text {'x'.join(map(str, text))}, tar header included)")
+    head = (
+        f"precache: {per_sample:,} bytes per sample (float16 moments {'x'.join(map(str, moments))} + "
+        f"text {'x'.join(map(str, text))}, tar header included)"
+    )
     rows = planned_rows(cfg)
     if rows is None:
         return f"{head}; {per_sample * 1_000_000 / 1e12:.2f} TB per million rows (rows unknown: set max_rows)"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.config import StepConfig
+from launcher.config import JobResources, StepConfig
 from launcher.rules import ABS_PATH, Choice, Each, Pattern, Range, Text, ruled
 
 
@@ -91,6 +91,24 @@ class DemoConfig:
 
 
 @dataclass
+class PrecacheConfig:
+    enable: bool = False
+    # Array tasks of the encode job, each one GPU node running one process per GPU.
+    num_tasks: int = ruled(Range(1), 1)
+    # Images per VAE call on one GPU.
+    batch_size: int = ruled(Range(1), 64)
+    # Rows the source holds, for the storage estimate when download_parquet.max_rows is null.
+    rows_estimate: int | None = ruled(Range(1), None)
+    # NeMo's interpreter without a container (local backend); null = training.run.python in a
+    # container, else the NeMo venv beside this checkout (.venv-nemo).
+    python: str | None = ruled(Text(), None)
+    # Time per encode task (on GPU nodes it takes the whole node, like training); cpus/mem for CPU runs.
+    resources: JobResources = field(
+        default_factory=lambda: JobResources(cpus_per_task=8, mem="32G", time="04:00:00")
+    )
+
+
+@dataclass
 class DataPreparationConfig:
     num_partitions: int = ruled(Range(1), 64)
     demo: DemoConfig = field(default_factory=DemoConfig)
@@ -99,3 +117,5 @@ class DataPreparationConfig:
     tars: TarsConfig = field(default_factory=TarsConfig)
     reorganize_tar: ReorganizeTarConfig = field(default_factory=ReorganizeTarConfig)
     generate_wdinfo: GenerateWdinfoConfig = field(default_factory=GenerateWdinfoConfig)
+    # Cached latents: encode every image once after the wdinfo; training then reads the latents.
+    precache: PrecacheConfig = field(default_factory=PrecacheConfig)
