@@ -15,15 +15,12 @@ whose shape does not fit the UNet.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
 from data_prep import latent_format as fmt
 from launcher.config import JobResources, Runtime
 from launcher.errors import ConfigError
 from launcher.layout import DataLayout
-from launcher.rules import Range, Text, ruled
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stages.common import Context, Facts, after, cpu_resources, make_job
 
