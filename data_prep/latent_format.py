@@ -76,3 +76,35 @@ def sample_bytes(moments: tuple[int, ...], text: tuple[int, ...]) -> int:
     """Bytes one sample takes in a latent tar: its member's 512-byte header plus the padded pickle."""
     size = len(dumps_sample(np.zeros(moments, np.float16), np.zeros(text, np.float16)))
     return _TAR_BLOCK + (size + _TAR_BLOCK - 1) // _TAR_BLOCK * _TAR_BLOCK
+
+
+# -- shapes a training config implies (a DictConfig or a dict: both have .get) ----------------------
+
+
+def crop_size(model: Any) -> tuple[int, int] | None:
+    """(H, W) of training's center crop (NeMo splits "H, W"), None when absent or unreadable."""
+    raw = (model.get("data", {}).get("train", {}).get("augmentations") or {}).get("center_crop_h_w")
+    try:
+        height, width = (int(part) for part in str(raw).split(","))
+    except ValueError:
+        return None
+    return height, width
+
+
+def downsampling(model: Any) -> int:
+    """The VAE's spatial factor: 2 per level after the first (AutoencoderKL Encoder)."""
+    levels = len(model.get("first_stage_config", {}).get("ddconfig", {}).get("ch_mult", [1, 2, 4, 4]))
+    return 2 ** (levels - 1)
+
+
+def sample_shapes(model: Any) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """(moments, text) shapes of one stored sample for this training config (checked valid)."""
+    height, width = crop_size(model) or (0, 0)
+    embed_dim = int(model.get("first_stage_config", {}).get("embed_dim", 4))
+    moments = moments_shape(embed_dim, height, width, downsampling(model))
+    cond = model.get("cond_stage_config", {})
+    text = (
+        text_tokens(int(cond.get("max_length", 77))),
+        int(model.get("unet_config", {}).get("context_dim", 768)),
+    )
+    return moments, text

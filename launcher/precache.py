@@ -22,7 +22,7 @@ from launcher.config import JobResources, Runtime
 from launcher.errors import ConfigError
 from launcher.layout import DataLayout
 from launcher.spec import Array, JobSpec, Resources
-from launcher.stages.common import Context, Facts, after, cpu_resources, make_job
+from launcher.stages.common import Context, Facts, after, after_stage, cpu_resources, make_job
 
 AUG = "training.model.data.train.augmentations"
 IMAGE_KEYS = ("images", "captions")  # the preset's keys: what training reads with the switch off
@@ -46,38 +46,6 @@ def training_overrides(cfg: Any, layout: DataLayout) -> dict[str, Any]:
             "webdataset": {"local_root_path": str(layout.latent_tar_dir)},
         },
     }
-
-
-# -- shapes -----------------------------------------------------------------------------------------
-
-
-def crop_size(model: Any) -> tuple[int, int] | None:
-    """(H, W) of training's center crop (NeMo splits "H, W"), None when absent or unreadable."""
-    raw = (model.get("data", {}).get("train", {}).get("augmentations") or {}).get("center_crop_h_w")
-    try:
-        height, width = (int(part) for part in str(raw).split(","))
-    except ValueError:
-        return None
-    return height, width
-
-
-def downsampling(model: Any) -> int:
-    """The VAE's spatial factor: 2 per level after the first (AutoencoderKL Encoder)."""
-    levels = len(model.get("first_stage_config", {}).get("ddconfig", {}).get("ch_mult", [1, 2, 4, 4]))
-    return 2 ** (levels - 1)
-
-
-def sample_shapes(model: Any) -> tuple[tuple[int, int, int], tuple[int, int]]:
-    """(moments, text) shapes of one stored sample for this training config (checked valid)."""
-    height, width = crop_size(model) or (0, 0)
-    embed_dim = int(model.get("first_stage_config", {}).get("embed_dim", 4))
-    moments = fmt.moments_shape(embed_dim, height, width, downsampling(model))
-    cond = model.get("cond_stage_config", {})
-    text = (
-        fmt.text_tokens(int(cond.get("max_length", 77))),
-        int(model.get("unet_config", {}).get("context_dim", 768)),
-    )
-    return moments, text
 
 
 # -- checks -----------------------------------------------------------------------------------------
@@ -128,7 +96,7 @@ def _check_resolution(cfg: Any) -> tuple[int, int]:
             "is random: data_preparation.precache would freeze one draw per image into the cache. Allowed "
             "with the switch on: resize_smallest_side, center_crop_h_w, horizontal_flip=false",
         )
-    crop = crop_size(cfg.training.model)
+    crop = fmt.crop_size(cfg.training.model)
     if crop is None:
         raise ConfigError(
             f"{AUG}.center_crop_h_w",
@@ -136,7 +104,7 @@ def _check_resolution(cfg: Any) -> tuple[int, int]:
             "step needs one fixed size; allowed: 'H, W', e.g. '256, 256'",
         )
     side = int(augmentations.get("resize_smallest_side") or min(crop))
-    factor = downsampling(cfg.training.model)
+    factor = fmt.downsampling(cfg.training.model)
     if min(crop) > side or any(n % factor for n in crop):
         raise ConfigError(
             f"{AUG}.center_crop_h_w",
@@ -157,7 +125,7 @@ def _check_resolution(cfg: Any) -> tuple[int, int]:
 def _check_unet(cfg: Any, crop: tuple[int, int]) -> None:
     model = cfg.training.model
     unet, vae = model.get("unet_config", {}), model.get("first_stage_config", {})
-    (channels, height, width), _ = sample_shapes(model)
+    (channels, height, width), _ = fmt.sample_shapes(model)
     if int(vae.get("embed_dim", 4)) != int(unet.get("in_channels", 4)):
         raise ConfigError(
             "training.model.unet_config.in_channels",
@@ -169,7 +137,7 @@ def _check_unet(cfg: Any, crop: tuple[int, int]) -> None:
         raise ConfigError(
             "training.model.unet_config.image_size",
             f"{size} but the latents of a {crop[0]}x{crop[1]} crop ({AUG}.center_crop_h_w) are {height}x{width}; "
-            f"allowed: {height} (crop / {downsampling(model)}), or change the crop",
+            f"allowed: {height} (crop / {fmt.downsampling(model)}), or change the crop",
         )
 
 
@@ -226,8 +194,7 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
     """encode_latents (array) then latents_wdinfo, after `last_job` (the image wdinfo); `env` is the
     offline-Hub environment NeMo jobs run with (launcher.nemo_config)."""
     pre, layout = ctx.cfg.data_preparation.precache, ctx.layout
-    nemo_python = python(ctx.cfg, ctx.facts)
-    assert nemo_python, "refused by the host check"
+    nemo_python = python(ctx.cfg, ctx.facts) or ctx.python  # None is refused by host_check before planning
     device = "cuda" if ctx.cfg.cluster.gpus_per_node >= 1 else "cpu"
     common = ("--input-wdinfo", layout.wdinfo, "--output-dir", layout.latent_tar_dir)
     encode = make_job(
@@ -251,7 +218,7 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
         ),
         resources=_encode_resources(ctx),
         array=Array(pre.num_tasks),
-        depends_on=after(last_job) if last_job else (),
+        depends_on=(*after(*[last_job] if last_job else []), after_stage("assets")),
         env=env,
     )
     wdinfo = make_job(
@@ -274,7 +241,7 @@ def planned_rows(cfg: Any) -> int | None:
 
 def storage_note(cfg: Any) -> str:
     """Bytes per sample and for the planned rows, printed before anything runs."""
-    moments, text = sample_shapes(cfg.training.model)
+    moments, text = fmt.sample_shapes(cfg.training.model)
     per_sample = fmt.sample_bytes(moments, text)
     head = (
         f"precache: {per_sample:,} bytes per sample (float16 moments {'x'.join(map(str, moments))} + "

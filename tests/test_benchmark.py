@@ -95,7 +95,8 @@ def test_one_array_per_node_count_and_a_report_after_any_end() -> None:
 
 
 def test_each_task_config_is_the_training_config_plus_only_the_sweep_keys() -> None:
-    cfg = _cfg(*SWEEP, "benchmark.max_steps=40")
+    # Images: with the latents switch on, NeMo's synthetic data is images, not the switched keys.
+    cfg = _cfg(*SWEEP, "benchmark.max_steps=40", "data_preparation.precache.enable=false")
     ctx = Context(cfg=cfg, facts=FIXED_FACTS, run_dir=Path("/fsx/results/sd_pretrain"))
     training = _flat(nemo_config.build(ctx))
     for case in benchmark.sweep(ctx).cases:
@@ -125,7 +126,9 @@ def test_each_task_config_is_the_training_config_plus_only_the_sweep_keys() -> N
         benchmark.sweep(ctx).cases[0],
     )
     assert real["model"]["data"]["synthetic_data"] is False
-    assert real["model"]["data"]["train"]["dataset_path"] == ["/fsx/data/tarfiles_reorganized/wdinfo.pkl"]
+    # Real data with the latents switch on (the slurm preset's default): the sweep reads what training reads.
+    assert real["model"]["data"]["train"]["dataset_path"] == ["/fsx/data/tarfiles_latents/wdinfo.pkl"]
+    assert real["model"]["first_stage_key"] == "image_encoded"
 
 
 def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> None:
@@ -139,7 +142,7 @@ def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> 
         FIXED_FACTS,
     )
     edges = {job.name: [f"{d.kind.value}:{d.job}" for d in job.depends_on] for job in plan.jobs}
-    assert edges["data_check"] == ["afterok:generate_wdinfo", "afterok:pretrained_assets"]
+    assert edges["data_check"] == ["afterok:latents_wdinfo", "afterok:pretrained_assets"]
     assert edges["bench_n1"] == edges["bench_n2"] == ["afterok:data_check"]
     assert edges["sd_860m_res_256"] == ["afterok:data_check"]  # not bench_report
 

@@ -173,7 +173,8 @@ def test_the_aws_pipeline_without_a_bad_value_is_submitted(
 ) -> None:
     """The control of the cases below: the same command reaches sbatch."""
     assert main(_aws_argv(tmp_path)) == 0, capsys.readouterr().err
-    assert len(recording_sbatch.read_text().splitlines()) == 7  # assets, 4 data steps, data_check, training
+    # assets, 4 data steps, encode + wdinfo of the cached latents, data_check, training
+    assert len(recording_sbatch.read_text().splitlines()) == 9
 
 
 @pytest.mark.parametrize(("override", "message"), ISSUE_CASES, ids=[c[0] for c in ISSUE_CASES])

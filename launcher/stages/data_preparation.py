@@ -260,6 +260,8 @@ STAGE = StageSpec(
     name=NAME,
     config=DataPreparationConfig,
     plan=plan,
+    # The encode step (precache) reads the staged VAE and CLIP; the downloads do not wait for them.
+    uses=lambda cfg: ("assets",) if precache.enabled(cfg) else (),
     check=_check_all,
     host_check=_host_check,
     files=_files,
