@@ -28,12 +28,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
 from data_prep.progress import log, read_json
 from data_prep.tar_writer import build_header, end_of_archive
-from data_prep.tario import ZEROS, index_samples, padded, scan_members
+from data_prep.tario import BLOCK, ZEROS, index_samples, padded, scan_members
 from data_prep.wdinfo import Wdinfo, WdinfoError, read_wdinfo, write_wdinfo
 
 STEP = "encode_latents"
@@ -99,17 +99,21 @@ def read_samples(path: Path) -> list[tuple[str, bytes, str]]:
     return out
 
 
-def write_tar(path: Path, members: list[tuple[str, bytes]]) -> int:
-    """A canonical ustar tar (tar_writer's headers) written atomically; its size."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as out:
-        written = 0
-        for name, data in members:
-            out.write(build_header(name.encode(), len(data)) + data + ZEROS[: padded(len(data)) - len(data)])
-            written += 512 + padded(len(data))
-        out.write(end_of_archive(written))
-        out.flush()
-        os.fsync(out.fileno())
-    return path.stat().st_size
+class _TarOut:
+    """A canonical ustar tar (tar_writer's headers: identical data, identical bytes) written member by
+    member into an open temporary file; `close` ends the archive and syncs it before the rename."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out, self.written = out, 0
+
+    def add(self, name: str, data: bytes) -> None:
+        self.out.write(build_header(name.encode(), len(data)) + data + ZEROS[: padded(len(data)) - len(data)])
+        self.written += BLOCK + padded(len(data))
+
+    def close(self) -> None:
+        self.out.write(end_of_archive(self.written))
+        self.out.flush()
+        os.fsync(self.out.fileno())
 
 
 def _record_ok(record: Any, print_: str, tar: Path) -> bool:
@@ -121,32 +125,43 @@ def _record_ok(record: Any, print_: str, tar: Path) -> bool:
     )
 
 
+def _batch(
+    encoder: Any, source: Path, samples: list[tuple[str, bytes, str]]
+) -> tuple[list[str], Any, Any, int]:
+    """(keys, moments, text, images that failed to decode) of one batch of samples."""
+    keys, images, captions, failed = [], [], [], 0
+    for key, jpg, caption in samples:
+        try:
+            images.append(encoder.preprocess(jpg))
+        except Exception as exc:  # NeMo's loader skips an undecodable image (warn_and_continue): so do we
+            log(STEP, f"warning: {source.name}: {key}.jpg skipped: {exc}")
+            failed += 1
+            continue
+        keys.append(key)
+        captions.append(caption)
+    if not keys:
+        return [], None, None, failed
+    moments, text = encoder.encode(images, captions)
+    return keys, moments, text, failed
+
+
 def encode_tar(encoder: Any, source: Path, target: Path, batch_size: int) -> tuple[int, int]:
-    """Encode one image tar into `target`; (samples written, images that failed to decode)."""
+    """Encode one image tar into `target` (a temporary name until complete); (samples, undecodable)."""
     from data_prep.latent_format import MEMBER_EXT, dumps_sample
 
-    members: list[tuple[str, bytes]] = []
-    failed = 0
-    samples = read_samples(source)
-    for start in range(0, len(samples), batch_size):
-        keys, images, captions = [], [], []
-        for key, jpg, caption in samples[start : start + batch_size]:
-            try:
-                images.append(encoder.preprocess(jpg))
-            except Exception as exc:  # NeMo's loader skips an undecodable image (warn_and_continue): so do we
-                log(STEP, f"warning: {source.name}: {key}.jpg skipped: {exc}")
-                failed += 1
-                continue
-            keys.append(key)
-            captions.append(caption)
-        if not keys:
-            continue
-        moments, text = encoder.encode(images, captions)
-        members += [
-            (f"{key}.{MEMBER_EXT}", dumps_sample(m, t)) for key, m, t in zip(keys, moments, text, strict=True)
-        ]
-    write_tar(target, members)
-    return len(members), failed
+    samples, written, failed = read_samples(source), 0, 0
+    with atomic_path(target) as tmp, open(tmp, "wb") as out:
+        tar = _TarOut(out)
+        for start in range(
+            0, len(samples), batch_size
+        ):  # batches never span tars: bytes independent of slicing
+            keys, moments, text, bad = _batch(encoder, source, samples[start : start + batch_size])
+            failed += bad
+            for key, m, t in zip(keys, moments if keys else [], text if keys else [], strict=True):
+                tar.add(f"{key}.{MEMBER_EXT}", dumps_sample(m, t))
+                written += 1
+        tar.close()
+    return written, failed
 
 
 def run_encode(args: argparse.Namespace) -> int:
