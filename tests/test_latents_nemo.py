@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import REPO, render_training, run_sd_train, write_tiny_assets
+from nemo_cpu.harness import REPO, render_training, run_data_check, run_sd_train, write_tiny_assets
 from nemo_cpu.tiny import TINY_OVERRIDES
 
 from launcher.cli import launch
@@ -157,33 +157,19 @@ def test_nemo_sd_train_trains_two_steps_from_the_latents(shared: Path, nemo_pyth
 
 
 def _data_check(nemo_python: str, config: Path, report: Path) -> dict:
-    subprocess.run(
-        [
-            nemo_python,
-            "-m",
-            "data_prep.data_check",
-            "--training-config",
-            str(config),
-            "--world-size",
-            "1",
-            "--num-workers",
-            "1",
-            "--micro-batch-size",
-            "4",
-            "--batches",
-            "2",
-            "--scan-tars",
-            "0",
-            "--report",
-            str(report),
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    args = (
+        "--world-size",
+        "1",
+        "--num-workers",
+        "1",
+        "--micro-batch-size",
+        "4",
+        "--batches",
+        "2",
+        "--scan-tars",
+        "0",
     )
-    return json.loads(report.read_text())
+    return run_data_check(nemo_python, config, report, *args)[1]
 
 
 def test_data_check_reads_the_latents_with_nemos_precached_loader(shared: Path, nemo_python: str) -> None:

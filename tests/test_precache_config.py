@@ -1,8 +1,9 @@
 """The cached-latents switch (data_preparation.precache) as the launcher plans and refuses it.
 
-Bad input is refused through the real CLI before anything is written or sbatch is called, naming the
-keys; the dry run prints the storage cost; preflight refuses a latent config on image tars. The encode
-program and NeMo's own code on the latents: tests/test_latents_nemo.py.
+Bad settings are refused before submission in tests/test_config_validation.py (LATENT_CASES, and the
+encode step without a NeMo interpreter). Here: the storage cost in the dry run, the plan on local, and
+preflight refusing a latent config on image tars. The encode program and NeMo's own code on the
+latents: tests/test_latents_nemo.py.
 """
 
 from __future__ import annotations
@@ -14,87 +15,19 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import aws_argv, compose_config
 
 from data_prep.latent_format import sample_bytes
 from launcher import manifest
-from launcher.cli import launch, main
-from launcher.errors import ConfigError, LauncherError
+from launcher.cli import launch
+from launcher.errors import LauncherError
 from launcher.stages.common import Facts
-
-AUG = "training.model.data.train.augmentations"
-REFUSED = [
-    # (overrides, the key the error starts with, words it must contain)
-    (
-        ["stages=[data_preparation]", "training.model.first_stage_config.from_pretrained=null"],
-        "training.model.first_stage_config.from_pretrained",
-        "random VAE",
-    ),
-    (
-        [
-            f"{AUG}.resize_smallest_side=512",
-            f"{AUG}.center_crop_h_w='512, 512'",
-            "training.model.unet_config.image_size=64",
-        ],
-        f"{AUG}.resize_smallest_side",
-        "data_preparation.download_images.image_size is 256",
-    ),
-    (
-        ["training.model.unet_config.image_size=64"],
-        "training.model.unet_config.image_size",
-        "are 32x32",
-    ),
-    (
-        ["training.model.unet_config.in_channels=8"],
-        "training.model.unet_config.in_channels",
-        "embed_dim",
-    ),
-    ([f"{AUG}.horizontal_flip=true"], f"{AUG}.horizontal_flip", "freeze one draw"),
-    (
-        ["data_preparation.precache.enable=false", "training.model.first_stage_key=image_encoded"],
-        "training.model.first_stage_key",
-        "data_preparation.precache.enable is false",
-    ),
-    (
-        ["training.model.cond_stage_key=captions_clip_encoded"],
-        "training.model.cond_stage_key",
-        "captions_encoded",
-    ),
-]
-
-
-def _aws_argv(tmp_path: Path) -> list[str]:
-    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
-    return [
-        "cluster=aws_p5",
-        "stages=[data_preparation,training]",
-        f"cluster.shared_dir={tmp_path}",
-        f"container.mounts=[{tmp_path}:{tmp_path}]",
-        f"container.image={tmp_path}/nemo.sqsh",
-    ]
-
-
-@pytest.mark.parametrize(("overrides", "key", "words"), REFUSED, ids=[case[1] for case in REFUSED])
-def test_bad_latent_settings_are_refused_before_anything_is_submitted(
-    overrides: list[str],
-    key: str,
-    words: str,
-    tmp_path: Path,
-    recording_sbatch: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main([*_aws_argv(tmp_path), *overrides]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {key}"), err
-    assert words in err and "Traceback" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["nemo.sqsh"], "something was written"
-    assert not recording_sbatch.exists(), "sbatch was called"
 
 
 def test_the_dry_run_prints_bytes_per_sample_and_the_total(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    launch(compose_config([*_aws_argv(tmp_path), "dry_run=true"]))
+    launch(compose_config([*aws_argv(tmp_path), "dry_run=true"]))
     out = " ".join(capsys.readouterr().out.split())
     per_sample = sample_bytes((8, 32, 32), (80, 768))
     assert per_sample == 140_288  # 8x32x32 + 80x768 float16, pickled, plus a 512-byte tar header
@@ -103,7 +36,7 @@ def test_the_dry_run_prints_bytes_per_sample_and_the_total(
     capsys.readouterr()
     launch(
         compose_config(
-            [*_aws_argv(tmp_path), "dry_run=true", "data_preparation.download_parquet.max_rows=1000"]
+            [*aws_argv(tmp_path), "dry_run=true", "data_preparation.download_parquet.max_rows=1000"]
         )
     )
     assert "at most 0.1 GB for 1,000 rows in 1 tars" in " ".join(capsys.readouterr().out.split())
@@ -125,17 +58,6 @@ def test_off_by_default_on_local_and_on_when_asked_it_encodes_on_cpu(tmp_path: P
     assert "--device cpu" in script and "--gpus-per-node" not in script
 
 
-def test_the_encode_step_without_a_nemo_interpreter_is_refused(tmp_path: Path) -> None:
-    no_venv = Facts(python=sys.executable, code_dir=str(tmp_path / "checkout"))
-    with pytest.raises(ConfigError) as error:
-        launch(
-            compose_config([f"cluster.shared_dir={tmp_path}", "data_preparation.precache.enable=true"]),
-            no_venv,
-        )
-    assert error.value.key == "data_preparation.precache.python"
-    assert list(tmp_path.iterdir()) == []
-
-
 def _tar_with(path: Path, member: str) -> None:
     with tarfile.open(path, "w") as tar:
         info = tarfile.TarInfo(member)
@@ -152,7 +74,7 @@ def test_preflight_refuses_a_latent_config_on_image_tars_or_the_reverse(
     _tar_with(folder / "000000.tar", member)
     info = {"tar_files": ["000000.tar"] * 16, "chunk_size": 1, "total_key_count": 16}
     (folder / "wdinfo.pkl").write_bytes(pickle.dumps(info))
-    argv = [*_aws_argv(tmp_path), "stages=[training]", f"data_preparation.precache.enable={switch}"]
+    argv = [*aws_argv(tmp_path), "stages=[training]", f"data_preparation.precache.enable={switch}"]
     with pytest.raises(LauncherError, match=f"data_preparation.precache.enable={switch.capitalize()}"):
         launch(compose_config([*argv, "training.trainer.num_nodes=2"]))
     assert not (tmp_path / "results").exists()

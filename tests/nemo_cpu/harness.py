@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -72,3 +73,25 @@ def run_sd_train(nemo_python: str, config: Path, log: Path) -> subprocess.Comple
     )
     log.write_text(proc.stdout + proc.stderr)
     return proc
+
+
+def run_data_check(nemo_python: str, config: Path, report: Path, *args: str) -> tuple[int, dict]:
+    """`python -m data_prep.data_check` on a rendered config with NeMo's interpreter; (exit code, report)."""
+    argv = [
+        nemo_python,
+        "-m",
+        "data_prep.data_check",
+        "--training-config",
+        str(config),
+        "--report",
+        str(report),
+    ]
+    proc = subprocess.run(
+        [*argv, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return proc.returncode, json.loads(report.read_text())
