@@ -195,7 +195,7 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
     offline-Hub environment NeMo jobs run with (launcher.nemo_config)."""
     pre, layout = ctx.cfg.data_preparation.precache, ctx.layout
     nemo_python = python(ctx.cfg, ctx.facts) or ctx.python  # None is refused by host_check before planning
-    device = "cuda" if ctx.cfg.cluster.gpus_per_node >= 1 else "cpu"
+    device = pre.device or ("cuda" if ctx.cfg.cluster.gpus_per_node >= 1 else "cpu")
     common = ("--input-wdinfo", layout.wdinfo, "--output-dir", layout.latent_tar_dir)
     encode = make_job(
         ctx,

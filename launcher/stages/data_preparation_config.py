@@ -97,6 +97,8 @@ class PrecacheConfig:
     num_tasks: int = ruled(Range(1), 1)
     # Images per VAE call on one GPU.
     batch_size: int = ruled(Range(1), 64)
+    # Where NeMo's VAE and text encoder run: null = cuda on a cluster with GPUs, cpu without.
+    device: str | None = ruled(Choice(("cuda", "cpu")), None)
     # Rows the source holds, for the storage estimate when download_parquet.max_rows is null.
     rows_estimate: int | None = ruled(Range(1), None)
     # NeMo's interpreter without a container (local backend); null = training.run.python in a
