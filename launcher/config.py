@@ -29,6 +29,7 @@ from launcher.rules import (
     Range,
     SlurmTime,
     Text,
+    described,
     ruled,
 )
 
@@ -45,54 +46,105 @@ class Runtime(str, Enum):
 
 @dataclass
 class ClusterConfig:
-    backend: BackendName = BackendName.local
-    # A file system every node sees at the same path: default home of data and results.
-    shared_dir: str = ruled(ABS_PATH, MISSING)
-    partition: str | None = ruled(Text(), None)
-    # CPU-only jobs (downloads, tar work) may go to another partition; null = `partition`.
-    cpu_partition: str | None = ruled(Text(), None)
-    account: str | None = ruled(Text(), None)
-    qos: str | None = ruled(Text(), None)
-    gpus_per_node: int = ruled(Range(0), 0)
-    cpus_per_node: int | None = ruled(Range(1), None)
-    # Memory for GPU jobs ("0" = all of the node's memory, as AWS presets use).
-    gpu_job_mem: str | None = ruled(SLURM_MEM, None)
-    exclusive_gpu_jobs: bool = True
-    time_limit: str = ruled(SlurmTime(), "04:00:00")
-    sbatch_extra_args: list[str] = ruled(Each(SBATCH_FLAG), factory=list)
-    srun_extra_args: list[str] = ruled(Each(SBATCH_FLAG), factory=list)
-    # Exported in every job and passed into the container (EFA/NCCL settings for the presets).
-    env: dict[str, str] = ruled(Keys(ENV_NAME), factory=dict)
-    # Local backend: array tasks run at once (null = cores on this machine).
-    local_parallelism: int | None = ruled(Range(1), None)
+    backend: BackendName = described(
+        BackendName.local,
+        help="Where jobs run: `slurm` submits sbatch scripts; `local` runs the same scripts on this machine.",
+    )
+    shared_dir: str = ruled(
+        ABS_PATH,
+        MISSING,
+        help="A file system every node sees at the same path (/fsx on AWS): default home of data and results.",
+    )
+    partition: str | None = ruled(
+        Text(), None, help="Slurm partition for every job; null = the cluster's default partition."
+    )
+    cpu_partition: str | None = ruled(
+        Text(), None, help="Partition for CPU-only jobs (downloads, tar work, checks); null = `partition`."
+    )
+    account: str | None = ruled(Text(), None, help="Slurm account (--account); null = the user's default.")
+    qos: str | None = ruled(Text(), None, help="Slurm quality of service (--qos); null = none asked.")
+    gpus_per_node: int = ruled(
+        Range(0), 0, help="GPUs on each node; 0 = a cluster without GPUs (GPU stages are then refused)."
+    )
+    cpus_per_node: int | None = ruled(
+        Range(1), None, help="CPUs on each node, for the jobs that take a whole node; null = not stated."
+    )
+    gpu_job_mem: str | None = ruled(
+        SLURM_MEM,
+        None,
+        help='Memory for GPU jobs (--mem); "0" = all of the node\'s memory, as the AWS presets use.',
+    )
+    exclusive_gpu_jobs: bool = described(True, help="GPU jobs ask for whole nodes (--exclusive).")
+    time_limit: str = ruled(
+        SlurmTime(), "04:00:00", help="Default Slurm time limit of a job that states none of its own."
+    )
+    sbatch_extra_args: list[str] = ruled(
+        Each(SBATCH_FLAG), factory=list, help="Extra #SBATCH flags for every job, e.g. --reservation=x."
+    )
+    srun_extra_args: list[str] = ruled(
+        Each(SBATCH_FLAG), factory=list, help="Extra flags for every srun line, e.g. --mpi=pmix."
+    )
+    env: dict[str, str] = ruled(
+        Keys(ENV_NAME),
+        factory=dict,
+        help="Exported in every job and passed into the container (the presets' EFA/NCCL settings).",
+    )
+    local_parallelism: int | None = ruled(
+        Range(1), None, help="Local backend: array tasks run at once; null = the cores of this machine."
+    )
 
 
 @dataclass
 class ContainerConfig:
-    runtime: Runtime = Runtime.none
-    # An absolute .sqsh path or a registry reference such as nvcr.io#nvidia/nemo:24.07.
-    image: str | None = ruled(Text(), None)
-    mounts: list[str] = ruled(Each(MOUNT), factory=list)
-    workdir: str | None = ruled(ABS_PATH, None)
-    mount_home: bool = False
-    # Extra host variables handed over with --container-env (job env vars are always passed).
-    env_names: list[str] = ruled(Each(ENV_NAME), factory=list)
-    # Interpreter inside the job; null = this launcher's own interpreter (runtime none only).
-    python: str | None = ruled(Text(), None)
-    # Where this repository's code is seen by the job; null = this checkout's absolute path.
-    code_dir: str | None = ruled(ABS_PATH, None)
+    runtime: Runtime = described(
+        Runtime.none,
+        help="`pyxis` runs each step in `image` with srun --container-*; `none` runs on the host.",
+    )
+    image: str | None = ruled(
+        Text(), None, help="An absolute .sqsh path or a registry reference such as nvcr.io#nvidia/nemo:24.07."
+    )
+    mounts: list[str] = ruled(
+        Each(MOUNT), factory=list, help="Bind mounts (src:dst[:flags]) added to every containerised step."
+    )
+    workdir: str | None = ruled(
+        ABS_PATH, None, help="Working directory inside the container; null = pyxis's default."
+    )
+    mount_home: bool = described(
+        False, help="Mount the user's home into the container (pyxis --container-mount-home)."
+    )
+    env_names: list[str] = ruled(
+        Each(ENV_NAME),
+        factory=list,
+        help="Extra host variables handed over with --container-env (job variables always are).",
+    )
+    python: str | None = ruled(
+        Text(),
+        None,
+        help="Interpreter inside the job; null = this launcher's own interpreter (runtime none only).",
+    )
+    code_dir: str | None = ruled(
+        ABS_PATH,
+        None,
+        help="Where this repository's code is seen by the job; null = this checkout's absolute path.",
+    )
 
 
 @dataclass
 class JobResources:
-    cpus_per_task: int = ruled(Range(1), 2)
-    mem: str | None = ruled(SLURM_MEM, "8G")
-    time: str = ruled(SlurmTime(), "01:00:00")
+    cpus_per_task: int = ruled(
+        Range(1), 2, help="CPUs of each task (--cpus-per-task); tools size their worker pools from it."
+    )
+    mem: str | None = ruled(
+        SLURM_MEM, "8G", help="Memory of each job (--mem), e.g. 8G; null = the partition's default."
+    )
+    time: str = ruled(
+        SlurmTime(), "01:00:00", help="Time limit of each job (Slurm's forms: MM, HH:MM:SS, D-HH)."
+    )
 
 
 @dataclass
 class StepConfig:
-    enable: bool = True
+    enable: bool = described(True, help="Run this step; off, the later steps read what an earlier run left.")
     resources: JobResources = field(default_factory=JobResources)
 
 
@@ -100,11 +152,18 @@ class StepConfig:
 class CoreConfig:
     """The top-level keys every run has; launcher.registry adds `stages` and one section per stage."""
 
-    run_name: str = ruled(PATH_COMPONENT, "sd_pretrain")
-    base_results_dir: str = ruled(ABS_PATH, MISSING)
-    data_dir: str = ruled(ABS_PATH, MISSING)
-    dry_run: bool = False
-    # Extra environment variables exported in every job.
-    env: dict[str, str] = ruled(Keys(ENV_NAME), factory=dict)
+    run_name: str = ruled(
+        PATH_COMPONENT,
+        "sd_pretrain",
+        help="The run's folder under base_results_dir: scripts, logs, manifest and checkpoints.",
+    )
+    base_results_dir: str = ruled(ABS_PATH, MISSING, help="Where run folders are made.")
+    data_dir: str = ruled(
+        ABS_PATH, MISSING, help="Where data preparation writes and training reads (parquet, tars, wdinfo)."
+    )
+    dry_run: bool = described(False, help="Write every script and the plan, print them, submit nothing.")
+    env: dict[str, str] = ruled(
+        Keys(ENV_NAME), factory=dict, help="Extra environment variables exported in every job."
+    )
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     container: ContainerConfig = field(default_factory=ContainerConfig)

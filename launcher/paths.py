@@ -60,6 +60,10 @@ def relative_to_run(path: Path, run_dir: Path) -> str:
     return str(path)
 
 
+# The width every table the launcher prints fits in, however wide the terminal.
+TABLE_WIDTH = 100
+
+
 def shorten_left(text: str, width: int) -> str:
     """Keep the end (the file name with its job and task ids) when a path must be cut."""
     return text if len(text) <= width else "…" + text[-max(width - 1, 1) :]

@@ -29,7 +29,11 @@ STAGES: tuple[StageSpec, ...] = (
 def root_config_type(stages: Sequence[StageSpec] = STAGES) -> type:
     """The schema the composed YAML is merged onto: the core keys, `stages`, one section per stage."""
     names = tuple(stage.name for stage in stages)
-    chosen = ruled(Each(Choice(names), min_items=1), factory=lambda: ["data_preparation"])
+    chosen = ruled(
+        Each(Choice(names), min_items=1),
+        factory=lambda: ["data_preparation"],
+        help="The stages to run, in any order: they are planned in pipeline order, with what they need.",
+    )
     sections = [(stage.name, stage.config, field(default_factory=stage.config)) for stage in stages]
     return make_dataclass("RootConfig", [("stages", list[str], chosen), *sections], bases=(CoreConfig,))
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
-# The key of a dataclass field's metadata that holds its Rule.
+# The keys of a dataclass field's metadata that hold its Rule and its help text.
 RULE = "rule"
+HELP = "help"
 
 
 class Problem(NamedTuple):
@@ -44,11 +45,19 @@ class Rule:
         return Problem(key, value, reason, self.allowed) if reason else None
 
 
-def ruled(rule: Rule, default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None) -> Any:
-    """A dataclass field with its rule: `ruled(Range(1), 64)`, `ruled(Each(ENV_NAME), factory=list)`."""
+def ruled(
+    rule: Rule, default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None, help: str
+) -> Any:
+    """A dataclass field with its rule and help: `ruled(Range(1), 64, help="Tars per task.")`."""
+    metadata = {RULE: rule, HELP: help}
     if factory is not None:
-        return field(default_factory=factory, metadata={RULE: rule})
-    return field(default=default, metadata={RULE: rule})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def described(default: Any, *, help: str) -> Any:
+    """A boolean or enum field: its type is its whole rule (OmegaConf refuses anything else)."""
+    return field(default=default, metadata={HELP: help})
 
 
 @dataclass(frozen=True)

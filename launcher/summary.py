@@ -5,11 +5,8 @@ from __future__ import annotations
 import textwrap
 
 from launcher.backends import Request
-from launcher.paths import relative_to_run, shorten_left
+from launcher.paths import TABLE_WIDTH, relative_to_run, shorten_left
 from launcher.spec import DependencyKind, JobSpec
-
-# The width every table the launcher prints fits in, whatever the terminal says.
-WIDTH = 100
 
 
 def _after(job: JobSpec) -> str:
@@ -36,7 +33,7 @@ def _table(request: Request, job_ids: dict[str, str], title: str) -> None:
     ]
     headers = ["job", "job id", "array", "after", "log"]
     fixed = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:3])]
-    left = WIDTH - sum(fixed) - 2 * (len(headers) - 1)
+    left = TABLE_WIDTH - sum(fixed) - 2 * (len(headers) - 1)
     # As narrow as its longest job name: a job waiting for several shows one per line.
     after = max(len(word) for r in [*rows, headers] for word in r[3].split() or [""])
     table = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
@@ -46,13 +43,13 @@ def _table(request: Request, job_ids: dict[str, str], title: str) -> None:
     table.add_column("log", no_wrap=True, width=left - after - 2)
     for row in rows:
         table.add_row(*row[:-1], shorten_left(row[-1], left - after - 2))
-    Console(width=WIDTH).print(table)
+    Console(width=TABLE_WIDTH).print(table)
 
 
 def _notes_and_commands(request: Request) -> None:
     run_dir = request.plan.run_dir
     for note in request.plan.notes:
-        print(textwrap.fill(note, WIDTH, subsequent_indent="  "))
+        print(textwrap.fill(note, TABLE_WIDTH, subsequent_indent="  "))
     print(f"run folder (the paths above are relative to it): {run_dir}")
     print("manifest: manifest.json")
     print("watch it:")

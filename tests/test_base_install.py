@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -35,3 +36,38 @@ def test_each_step_is_a_documented_command(step: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "usage: " in done.stdout and "--" in done.stdout
+
+
+def _run_in(folder: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    folder.mkdir()
+    return subprocess.run(argv, capture_output=True, text=True, cwd=folder, timeout=120)
+
+
+def test_the_console_scripts_are_the_launcher_and_the_watcher(tmp_path: Path) -> None:
+    """`sd-launch` writes the same scripts as `python launcher/main.py`; `sd-status` is `python -m launcher`."""
+    bin_dir = Path(sys.executable).parent
+    overrides = ["cluster=slurm", "stages=[data_preparation]", "dry_run=true", "cluster.shared_dir=/fsx"]
+    runs = {}
+    for name, argv in {
+        "script": [sys.executable, str(REPO / "launcher" / "main.py")],
+        "installed": [str(bin_dir / "sd-launch")],
+    }.items():
+        done = _run_in(tmp_path / name, [*argv, *overrides, f"base_results_dir={tmp_path / name}"])
+        assert done.returncode == 0, done.stderr
+        run_dir = tmp_path / name / "sd_pretrain"
+        runs[name] = {
+            # The console script's shebang names the venv's python3, the script run names its python.
+            p.relative_to(run_dir): p.read_text()
+            .replace(str(tmp_path / name), "<results>")
+            .replace(f"{bin_dir}/python3 ", f"{bin_dir}/python ")
+            for p in sorted(run_dir.rglob("*.sbatch"))
+        }
+    assert runs["script"] and runs["script"] == runs["installed"]
+    done = subprocess.run(
+        [str(bin_dir / "sd-status"), "status", str(tmp_path / "installed" / "sd_pretrain")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "NOT_SUBMITTED" in done.stdout and "download_parquet" in done.stdout

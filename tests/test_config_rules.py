@@ -12,10 +12,9 @@ import dataclasses
 import os
 import sys
 import typing
-from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 from conftest import REPO, compose_config
@@ -24,12 +23,13 @@ from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.cli import launch
+from launcher.config_doc import optional_inner as _optional_inner
+from launcher.config_doc import schema_leaves
 from launcher.errors import ConfigError
 from launcher.registry import RootConfig
 from launcher.rules import (
     MAX_SLURM_TIME_S,
     PATH_COMPONENT,
-    RULE,
     Choice,
     Each,
     Keys,
@@ -44,34 +44,6 @@ from launcher.rules import (
 from launcher.stages.common import Facts
 
 
-class Leaf(NamedTuple):
-    key: str
-    type: Any  # the annotated type; None inside NeMo's free-form sections
-    annotation: str  # as written in the class
-    rule: Rule | None
-    where: str  # Class.field in launcher/config.py
-
-
-def _optional_inner(tp: Any) -> Any:
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
-
-
-def schema_leaves(cls: type, prefix: str = "") -> Iterator[Leaf]:
-    """Every value field of the schema, and every key a Nested rule declares inside NeMo's sections."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp, key = hints[f.name], f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(_optional_inner(tp)):
-            yield from schema_leaves(_optional_inner(tp), f"{key}.")
-            continue
-        rule = f.metadata.get(RULE)
-        where = f"{cls.__name__}.{f.name}"
-        yield Leaf(key, tp, str(f.type), rule, where)
-        if isinstance(rule, Nested):
-            yield from (Leaf(f"{key}.{sub}", None, "Any", r, where) for sub, r in rule.rules.items())
-
-
 def _type_is_the_rule(tp: Any) -> bool:
     """Booleans and enums: OmegaConf refuses every other value, so no rule is needed."""
     inner = _optional_inner(tp)
@@ -80,11 +52,11 @@ def _type_is_the_rule(tp: Any) -> bool:
 
 # What a field of each type would most often declare: the start of the hint in the failure message.
 RULE_HINTS = {
-    int: "ruled(Range(1), <default>)",
-    float: "ruled(Range(0, integer=False), <default>)",
-    str: "ruled(Text(), <default>)",
-    list: "ruled(Each(<item rule>), factory=list)",
-    dict: "ruled(Keys(ENV_NAME), factory=dict)",
+    int: "ruled(Range(1), <default>, help=...)",
+    float: "ruled(Range(0, integer=False), <default>, help=...)",
+    str: "ruled(Text(), <default>, help=...)",
+    list: "ruled(Each(<item rule>), factory=list, help=...)",
+    dict: "ruled(Keys(ENV_NAME), factory=dict, help=...)",
 }
 
 
@@ -93,7 +65,7 @@ def unruled(cls: type) -> list[str]:
     for leaf in schema_leaves(cls):
         if leaf.rule is None and not _type_is_the_rule(leaf.type):
             inner = _optional_inner(leaf.type)
-            hint = RULE_HINTS.get(typing.get_origin(inner) or inner, "ruled(<rule>, <default>)")
+            hint = RULE_HINTS.get(typing.get_origin(inner) or inner, "ruled(<rule>, <default>, help=...)")
             name = leaf.where.split(".")[1]
             out.append(
                 f"{leaf.key} ({leaf.where}) declares no rule: next to the field in launcher/config.py write "
@@ -117,7 +89,7 @@ def test_a_field_without_a_rule_is_reported_with_what_to_declare() -> None:
 
     [problem] = unruled(Toy)
     assert problem.startswith("workers (Toy.workers) declares no rule")
-    assert "`workers: int = ruled(Range(1), <default>)`" in problem
+    assert "`workers: int = ruled(Range(1), <default>, help=...)`" in problem
 
 
 # Strings that break some rule; each leaf gets the ones its own rule refuses.

@@ -25,8 +25,8 @@ from launcher.validate import check_facts, to_schema
 
 @dataclass
 class GreetingConfig:
-    greeting: str = ruled(Text(), "hello")
-    times: int = ruled(Range(1, 3), 1)
+    greeting: str = ruled(Text(), "hello", help="What the job prints.")
+    times: int = ruled(Range(1, 3), 1, help="How many times it prints it.")
 
 
 def _plan(ctx: Context) -> tuple[JobSpec, ...]:

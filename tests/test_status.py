@@ -43,8 +43,9 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared
 
 
-def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_run: Path) -> None:
-    done = run_status("results/sd_pretrain", cwd=demo_run)
+@pytest.mark.parametrize("columns", ["100", "250"])
+def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_run: Path, columns: str) -> None:
+    done = run_status("results/sd_pretrain", cwd=demo_run, env={"COLUMNS": columns})
     assert done.returncode == 0, done.stderr
     lines = [line.rstrip() for line in done.stdout.splitlines()]
     assert max(len(line) for line in lines) <= 100, done.stdout

@@ -8,6 +8,7 @@ again by hand at any time (it reads only files).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -189,11 +190,13 @@ def progress_lines(run_dir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m launcher.bench.report <run>/benchmark", file=sys.stderr)
-        return 2
-    path = write_report(Path(args[0]).resolve().parent)
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.bench.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("bench_dir", type=Path, help="<run>/benchmark, the sweep's folder")
+    path = write_report(parser.parse_args(argv).bench_dir.resolve().parent)
     print(path.read_text())
     print(f"written: {path}, report.csv, report.json, throughput.png")
     return 0

@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from launcher.config import JobResources, Runtime
-from launcher.rules import ABS_PATH, Each, Pattern, ruled
+from launcher.rules import ABS_PATH, Each, Pattern, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import StageSpec
 from launcher.stages.common import Context, cpu_resources, make_job, require_mounted
@@ -32,22 +32,35 @@ REPO_FILE = Pattern(
 class AssetConfig:
     """One Hub model repo pinned to a commit; only `files` are fetched, into `local_dir`."""
 
-    repo_id: str = ruled(HUB_REPO_ID, MISSING)
-    # A 40-hex commit sha: a branch name would let the files change under a running project.
-    revision: str = ruled(COMMIT_SHA, MISSING)
-    files: list[str] = ruled(Each(REPO_FILE, min_items=1), factory=list)
-    local_dir: str = ruled(ABS_PATH, MISSING)
+    repo_id: str = ruled(HUB_REPO_ID, MISSING, help="The Hub model repo.")
+    revision: str = ruled(
+        COMMIT_SHA,
+        MISSING,
+        help="A 40-hex commit sha: a branch name would let the files change under a running project.",
+    )
+    files: list[str] = ruled(
+        Each(REPO_FILE, min_items=1),
+        factory=list,
+        help="The repo files fetched (each checked against the Hub's size and sha256).",
+    )
+    local_dir: str = ruled(
+        ABS_PATH, MISSING, help="Where the files are staged; training and the checks read them there."
+    )
 
 
 @dataclass
 class AssetsConfig:
     """Pretrained parts of the model that training loads but never trains (CLIP text encoder, VAE)."""
 
-    # Downloaded by one CPU job before data preparation/data_check/training (when those run).
-    enable: bool = True
-    dir: str = ruled(ABS_PATH, MISSING)
-    # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
-    hf_token_file: str | None = ruled(ABS_PATH, None)
+    enable: bool = described(
+        True, help="Stage the pretrained CLIP and VAE in one CPU job before the jobs that read them."
+    )
+    dir: str = ruled(ABS_PATH, MISSING, help="The folder under which each asset's local_dir lies.")
+    hf_token_file: str | None = ruled(
+        ABS_PATH,
+        None,
+        help="A file holding the HF token, read at run time (HF_TOKEN in the job's environment also works).",
+    )
     text_encoder: AssetConfig = field(default_factory=AssetConfig)
     vae: AssetConfig = field(default_factory=AssetConfig)
     resources: JobResources = field(default_factory=JobResources)

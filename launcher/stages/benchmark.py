@@ -20,7 +20,7 @@ from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
 from launcher.bench.report import progress_lines
 from launcher.config import BackendName, JobResources
 from launcher.errors import ConfigError
-from launcher.rules import Each, Range, SlurmTime, ruled, slurm_time_seconds
+from launcher.rules import Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages import training
@@ -37,18 +37,29 @@ KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 class BenchmarkConfig:
     """The throughput sweep: one array per node count over the micro batch sizes (conf/benchmark/)."""
 
-    micro_batch_sizes: list[int] = ruled(Each(Range(1), min_items=1), factory=lambda: [32, 64, 128])
-    nodes: list[int] = ruled(Each(Range(1), min_items=1), factory=lambda: [1])
-    # Optimizer steps per task; the first warmup_steps are left out of every number.
-    max_steps: int = ruled(Range(1), 50)
-    warmup_steps: int = ruled(Range(0), 10)
-    # NeMo's synthetic data (no dataset, no loader cost); false reads the prepared data under data_dir.
-    synthetic_data: bool = True
-    time_per_task: str = ruled(SlurmTime(), "00:30:00")
-    # Array tasks of one node count running at once (null = as many as Slurm allows).
-    array_throttle: int | None = ruled(Range(1), None)
-    # Seconds between nvidia-smi samples of GPU memory beside each task.
-    memory_sample_s: float = ruled(Range(0, integer=False, above_lo=True), 2.0)
+    micro_batch_sizes: list[int] = ruled(
+        Each(Range(1), min_items=1),
+        factory=lambda: [32, 64, 128],
+        help="Micro batch sizes swept; one array task each per node count.",
+    )
+    nodes: list[int] = ruled(
+        Each(Range(1), min_items=1), factory=lambda: [1], help="Node counts swept; one job array each."
+    )
+    max_steps: int = ruled(Range(1), 50, help="Optimizer steps per task.")
+    warmup_steps: int = ruled(Range(0), 10, help="The first steps, left out of every number.")
+    synthetic_data: bool = described(
+        True,
+        help="NeMo's synthetic data (no dataset, no loader cost); false reads the prepared data under data_dir.",
+    )
+    time_per_task: str = ruled(SlurmTime(), "00:30:00", help="Time limit of each sweep task.")
+    array_throttle: int | None = ruled(
+        Range(1), None, help="Tasks of one node count running at once; null = as many as Slurm allows."
+    )
+    memory_sample_s: float = ruled(
+        Range(0, integer=False, above_lo=True),
+        2.0,
+        help="Seconds between nvidia-smi samples of GPU memory beside each task.",
+    )
     report_resources: JobResources = field(
         default_factory=lambda: JobResources(cpus_per_task=1, mem="4G", time="00:10:00")
     )

@@ -11,7 +11,7 @@ from launcher import nemo_config
 from launcher.config import BackendName, JobResources, Runtime
 from launcher.errors import ConfigError
 from launcher.quoting import q
-from launcher.rules import Range, Text, ruled
+from launcher.rules import Range, Text, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import StageSpec
 from launcher.stages.common import Context, Facts, cpu_resources, make_job
@@ -23,16 +23,25 @@ MAKE_NEMO_VENV = "python3 -m venv .venv-nemo && .venv-nemo/bin/pip install -r re
 
 @dataclass
 class DataCheckConfig:
-    enable: bool = True
-    # Interpreter with NeMo; null = training.run.python in a container, else the NeMo venv
-    # (.venv-nemo beside this checkout, see requirements-nemo.txt) or this launcher's own.
-    python: str | None = ruled(Text(), None)
-    batches: int = ruled(Range(1), 4)
-    # Also build NeMo's UNet, VAE (staged weights, every key) and text encoder on CPU.
-    model_check: bool = True
-    # NeMo's loader uses persistent workers: 0 is refused there.
-    num_workers: int = ruled(Range(1), 1)
-    micro_batch_size: int = ruled(Range(1), 4)
+    enable: bool = described(
+        True, help="Read the prepared data with NeMo's own loader on CPU before any GPU time."
+    )
+    python: str | None = ruled(
+        Text(),
+        None,
+        help=(
+            "Interpreter with NeMo; null = training.run.python in a container, else the NeMo venv"
+            " (.venv-nemo) or this launcher's own."
+        ),
+    )
+    batches: int = ruled(Range(1), 4, help="Batches NeMo's loader must yield.")
+    model_check: bool = described(
+        True, help="Also build NeMo's UNet, VAE (staged weights, every key) and text encoder on CPU."
+    )
+    num_workers: int = ruled(
+        Range(1), 1, help="Loader workers (NeMo's loader uses persistent workers: 0 is refused there)."
+    )
+    micro_batch_size: int = ruled(Range(1), 4, help="Samples per batch read by the check.")
     resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=4, mem="16G"))
 
 

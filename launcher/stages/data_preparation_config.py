@@ -8,27 +8,55 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.config import JobResources, StepConfig
-from launcher.rules import ABS_PATH, Choice, Each, Pattern, Range, Text, ruled
+from launcher.rules import ABS_PATH, Choice, Each, Pattern, Range, Text, described, ruled
 
 
 @dataclass
 class DownloadParquetConfig(StepConfig):
-    source: str = ruled(Text(), "laion/laion-art")
-    # HF commit (or tag/branch) to read; only for an HF source (repo id or hf://datasets/...).
-    revision: str | None = ruled(Text(), None)
-    pattern: str = ruled(Text(), "*.parquet")
-    url_col: str = ruled(Text(), "URL")
-    caption_col: str = ruled(Text(), "TEXT")
-    min_width: int | None = ruled(Range(0), None)
-    min_height: int | None = ruled(Range(0), None)
-    # LAION's punsafe/pwatermark are probabilities; its aesthetic score runs from 0 to 10.
-    max_punsafe: float | None = ruled(Range(0, 1, integer=False), None)
-    max_pwatermark: float | None = ruled(Range(0, 1, integer=False), None)
-    min_aesthetic: float | None = ruled(Range(0, 10, integer=False), None)
-    # A file holding the HF token (read at run time); HF_TOKEN in the job's environment also works.
-    hf_token_file: str | None = ruled(ABS_PATH, None)
-    # Keep only the first N rows that pass the filters (a smoke-size run); null = all.
-    max_rows: int | None = ruled(Range(1), None)
+    source: str = ruled(
+        Text(),
+        "laion/laion-art",
+        help="A Hugging Face dataset repo id, an hf://datasets/... URL, or a local folder of parquet.",
+    )
+    revision: str | None = ruled(
+        Text(),
+        None,
+        help="The Hub commit (or tag/branch) to read; only for a Hub source. Pin a commit for repeatable data.",
+    )
+    pattern: str = ruled(Text(), "*.parquet", help="Which parquet files of the source to read (a glob).")
+    url_col: str = ruled(Text(), "URL", help="The source's column holding image URLs.")
+    caption_col: str = ruled(Text(), "TEXT", help="The source's column holding captions.")
+    min_width: int | None = ruled(
+        Range(0), None, help="Drop rows whose width column is below this; null = no filter."
+    )
+    min_height: int | None = ruled(
+        Range(0), None, help="Drop rows whose height column is below this; null = no filter."
+    )
+    max_punsafe: float | None = ruled(
+        Range(0, 1, integer=False),
+        None,
+        help="Drop rows whose punsafe probability (LAION's column) is above this; null = no filter.",
+    )
+    max_pwatermark: float | None = ruled(
+        Range(0, 1, integer=False),
+        None,
+        help="Drop rows whose pwatermark probability (LAION's column) is above this; null = no filter.",
+    )
+    min_aesthetic: float | None = ruled(
+        Range(0, 10, integer=False),
+        None,
+        help="Drop rows whose aesthetic score (0 to 10, LAION's column) is below this; null = no filter.",
+    )
+    hf_token_file: str | None = ruled(
+        ABS_PATH,
+        None,
+        help="A file holding the HF token, read at run time (HF_TOKEN in the job's environment also works).",
+    )
+    max_rows: int | None = ruled(
+        Range(1),
+        None,
+        help="Keep only the first N rows that pass the filters (a smoke-size run); null = all.",
+    )
 
 
 # img2dataset 1.47.0's default: images whose X-Robots-Tag carries one of these are not downloaded.
@@ -37,22 +65,37 @@ ROBOTS_DIRECTIVES = ["noai", "noimageai", "noindex", "noimageindex"]
 
 @dataclass
 class DownloadImagesConfig(StepConfig):
-    array_throttle: int | None = ruled(Range(1), None)
-    image_size: int = ruled(Range(1), 256)
-    # img2dataset's resize modes.
-    resize_mode: str = ruled(
-        Choice(("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")), "center_crop"
+    array_throttle: int | None = ruled(
+        Range(1), None, help="Download tasks running at once (--array=...%N); null = as many as Slurm allows."
     )
-    # JPEG quality (img2dataset encodes jpg).
-    encode_quality: int = ruled(Range(0, 100), 95)
-    processes: int | None = ruled(Range(1), None)
-    threads: int | None = ruled(Range(1), None)
-    samples_per_shard: int = ruled(Range(1), 1000)
-    timeout: int = ruled(Range(1), 10)
-    retries: int = ruled(Range(0), 0)
-    # Added to img2dataset's User-Agent as "(compatible; <token>; +https://github.com/rom1504/img2dataset)".
-    user_agent_token: str | None = ruled(Text(), None)
-    disallowed_header_directives: list[str] = ruled(Each(Text()), factory=lambda: list(ROBOTS_DIRECTIVES))
+    image_size: int = ruled(
+        Range(1), 256, help="Side in pixels of the stored images (the training resolution)."
+    )
+    resize_mode: str = ruled(
+        Choice(("no", "border", "keep_ratio", "keep_ratio_largest", "center_crop")),
+        "center_crop",
+        help="img2dataset's resize mode.",
+    )
+    encode_quality: int = ruled(Range(0, 100), 95, help="JPEG quality of the stored images.")
+    processes: int | None = ruled(
+        Range(1), None, help="img2dataset processes per task; null = the task's CPUs."
+    )
+    threads: int | None = ruled(
+        Range(1), None, help="img2dataset download threads per process; null = its default."
+    )
+    samples_per_shard: int = ruled(Range(1), 1000, help="Images per tar written by img2dataset.")
+    timeout: int = ruled(Range(1), 10, help="Seconds before one image request is given up.")
+    retries: int = ruled(Range(0), 0, help="Further tries of a failed image request.")
+    user_agent_token: str | None = ruled(
+        Text(),
+        None,
+        help='Added to img2dataset\'s User-Agent as "(compatible; <token>; +https://github.com/rom1504/img2dataset)".',
+    )
+    disallowed_header_directives: list[str] = ruled(
+        Each(Text()),
+        factory=lambda: list(ROBOTS_DIRECTIVES),
+        help="Images whose X-Robots-Tag carries one of these are not downloaded (img2dataset's default list).",
+    )
 
 
 # A tar member suffix: joined with ',' on reorganize_tar's command line.
@@ -61,49 +104,84 @@ EXTENSION = Pattern(r"[A-Za-z0-9][A-Za-z0-9_.]*", "a file extension such as jpg 
 
 @dataclass
 class ReorganizeTarConfig(StepConfig):
-    num_tasks: int = ruled(Range(1), 1)
-    tar_chunk_size: int = ruled(Range(1), 1000)
-    extensions: list[str] = ruled(Each(EXTENSION, min_items=1), factory=lambda: ["jpg", "txt"])
-    keep_remainder: bool = False
+    num_tasks: int = ruled(Range(1), 1, help="Array tasks re-chunking the downloaded tars.")
+    tar_chunk_size: int = ruled(Range(1), 1000, help="Samples in each training tar.")
+    extensions: list[str] = ruled(
+        Each(EXTENSION, min_items=1),
+        factory=lambda: ["jpg", "txt"],
+        help="Tar members a sample must have to be kept (joined with ',' on the command line).",
+    )
+    keep_remainder: bool = described(
+        False, help="Keep the last, smaller tar instead of leaving its samples out."
+    )
 
 
 @dataclass
 class TarsConfig(StepConfig):
     """Bring your own webdataset tars (jpg + txt members): fetched (or linked) in place of the downloads."""
 
-    enable: bool = False
-    # A local folder (absolute path) or any fsspec URL (s3://..., hf://datasets/<repo>@<rev>/...).
-    source: str | None = ruled(Text(), None)
-    pattern: str = ruled(Text(), "*.tar")
-    hf_token_file: str | None = ruled(ABS_PATH, None)
+    enable: bool = described(
+        False, help="Bring your own webdataset tars (jpg + txt members) in place of the downloads."
+    )
+    source: str | None = ruled(
+        Text(),
+        None,
+        help="A local folder (absolute path) or any fsspec URL (s3://..., hf://datasets/<repo>@<rev>/...).",
+    )
+    pattern: str = ruled(Text(), "*.tar", help="Which files of the source are tars (a glob).")
+    hf_token_file: str | None = ruled(
+        ABS_PATH,
+        None,
+        help="A file holding the HF token, read at run time (HF_TOKEN in the job's environment also works).",
+    )
 
 
 @dataclass
 class GenerateWdinfoConfig(StepConfig):
-    verify: bool = False
+    verify: bool = described(
+        False, help="Open every tar and count its samples instead of trusting the re-chunking's index."
+    )
 
 
 @dataclass
 class DemoConfig:
-    enable: bool = False
-    # data_prep.demo needs at least 10 (one of each kind of broken row, and good ones).
-    num_images: int = ruled(Range(10), 240)
+    enable: bool = described(
+        False,
+        help="Make a small dataset on this machine (images served on 127.0.0.1) instead of a Hub source.",
+    )
+    num_images: int = ruled(
+        Range(10),
+        240,
+        help="Rows of the demo dataset (at least 10: one of each kind of broken row, and good ones).",
+    )
 
 
 @dataclass
 class PrecacheConfig:
-    enable: bool = False
-    # Array tasks of the encode job, each one GPU node running one process per GPU.
-    num_tasks: int = ruled(Range(1), 1)
-    # Images per VAE call on one GPU.
-    batch_size: int = ruled(Range(1), 64)
-    # Where NeMo's VAE and text encoder run: null = cuda on a cluster with GPUs, cpu without.
-    device: str | None = ruled(Choice(("cuda", "cpu")), None)
-    # Rows the source holds, for the storage estimate when download_parquet.max_rows is null.
-    rows_estimate: int | None = ruled(Range(1), None)
-    # NeMo's interpreter without a container (local backend); null = training.run.python in a
-    # container, else the NeMo venv beside this checkout (.venv-nemo).
-    python: str | None = ruled(Text(), None)
+    """Cached latents (docs/latents.md): encode every image once, then train from the stored latents."""
+
+    enable: bool = described(
+        False,
+        help="Encode every image once after the wdinfo (GPU array job) and train from the latents; "
+        "false trains from the images.",
+    )
+    num_tasks: int = ruled(
+        Range(1), 1, help="Array tasks of the encode job, each a GPU node running one process per GPU."
+    )
+    batch_size: int = ruled(Range(1), 64, help="Images per VAE call in one encode process.")
+    device: str | None = ruled(
+        Choice(("cuda", "cpu")), None, help="Where the encoders run; null = cuda with GPUs, cpu without."
+    )
+    rows_estimate: int | None = ruled(
+        Range(1),
+        None,
+        help="Rows the source holds, for the storage estimate when download_parquet.max_rows is null.",
+    )
+    python: str | None = ruled(
+        Text(),
+        None,
+        help="NeMo's interpreter; null = training.run.python in a container, else .venv-nemo of this checkout.",
+    )
     # Time per encode task (on GPU nodes it takes the whole node, like training); cpus/mem for CPU runs.
     resources: JobResources = field(
         default_factory=lambda: JobResources(cpus_per_task=8, mem="32G", time="04:00:00")
@@ -112,12 +190,11 @@ class PrecacheConfig:
 
 @dataclass
 class DataPreparationConfig:
-    num_partitions: int = ruled(Range(1), 64)
+    num_partitions: int = ruled(Range(1), 64, help="Parquet partitions, one download array task each.")
     demo: DemoConfig = field(default_factory=DemoConfig)
     download_parquet: DownloadParquetConfig = field(default_factory=DownloadParquetConfig)
     download_images: DownloadImagesConfig = field(default_factory=DownloadImagesConfig)
     tars: TarsConfig = field(default_factory=TarsConfig)
     reorganize_tar: ReorganizeTarConfig = field(default_factory=ReorganizeTarConfig)
     generate_wdinfo: GenerateWdinfoConfig = field(default_factory=GenerateWdinfoConfig)
-    # Cached latents: encode every image once after the wdinfo; training then reads the latents.
     precache: PrecacheConfig = field(default_factory=PrecacheConfig)

@@ -9,7 +9,7 @@ from typing import Any
 from launcher import nemo_config
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.quoting import q
-from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, ruled
+from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages import training_status
@@ -20,29 +20,69 @@ NAME = "training"
 
 @dataclass
 class TrainingRunConfig:
-    name: str = ruled(PATH_COMPONENT, "sd_860m_res_256")
-    time_limit: str | None = ruled(SlurmTime(), None)
-    # Jobs submitted one after the other (afterany + singleton): K x time_limit of training.
-    chain: int = ruled(Range(1), 1)
-    script: str = ruled(Text(), "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py")
-    # NeMo's interpreter (inside the container); null = the job interpreter.
-    python: str | None = ruled(Text(), "python3")
-    # NeMo stops and checkpoints this long before the job's time limit (exp_manager.max_time_per_run
-    # is derived from it); it also covers container start and model build, which NeMo's timer does not count.
-    stop_before_limit_s: int = ruled(Range(0), 1200)
-    # Slurm may requeue the job after a node failure or preemption; it resumes from its checkpoint.
-    requeue: bool = True
-    # Secrets are read inside the job from these files; never written into scripts or configs.
-    wandb_api_key_file: str | None = ruled(ABS_PATH, None)
-    hf_token_file: str | None = ruled(ABS_PATH, None)
+    name: str = ruled(
+        PATH_COMPONENT,
+        "sd_860m_res_256",
+        help="The training's name: its folder under the run folder and its Slurm job name.",
+    )
+    time_limit: str | None = ruled(
+        SlurmTime(), None, help="Time limit of each training job; null = cluster.time_limit."
+    )
+    chain: int = ruled(
+        Range(1),
+        1,
+        help="Jobs submitted one after the other (afterany + singleton), each resuming: K x time_limit of training.",
+    )
+    script: str = ruled(
+        Text(),
+        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py",
+        help="NeMo's sd_train.py inside the container.",
+    )
+    python: str | None = ruled(
+        Text(), "python3", help="NeMo's interpreter inside the container; null = the job interpreter."
+    )
+    stop_before_limit_s: int = ruled(
+        Range(0),
+        1200,
+        help=(
+            "NeMo stops and checkpoints this long before the job's limit (sets exp_manager.max_time_per_run);"
+            " also covers container start and model build."
+        ),
+    )
+    requeue: bool = described(
+        True,
+        help="Let Slurm requeue the job after a node failure or preemption; it resumes from its checkpoint.",
+    )
+    wandb_api_key_file: str | None = ruled(
+        ABS_PATH,
+        None,
+        help="A file holding the W&B key, read inside the job; never written into scripts or configs.",
+    )
+    hf_token_file: str | None = ruled(
+        ABS_PATH,
+        None,
+        help="A file holding the HF token, read inside the job; never written into scripts or configs.",
+    )
 
 
 @dataclass
 class TrainingConfig:
     run: TrainingRunConfig = field(default_factory=TrainingRunConfig)
-    trainer: dict[str, Any] = ruled(Nested(TRAINER_RULES), factory=dict)
-    exp_manager: dict[str, Any] = ruled(Nested(EXP_MANAGER_RULES), factory=dict)
-    model: dict[str, Any] = ruled(Nested(MODEL_RULES), factory=dict)
+    trainer: dict[str, Any] = ruled(
+        Nested(TRAINER_RULES),
+        factory=dict,
+        help="NeMo's trainer section, passed through (keys listed below are checked).",
+    )
+    exp_manager: dict[str, Any] = ruled(
+        Nested(EXP_MANAGER_RULES),
+        factory=dict,
+        help="NeMo's exp_manager section, passed through (keys listed below are checked).",
+    )
+    model: dict[str, Any] = ruled(
+        Nested(MODEL_RULES),
+        factory=dict,
+        help="NeMo's model section, passed through (keys listed below are checked).",
+    )
 
 
 def resources(ctx: Context) -> Resources:

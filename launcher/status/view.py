@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.data_status import data_counts
-from launcher.paths import newest_log, relative_to_run, shorten_left
+from launcher.paths import TABLE_WIDTH, newest_log, relative_to_run, shorten_left
 from launcher.registry import STAGES
 from launcher.status.states import JobStatus, status
 
@@ -89,7 +89,7 @@ def print_status(run_dir: Path, watch_s: float | None) -> int:
     live = Live(console=console, auto_refresh=False) if watch_s and console.is_terminal else None
     with live or contextlib.nullcontext():
         while True:
-            view, ended = status_view(run_dir, console.width)
+            view, ended = status_view(run_dir, min(console.width, TABLE_WIDTH))
             if live is not None:
                 live.update(view, refresh=True)
             else:

@@ -1,0 +1,118 @@
+"""The README and docs/: every relative link resolves (file and #anchor), and the README stays short."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+README_MAX_LINES = 150
+FENCE = re.compile(r"^\s*(```|~~~)")
+CODE_SPAN = re.compile(r"`+[^`]*`+")
+LINK = re.compile(r"\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
+EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)  # https:, mailto:, ...
+
+
+def doc_files(repo: Path = REPO) -> list[Path]:
+    return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+
+
+def prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks, with inline code spans blanked out: links and headings
+    are only read where GitHub renders them."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            lines.append(CODE_SPAN.sub("", line))
+    return lines
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: the rendered text (markup dropped) lowercased, punctuation other
+    than '-' and '_' removed, each space a '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
+    text = text.replace("`", "").replace("*", "")
+    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a Markdown file; a repeated heading gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    found = set()
+    for line in prose_lines(path.read_text()):
+        match = HEADING.match(line)
+        if not match:
+            continue
+        base = slug(match.group(1))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def broken_links(path: Path) -> list[str]:
+    """`<file>: <target>: <why>` for every relative link of `path` that does not resolve."""
+    problems = []
+    for line in prose_lines(path.read_text()):
+        for target in LINK.findall(line):
+            if EXTERNAL.match(target):
+                continue
+            file_part, _, anchor = target.partition("#")
+            linked = (path.parent / file_part).resolve() if file_part else path
+            if not linked.exists():
+                problems.append(f"{path.name}: {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                problems.append(f"{path.name}: {target}: no heading with that anchor in {linked.name}")
+    return problems
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(path: Path) -> None:
+    assert broken_links(path) == []
+
+
+def test_readme_is_short() -> None:
+    lines = len((REPO / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move details into docs/"
+
+
+@pytest.mark.parametrize(
+    ("heading", "anchor"),
+    [
+        (
+            "Checking the data before any GPU time (data_check)",
+            "checking-the-data-before-any-gpu-time-data_check",
+        ),
+        ("Quick start (fresh Debian/Ubuntu machine)", "quick-start-fresh-debianubuntu-machine"),
+        ("The `status` view: 100 columns", "the-status-view-100-columns"),
+        ("[Links](x.md) in **bold**", "links-in-bold"),
+    ],
+)
+def test_slug_follows_github(heading: str, anchor: str) -> None:
+    assert slug(heading) == anchor
+
+
+def test_broken_files_and_anchors_are_found(tmp_path: Path) -> None:
+    """The checker itself: a missing file, a missing anchor, a repeated heading's -1 anchor, and a link
+    shown as code (not a link on GitHub)."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/a.md").write_text("# Title\n\n## Same\n\n## Same\n\n```\n## Not a heading\n```\n")
+    (tmp_path / "README.md").write_text(
+        "[ok](docs/a.md#same-1) [ok](docs/a.md#title) [ok](#top-part) [web](https://example.com/x)\n"
+        "# Top part\n"
+        "[gone](docs/b.md) [no anchor](docs/a.md#same-2) [fenced](docs/a.md#not-a-heading)\n"
+        "`[code](docs/none.md)`\n"
+    )
+    assert broken_links(tmp_path / "README.md") == [
+        "README.md: docs/b.md: no such file",
+        "README.md: docs/a.md#same-2: no heading with that anchor in a.md",
+        "README.md: docs/a.md#not-a-heading: no heading with that anchor in a.md",
+    ]
+    assert doc_files(tmp_path) == [tmp_path / "README.md", tmp_path / "docs/a.md"]
