@@ -53,6 +53,8 @@ def training_overrides(cfg: Any, layout: DataLayout) -> dict[str, Any]:
 
 def _check_keys(cfg: Any) -> None:
     model = cfg.training.model
+    if model.get("data", {}).get("synthetic_data"):
+        return  # no tars are read: NeMo's synthetic data yields either kind (SDSyntheticDataset)
     keys = {name: str(model.get(name, "")) for name in ("first_stage_key", "cond_stage_key")}
     latent = [name for name, value in keys.items() if fmt.is_latent_key(value)]
     if not cfg.data_preparation.precache.enable:
