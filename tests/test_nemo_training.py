@@ -8,6 +8,7 @@ as the assets job lays them out. Only sizes, asset paths and the device differ f
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -142,7 +143,10 @@ def test_nemo_stops_itself_and_checkpoints_before_the_job_limit(shared: Path, ne
     assert "max_time_per_run: 00:00:00:08" in config.read_text()  # 21 min less 1252 s
     proc = run_sd_train(nemo_python, config, shared / "timed.log")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Time limit reached. Elapsed time is 0:00:08" in (shared / "timed.log").read_text()
+    # NeMo's StatelessTimer looks at the clock after each step: it fires on the first step end past 8 s,
+    # later on a loaded machine.
+    fired = re.search(r"Time limit reached\. Elapsed time is 0:00:(\d\d)", (shared / "timed.log").read_text())
+    assert fired and 8 <= int(fired[1]) < 60
     progress = read_training_progress(shared / "timed.log", global_batch_size=2, num_gpus=1)
     assert progress is not None and 1 <= progress.last_step < 100000
     last = [name for name in _checkpoints(config) if name.endswith("-last.ckpt")]
