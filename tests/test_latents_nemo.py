@@ -31,6 +31,7 @@ from launcher.cli import launch
 pytestmark = pytest.mark.slow
 
 AUG = "training.model.data.train.augmentations"
+LATENTS = "data_preparation.precache.enable=true"
 SMALL = [
     f"{AUG}.resize_smallest_side=64",
     f"{AUG}.center_crop_h_w='64, 64'",
@@ -146,7 +147,7 @@ def test_stored_moments_equal_nemos_vae_output_for_the_same_image(shared: Path, 
 
 
 def test_nemo_sd_train_trains_two_steps_from_the_latents(shared: Path, nemo_python: str) -> None:
-    config = render_training(shared, "from_latents", "training.trainer.max_steps=2", *SMALL)
+    config = render_training(shared, "from_latents", LATENTS, "training.trainer.max_steps=2", *SMALL)
     rendered = config.read_text()
     assert "first_stage_key: image_encoded" in rendered and "cond_stage_key: captions_encoded" in rendered
     assert f"local_root_path: {shared}/data/tarfiles_latents" in rendered
@@ -173,7 +174,7 @@ def _data_check(nemo_python: str, config: Path, report: Path) -> dict:
 
 
 def test_data_check_reads_the_latents_with_nemos_precached_loader(shared: Path, nemo_python: str) -> None:
-    config = render_training(shared, "check", *SMALL)
+    config = render_training(shared, "check", LATENTS, *SMALL)
     report = _data_check(nemo_python, config, shared / "check.json")
     assert report["ok"], report["errors"]
     loader = report["loader"]

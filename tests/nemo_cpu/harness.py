@@ -31,7 +31,8 @@ def write_tiny_assets(nemo_python: str, shared_dir: Path) -> None:
 
 
 def render_training(shared_dir: Path, run_name: str, *overrides: str) -> Path:
-    """The training config exactly as `stages=[training]` writes it for a 1-GPU node, made tiny."""
+    """The training config exactly as `stages=[training]` writes it for a 1-GPU node, made tiny; from the
+    demo's image tars unless an override turns the cached latents on (the slurm preset's default)."""
     launch(
         compose_config(
             [
@@ -43,6 +44,7 @@ def render_training(shared_dir: Path, run_name: str, *overrides: str) -> Path:
                 "data_check.enable=false",
                 "dry_run=true",
                 f"run_name={run_name}",
+                "data_preparation.precache.enable=false",
                 *TINY_OVERRIDES,
                 *overrides,
             ]
