@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from data_prep.faults import naming
+
 # Every temporary name ends so, which lets a step recognise and drop leftovers of a killed run.
 TEMP_SUFFIX = ".tmp"
 
@@ -39,9 +41,10 @@ def atomic_path(final: Path, mode: int = 0o644) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_beside(final)
     try:
-        yield tmp
-        os.chmod(tmp, mode)
-        os.replace(tmp, final)
+        with naming(final):  # a full disk met by os.write names no file: this one is named
+            yield tmp
+            os.chmod(tmp, mode)
+            os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

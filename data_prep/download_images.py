@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 from data_prep.atomic import write_json_atomic
 from data_prep.download_images_options import THREADS_PER_PROCESS, ImageOptions, RunOptions, parse_options
 from data_prep.progress import exit_status, log, read_json, task_cpus
+from data_prep.url_policy import describe, web_mask
 
 STEP = "download_images"
 PLACEHOLDER = r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}"  # RE2 syntax, for pyarrow
@@ -172,16 +173,29 @@ def done_marker(marker: Path, image: ImageOptions) -> dict[str, Any] | None:
     return done
 
 
-def prepare_url_list(source: Path, work_dir: Path) -> tuple[Path, int]:
-    """The partition as img2dataset should read it (placeholders expanded) and its row count."""
+def prepare_url_list(source: Path, work_dir: Path) -> tuple[Path, int, int, dict[str, int]]:
+    """The partition as img2dataset should read it: placeholders expanded, non-web URLs dropped (a
+    parquet written by another tool never went through download_parquet's URL policy). Returns its
+    path, the partition's row count, the rows handed to img2dataset and the refused ones by reason."""
     table = pq.read_table(source, columns=["url", "caption"])
     expanded, names = expand_placeholders(table)
-    if not names:
-        return source, table.num_rows
+    refused: Counter[str] = Counter()
+    web = web_mask(expanded.column("url"), refused)
+    if refused:
+        expanded = expanded.filter(web)
+        log(
+            STEP, f"{describe(dict(refused))}: not fetched, only http(s) images are (docs/hostile-sources.md)"
+        )
+    if not names and not refused:
+        return source, table.num_rows, table.num_rows, {}
     resolved = work_dir / source.name
     pq.write_table(expanded, resolved)
-    log(STEP, "expanded " + ", ".join("${" + name + "}" for name in names) + " in URLs from the environment")
-    return resolved, table.num_rows
+    if names:
+        log(
+            STEP,
+            "expanded " + ", ".join("${" + name + "}" for name in names) + " in URLs from the environment",
+        )
+    return resolved, table.num_rows, expanded.num_rows, dict(refused)
 
 
 def run(opts: RunOptions) -> dict[str, Any]:
@@ -200,8 +214,12 @@ def run(opts: RunOptions) -> dict[str, Any]:
         )
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"{STEP}-") as work_dir:
-        url_list, rows = prepare_url_list(source, Path(work_dir))
-        num_shards = math.ceil(rows / opts.image.samples_per_shard)
+        url_list, rows, fetched, refused = prepare_url_list(source, Path(work_dir))
+        if rows and not fetched:
+            raise DownloadError(
+                f"partition {opts.partition}: all {rows:,} URLs refused ({describe(refused)})"
+            )
+        num_shards = math.ceil(fetched / opts.image.samples_per_shard)
         done_before = shard_stats(folder, num_shards)[0] if folder.is_dir() else {}
         processes, threads = workers(opts, task_cpus(), num_shards - len(done_before))
         log(
@@ -221,6 +239,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
             f"stats file in {folder} (crashed or killed); rerun to resume the missing shards"
         )
     summary = summarize(opts.partition, rows, stats, opts.image)
+    summary["urls_refused"] = refused
     if rows and summary["successes"] == 0:
         raise DownloadError(
             f"partition {opts.partition}: none of {rows:,} images could be downloaded "

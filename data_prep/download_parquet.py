@@ -10,16 +10,19 @@ the same source listing and options finds a matching manifest and does nothing.
 
 Design:
 - Two streaming passes over record batches, never a whole table in memory. Pass 1 counts the rows
-  that survive the filters (from parquet metadata alone when there is no filter; otherwise it reads
-  only the filter columns). Knowing the total, pass 2 gives partition i the contiguous rows
-  [start_i, start_i + size_i): deterministic, source order kept, one open writer at a time.
+  that survive the filters and the URL policy, reading only the URL and filter columns. Knowing the
+  total, pass 2 gives partition i the contiguous rows [start_i, start_i + size_i): deterministic,
+  source order kept, one open writer at a time.
 - `--max-rows N` keeps the first N rows that pass the filters, in source order (a smoke-size run
   of any dataset); pass 1 stops counting once N rows are found, so later files are never read.
 - Column names match case-insensitively (PD12M has id, url, caption, width, height, mime_type,
   hash, license, source; laion/laion-art has URL, TEXT, WIDTH, HEIGHT, similarity, LANGUAGE,
   hash, pwatermark, punsafe, aesthetic; other LAION subsets name the last AESTHETIC_SCORE).
 - A filter drops rows whose value is null. Rows with a null URL are kept: img2dataset counts them
-  as failed downloads, and detecting them here would mean reading the largest column twice.
+  as failed downloads.
+- Only web images are fetched (data_prep.url_policy): rows whose URL is not http(s), or points at a
+  link-local or cloud-metadata address, are dropped and counted by reason (`urls_refused`). This is
+  why pass 1 reads the URL column, the largest, even without a filter.
 - Sources (HF repo at a pinned --revision, fsspec URL, folder) and the token: data_prep.source.
 """
 
@@ -50,6 +53,7 @@ from data_prep.parquet_partitions import (
 )
 from data_prep.progress import Progress, exit_status, log, read_json
 from data_prep.source import DataPrepError, list_files, open_source, read_token, source_url
+from data_prep.url_policy import URL_POLICY, describe, web_mask
 
 STEP = "download_parquet"
 BATCH_ROWS = 65_536
@@ -84,29 +88,40 @@ def schema_names(fs: AbstractFileSystem, path: str) -> tuple[list[str], int]:
         return parquet.schema_arrow.names, parquet.metadata.num_rows
 
 
+def row_mask(
+    batch: pa.RecordBatch,
+    plan: FilePlan,
+    opts: Options,
+    dropped: Counter[str] | None,
+    refused: Counter[str] | None,
+) -> pa.BooleanArray:
+    """Rows kept: passing every filter, then holding a web URL (url_policy); each drop counted once."""
+    alive = keep_mask(batch, plan, opts.filters, dropped)
+    # Rows a filter dropped become null here, which web_mask keeps and does not count.
+    urls = pc.if_else(alive, pc.cast(batch.column(plan.url), pa.string()), pa.scalar(None, pa.string()))
+    return pc.and_(alive, web_mask(urls, refused))
+
+
 def count_pass(
     fs: AbstractFileSystem, plans: list[FilePlan], opts: Options
-) -> tuple[list[FilePlan], int, int, Counter[str]]:
+) -> tuple[list[FilePlan], int, int, Counter[str], Counter[str]]:
     """Pass 1: resolve columns of every file and count rows read and kept (stopping at --max-rows)."""
     resolved: list[FilePlan] = []
     rows_read = rows_kept = 0
     dropped: Counter[str] = Counter({name: 0 for name in opts.filters})
+    refused: Counter[str] = Counter()
     progress = Progress(STEP, "rows")
     limit = opts.max_rows if opts.max_rows is not None else float("inf")
     for i, plan in enumerate(plans, start=1):
         if rows_kept >= limit:
             break
-        names, num_rows = schema_names(fs, plan.path)
+        names, _ = schema_names(fs, plan.path)
         plan = resolve_columns(plan, names, opts.url_col, opts.caption_col, opts.filters)
         resolved.append(plan)
-        if not plan.filter_cols:  # no filter: the footer alone gives the count
-            rows_read += num_rows
-            rows_kept += num_rows
-            progress.add(num_rows, f"counting, file {i}/{len(plans)}")
-            continue
-        for batch in iter_batches(fs, plan, [column for _, column in plan.filter_cols]):
+        columns = list(dict.fromkeys([plan.url, *(column for _, column in plan.filter_cols)]))
+        for batch in iter_batches(fs, plan, columns):
             rows_read += batch.num_rows
-            rows_kept += pc.sum(keep_mask(batch, plan, opts.filters, dropped)).as_py() or 0
+            rows_kept += pc.sum(row_mask(batch, plan, opts, dropped, refused)).as_py() or 0
             progress.add(batch.num_rows, f"counting, file {i}/{len(plans)}")
             if rows_kept >= limit:
                 break
@@ -117,7 +132,9 @@ def count_pass(
             f"--max-rows {opts.max_rows:,}: keeping the first {opts.max_rows:,} rows that pass the "
             f"filters (read {len(resolved)} of {len(plans)} file(s))",
         )
-    return resolved, rows_read, int(min(rows_kept, limit)), dropped
+    if refused:
+        log(STEP, f"{describe(dict(refused))}: only http(s) images are fetched (docs/hostile-sources.md)")
+    return resolved, rows_read, int(min(rows_kept, limit)), dropped, refused
 
 
 def to_output(batch: pa.RecordBatch, plan: FilePlan, mask: pa.BooleanArray) -> pa.Table:
@@ -136,7 +153,7 @@ def write_pass(fs: AbstractFileSystem, plans: list[FilePlan], opts: Options, tot
         for i, plan in enumerate(plans, start=1):
             columns = list(dict.fromkeys([plan.url, plan.caption, *(c for _, c in plan.filter_cols)]))
             for batch in iter_batches(fs, plan, columns):
-                table = to_output(batch, plan, keep_mask(batch, plan, opts.filters, None))
+                table = to_output(batch, plan, row_mask(batch, plan, opts, None, None))
                 if opts.max_rows is not None:  # the first max_rows kept rows, as pass 1 counted them
                     table = table.slice(0, writer.remaining)
                 writer.write(table)
@@ -164,6 +181,7 @@ def inputs_record(opts: Options, url: str, plans: list[FilePlan]) -> dict[str, A
         "filters": dict(sorted(opts.filters.items())),
         "num_partitions": opts.num_partitions,
         "max_rows": opts.max_rows,
+        "url_policy": URL_POLICY,
     }
 
 
@@ -191,7 +209,7 @@ def run(opts: Options) -> dict[str, Any]:
     manifest_path.unlink(missing_ok=True)  # partitions are about to change: no stale marker
     log(STEP, f"{len(plans)} file(s) from {url} -> {opts.num_partitions} partitions in {opts.output_dir}")
     started = time.monotonic()
-    plans, rows_read, rows_kept, dropped = count_pass(fs, plans, opts)
+    plans, rows_read, rows_kept, dropped, refused = count_pass(fs, plans, opts)
     if rows_kept < opts.num_partitions:
         raise DataPrepError(
             f"--num-partitions {opts.num_partitions}: only {rows_kept} row(s) pass the filters; "
@@ -206,6 +224,7 @@ def run(opts: Options) -> dict[str, Any]:
         "rows_read": rows_read,
         "rows_kept": rows_kept,
         "rows_dropped": dict(dropped),
+        "urls_refused": dict(refused),
         "partitions": [{"file": part_name(i), "rows": n} for i, n in enumerate(sizes)],
         "seconds": round(seconds, 3),
     }

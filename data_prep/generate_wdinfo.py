@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from data_prep.progress import log, read_json
+from data_prep.progress import exit_status, log, read_json
 from data_prep.reorganize_tar import COUNTS_DIR
 from data_prep.tario import scan_members, split_key
 from data_prep.wdinfo import Wdinfo, WdinfoError, write_wdinfo
@@ -113,12 +113,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return exit_status(STEP, lambda: run(args), WdinfoError, 1)
+
+
+def run(args: argparse.Namespace) -> None:
     output = args.output or args.tar_dir / "wdinfo.pkl"
-    try:
-        info = build_wdinfo(args.tar_dir, args.chunk_size, args.verify)
-    except WdinfoError as err:
-        print(f"{STEP}: error: {err}", file=sys.stderr)
-        return 1
+    info = build_wdinfo(args.tar_dir, args.chunk_size, args.verify)
     write_wdinfo(output, info)
     short = info.total_key_count - (len(info.tar_files) - 1) * args.chunk_size
     log(
@@ -127,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         f"total_key_count {info.total_key_count:,}"
         + (f" (last tar short: {short} samples)" if short != args.chunk_size else ""),
     )
-    return 0
 
 
 if __name__ == "__main__":

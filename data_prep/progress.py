@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from data_prep.faults import environment_fault
+
 
 def log(step: str, message: str) -> None:
     """One line to stdout, flushed so Slurm log files show it at once."""
@@ -62,12 +64,22 @@ class Progress:
         )
 
 
-def exit_status(step: str, work: Callable[[], object], errors: type[Exception], status: int) -> int:
-    """Run a step; its expected error is one line on stderr and exit `status`, never a traceback."""
+def exit_status(
+    step: str, work: Callable[[], object], errors: type[Exception] | tuple[type[Exception], ...], status: int
+) -> int:
+    """Run a step; its expected errors, and faults of the environment (data_prep.faults: a full disk, a
+    permission...), are one line on stderr naming the path and the cause and exit `status`, never a
+    traceback."""
     try:
         work()
     except errors as exc:
         print(f"{step}: error: {exc}", file=sys.stderr, flush=True)
+        return status
+    except OSError as exc:
+        fault = environment_fault(exc)
+        if fault is None:
+            raise
+        print(f"{step}: error: {fault}", file=sys.stderr, flush=True)
         return status
     return 0
 

@@ -3,10 +3,11 @@
 Design (why each task can own a disjoint range of outputs and the bytes never depend on the task count):
 
 1. Index. Every shard's 512-byte headers are walked once (tario.scan_members) and its complete
-   samples (all wanted members present) are stored in key order as a small index under
+   samples (all wanted members present, the image's markers those of a complete JPEG or PNG:
+   data_prep.image_check) are stored in key order as a small index under
    `<output-dir>/_index/` (`.bin` extents, then a `.json` commit record carrying the shard's
    size/mtime). Every task needs every shard's complete-sample count, because the count of samples
-   dropped for a missing member is only known after reading. Tasks start at different shards
+   dropped for a missing member or an undecodable image is only known after reading. Tasks start at different shards
    (rotated by task index) and reuse any index another task already committed, so N parallel
    tasks scan each shard about once, not N times. A stats file's `successes` is only cross-checked.
 2. Plan. Samples are ordered by (partition folder, shard name, key): for img2dataset this is
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
-from data_prep.progress import log, read_json
+from data_prep.progress import exit_status, log, read_json
 from data_prep.reorganize_plan import STEP, Plan, ReorganizeError, discover_shards, make_plan
 from data_prep.shard_index import Shard, load_extents, load_or_build_index
 from data_prep.tar_writer import TarAppender
@@ -180,6 +181,7 @@ def _summary(metas: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
         "samples_complete": plan.total,
         "outputs": plan.outputs,
         "dropped_missing_member": sum(m["incomplete"] for m in metas),
+        "dropped_undecodable": sum(m["undecodable"] for m in metas),
         "remainder_dropped": plan.total - min(plan.total, plan.outputs * plan.chunk_size),
         "bad_shards": [{"shard": m["shard"], "error": m["error"]} for m in metas if m["error"]],
         "stats_mismatch": [
@@ -241,6 +243,7 @@ def run_task(args: argparse.Namespace) -> dict[str, Any]:
         STEP,
         f"{prefix} done in {report['seconds']:.1f}s: {written} tars written, {hi - lo - written} kept, "
         f"{summary['dropped_missing_member']} samples dropped (missing member), "
+        f"{summary['dropped_undecodable']} dropped (undecodable image), "
         f"{summary['remainder_dropped']} remainder dropped, {len(summary['bad_shards'])} bad shards",
     )
     return report
@@ -316,12 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        run_task(args)
-    except (ReorganizeError, TarFormatError) as err:
-        print(f"{STEP}: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(STEP, lambda: run_task(args), (ReorganizeError, TarFormatError), 1)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import atomic_path, write_json_atomic
+from data_prep.image_check import drop_undecodable
 from data_prep.progress import read_json
 from data_prep.tario import index_samples, scan_members
 
-INDEX_VERSION = 1  # bump when the index format or the sample rules change
+INDEX_VERSION = 2  # bump when the index format or the sample rules change (2: undecodable images dropped)
 
 
 @dataclass(frozen=True)
@@ -56,19 +57,24 @@ def _scan_shard(shard: Shard, extensions: list[str]) -> tuple[dict[str, Any], ar
         "extensions": extensions,
         "stats_successes": shard.stats_successes,
     }
+    undecodable = 0
     if not shard.finished:
-        members, error = [], "no _stats.json: img2dataset never finished this shard; skipped"
+        index, error = (
+            index_samples([], extensions),
+            "no _stats.json: img2dataset never finished this shard; skipped",
+        )
     elif st.st_size == 0:
-        members, error = [], "empty file"
+        index, error = index_samples([], extensions), "empty file"
     else:
         with open(shard.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             members, error = scan_members(mm, st.st_size)
-    index = index_samples(members, extensions)
+            index, undecodable = drop_undecodable(mm, index_samples(members, extensions), extensions)
     meta.update(
         samples=len(index.keys),
         incomplete=index.incomplete,
+        undecodable=undecodable,
         error=error,
-        keys_seen=len(index.keys) + index.incomplete,
+        keys_seen=len(index.keys) + index.incomplete + undecodable,
     )
     return meta, index.extents
 

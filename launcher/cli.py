@@ -18,7 +18,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import backends, manifest, nemo_config, precache, preflight, summary
+from launcher import backends, manifest, nemo_config, precache, preflight, relaunch, summary
+from launcher.config import Resubmit
 from launcher.errors import LauncherError
 from launcher.layout import DataLayout
 from launcher.pipeline import build_plan
@@ -35,6 +36,8 @@ def _preflight(cfg: Any) -> None:
     found = preflight.check(cfg, Path(wdinfo), world)
     for note in found.notes:
         print(f"preflight: {note}")
+    for warning in found.warnings:
+        print(f"preflight warning: {warning}", file=sys.stderr)
     if found.problems and not cfg.dry_run:
         raise LauncherError("preflight failed:\n  " + "\n  ".join(found.problems))
     for problem in found.problems:
@@ -59,20 +62,31 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     check_facts(cfg, facts)
     _preflight(cfg)
     plan = build_plan(cfg, facts)
-    request = backends.prepare(plan)
-    run_dir = plan.run_dir
+    backend_name = cfg.cluster.backend.value
+    # One launch of a run folder at a time, and never while its jobs are live (launcher.relaunch); the
+    # local backend runs its jobs inside this lock.
+    with relaunch.run_lock(plan.run_dir):
+        request = relaunch.request_for(plan, cfg.resubmit is Resubmit.missing, backend_name)
+        _submit(cfg, composed, request, backend_name)
+    return plan.run_dir
+
+
+def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_name: str) -> None:
+    run_dir = request.plan.run_dir
+    if not request.scripts and request.kept:
+        print(f"nothing to submit: every job of {run_dir} completed or is still queued or running")
+        return
     manifest.write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(composed, resolve=True))
     if cfg.dry_run:
         backends.write_files(request)
-        manifest.save(run_dir, backends.records(request, {}, "dry_run"))
+        if not request.kept:  # a dry run of resubmit=missing leaves the earlier launch's manifest alone
+            manifest.save(run_dir, backends.records(request, {}, "dry_run"))
         summary.dry_run(request)
-        return run_dir
-    backend_name = cfg.cluster.backend.value
+        return
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)
     summary.submitted(request, job_ids, backend_name, cfg.data_dir)
-    return run_dir
 
 
 CONF = REPO / "conf"

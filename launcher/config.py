@@ -39,6 +39,13 @@ class BackendName(str, Enum):
     slurm = "slurm"
 
 
+class Resubmit(str, Enum):
+    """What a launch of a run folder that was launched before submits (launcher.relaunch)."""
+
+    all = "all"  # every job; refused while any job of the run is still queued or running
+    missing = "missing"  # only the jobs that did not complete, waiting on those still live
+
+
 class Runtime(str, Enum):
     pyxis = "pyxis"
     none = "none"
@@ -162,6 +169,11 @@ class CoreConfig:
         ABS_PATH, MISSING, help="Where data preparation writes and training reads (parquet, tars, wdinfo)."
     )
     dry_run: bool = described(False, help="Write every script and the plan, print them, submit nothing.")
+    resubmit: Resubmit = described(
+        Resubmit.all,
+        help="Launching a run folder again: all = every job, refused while any job of the run is queued or "
+        "running; missing = only the jobs that did not complete, waiting on the live ones (docs/relaunch.md).",
+    )
     env: dict[str, str] = ruled(
         Keys(ENV_NAME), factory=dict, help="Extra environment variables exported in every job."
     )

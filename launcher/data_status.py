@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from data_prep.url_policy import describe
 from data_prep.wdinfo import WdinfoError, read_wdinfo
 from launcher.layout import DataLayout
 
@@ -51,6 +53,12 @@ def partition_rates(raw_tar_dir: Path) -> list[tuple[str, str]]:
     return rows
 
 
+def _refused(counts: dict[str, int] | None) -> str:
+    """`; 3 non-web URL(s) refused (scheme file 2, ...)` when any were (data_prep.url_policy)."""
+    text = describe(dict(counts or {}))
+    return f"; {text}" if text else ""
+
+
 def _reorganized(tar_dir: Path) -> str | None:
     counts = [c for p in sorted(Path(tar_dir, "_counts").glob("*.json")) if (c := _json(p))]
     if not counts:
@@ -58,6 +66,8 @@ def _reorganized(tar_dir: Path) -> str | None:
     newest = max(Path(tar_dir, "_reports").glob("*.json"), key=lambda p: p.stat().st_mtime_ns, default=None)
     report = _json(newest) if newest else None
     dropped = f", {report['dropped_missing_member']:,} samples dropped (missing a member)" if report else ""
+    if report and report.get("dropped_undecodable"):
+        dropped += f", {report['dropped_undecodable']:,} dropped (undecodable image)"
     return f"{len(counts)} tars written, {sum(c['samples'] for c in counts):,} samples{dropped}"
 
 
@@ -71,7 +81,8 @@ def data_counts(data_dir: str) -> list[tuple[str, str]]:
         rows.append(
             (
                 "download_parquet",
-                f"{parquet['rows_kept']:,} rows kept of {parquet['rows_read']:,}, {partitions} partitions",
+                f"{parquet['rows_kept']:,} rows kept of {parquet['rows_read']:,}, {partitions} partitions"
+                + _refused(parquet.get("urls_refused")),
             )
         )
     markers = [m for p in sorted(Path(layout.raw_tar_dir).glob("part-*.done.json")) if (m := _json(p))]
@@ -83,7 +94,8 @@ def data_counts(data_dir: str) -> list[tuple[str, str]]:
             (
                 "download_images",
                 f"{len(markers)}/{partitions or '?'} partitions done: "
-                f"{ok:,} images, {failed:,} failed ({rate} ok)",
+                f"{ok:,} images, {failed:,} failed ({rate} ok)"
+                + _refused(sum((Counter(m.get("urls_refused") or {}) for m in markers), Counter())),
             )
         )
     rows += [(f"  {name}", text) for name, text in partition_rates(Path(layout.raw_tar_dir))]

@@ -16,12 +16,14 @@ from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
 from launcher import precache
 from launcher.config import Runtime
 from launcher.registry import planned_names
+from launcher.space import free_space_warning
 
 
 @dataclass
 class Findings:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # printed, never blocking (free space)
 
 
 def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
@@ -48,6 +50,8 @@ def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
 def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
     found = Findings()
     stages = planned_names(cfg)
+    warning = free_space_warning(cfg) if "data_preparation" in stages else None
+    found.warnings += [warning] if warning else []
     if "training" not in stages and "benchmark" not in stages:
         return found
     image = cfg.container.image or ""

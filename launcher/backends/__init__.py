@@ -19,11 +19,15 @@ from launcher.spec import JobSpec, Plan
 class Request:
     plan: Plan
     scripts: tuple[tuple[JobSpec, str], ...]
+    # resubmit=missing (launcher.relaunch): the earlier launch's records of the jobs not submitted again,
+    # and the ids of its live jobs that the plan's jobs wait on.
+    kept: tuple[manifest.JobRecord, ...] = ()
+    live_ids: tuple[tuple[str, str], ...] = ()
 
     def materialize(self, job_ids: dict[str, str] | None = None) -> str:
         parts = []
         for job, text in self.scripts:
-            command = " ".join(submit_argv(self.plan, job, job_ids or {}))
+            command = " ".join(submit_argv(self.plan, job, {**dict(self.live_ids), **(job_ids or {})}))
             parts.append(f"# ---- {job.stage}/{job.name}\n# $ {command}\n{text}")
         return "\n".join(parts)
 
@@ -31,9 +35,12 @@ class Request:
         return self.materialize()
 
 
-def prepare(plan: Plan) -> Request:
+def prepare(
+    plan: Plan, kept: tuple[manifest.JobRecord, ...] = (), live_ids: tuple[tuple[str, str], ...] = ()
+) -> Request:
     """Render every job; pure."""
-    return Request(plan=plan, scripts=tuple((job, render(plan, job)) for job in plan.jobs))
+    scripts = tuple((job, render(plan, job)) for job in plan.jobs)
+    return Request(plan=plan, scripts=scripts, kept=kept, live_ids=live_ids)
 
 
 def write_files(request: Request) -> None:
@@ -48,7 +55,7 @@ def write_files(request: Request) -> None:
 
 def records(request: Request, job_ids: dict[str, str], backend: str) -> list[manifest.JobRecord]:
     plan = request.plan
-    return [
+    return [*request.kept] + [
         manifest.JobRecord(
             stage=job.stage,
             name=job.name,

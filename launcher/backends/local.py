@@ -19,6 +19,7 @@ from launcher.backends import Request, records, write_files
 from launcher.errors import LauncherError
 from launcher.paths import RunPaths, concrete_log
 from launcher.spec import DependencyKind, JobSpec, Plan
+from launcher.status.states import error_lines
 
 LOCAL_BIN = Path(__file__).resolve().parent / "local_bin"
 
@@ -100,8 +101,13 @@ class LocalBackend:
             print(f"  {job.stage}/{job.name}: {states[job.name]} in {record['seconds']} s", flush=True)
         failed = [name for name, state in states.items() if state != "COMPLETED"]
         if failed:
+            why = [
+                f"\n  {name}: {line}"
+                for name in failed
+                for line in error_lines(plan.log_pattern(plan.job(name)))
+            ]
             raise LauncherError(
-                f"local run did not complete: {', '.join(failed)} (see logs under {plan.run_dir})"
+                f"local run did not complete: {', '.join(failed)} (see logs under {plan.run_dir}){''.join(why)}"
             )
         return job_ids
 

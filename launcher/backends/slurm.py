@@ -30,16 +30,17 @@ class SlurmBackend:
 
     def schedule(self, request: Request) -> dict[str, str]:
         write_files(request)
-        job_ids: dict[str, str] = {}
+        job_ids = dict(request.live_ids)  # resubmit=missing: the live jobs new ones wait on
         for job, _ in request.scripts:
             argv = [self.sbatch, *submit_argv(request.plan, job, job_ids)[1:]]
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
             if done.returncode != 0:
+                submitted = {name: i for name, i in job_ids.items() if name not in dict(request.live_ids)}
                 manifest.save(request.plan.run_dir, records(request, job_ids, self.name))
                 raise SubmitError(
                     f"sbatch refused {job.stage}/{job.name} (exit {done.returncode}): "
                     f"{(done.stderr or done.stdout).strip()}\n"
-                    f"Nothing after it was submitted; already submitted: {job_ids or 'none'}"
+                    f"Nothing after it was submitted; already submitted: {submitted or 'none'}"
                 )
             job_ids[job.name] = parse_job_id(done.stdout)
             manifest.save(request.plan.run_dir, records(request, job_ids, self.name))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launcher import manifest
 from launcher.manifest import JobRecord
-from launcher.paths import RunPaths
+from launcher.paths import RunPaths, logs_glob
 
 # Slurm job states from which a job still changes (squeue(1) JOB STATE CODES); anything else has
 # ended, UNKNOWN included (a job that left scontrol's memory on a cluster without accounting).
@@ -45,6 +45,13 @@ class JobStatus:
     @property
     def active(self) -> bool:
         return any(state in ACTIVE_STATES for state in self.states)
+
+    @property
+    def failed(self) -> bool:
+        """Some task ended otherwise than COMPLETED (jobs never submitted or cancelled before start aside)."""
+        return any(
+            state not in ACTIVE_STATES | {"COMPLETED", "NOT_SUBMITTED", "UNKNOWN"} for state in self.states
+        )
 
 
 def _array_size(spec: str) -> int:
@@ -122,3 +129,21 @@ def status(run_dir: Path) -> list[JobStatus]:
             rows = from_slurm.get(record.job_id) or [("UNKNOWN", "?")]
         out.append(JobStatus(record, Counter(s for s, _ in rows), Counter(c for _, c in rows)))
     return out
+
+
+# The one line a data step ends its log with on an error it expected or a fault of the environment
+# (data_prep.progress.exit_status, data_prep.faults): `<step>: error: <path>: <cause>`.
+_ERROR_LINE = re.compile(rb"^[\w.-]+: error: .*$", re.MULTILINE)
+_TAIL_BYTES = 16_384
+
+
+def error_lines(log_pattern: str | Path) -> list[str]:
+    """The last error line of each of a job's logs (every array task), without repeats."""
+    found: dict[str, None] = {}
+    for log in logs_glob(log_pattern):
+        with open(log, "rb") as f:
+            f.seek(max(f.seek(0, 2) - _TAIL_BYTES, 0))
+            lines = _ERROR_LINE.findall(f.read())
+        if lines:
+            found[lines[-1].decode(errors="replace").strip()] = None
+    return list(found)

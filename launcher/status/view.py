@@ -10,7 +10,7 @@ from typing import Any
 from launcher.data_status import data_counts
 from launcher.paths import TABLE_WIDTH, newest_log, relative_to_run, shorten_left
 from launcher.registry import STAGES
-from launcher.status.states import JobStatus, status
+from launcher.status.states import JobStatus, error_lines, status
 
 
 def _exit_codes(st: JobStatus) -> str:
@@ -76,6 +76,13 @@ def status_view(run_dir: Path, width: int) -> tuple[Any, bool]:
     parts += [item for table in _data_table(run_dir) for item in ("", table)]
     notes = [line for stage in STAGES for line in stage.status(run_dir)]
     parts += ["", *notes] if notes else []
+    errors = [
+        f"{st.record.name}: {line}"
+        for st in statuses
+        if st.failed
+        for line in error_lines(st.record.log_pattern)
+    ]
+    parts += ["", "why jobs failed (the last error line of their logs):", *errors] if errors else []
     return Group(*parts), not any(st.active for st in statuses)
 
 

@@ -1,0 +1,246 @@
+"""Faults of the environment end in one plain line naming the path and the cause: a full disk and a
+read-only folder on a real small tmpfs, through reorganize_tar and through a whole local launch (the
+launch's error and `status` show the line); the kill -9 and byte-identical guarantees are
+tests/test_reorganize_tar.py's, and a rerun with space here gives the same bytes as a run that never
+met the fault."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, compose_config
+
+from data_prep.faults import environment_fault
+from launcher.cli import launch
+from launcher.errors import LauncherError
+
+CHUNK = 5
+IMAGE_BYTES = 30_000  # per sample: 2 shards x 40 samples is ~2.4 MB against a 1 MB tmpfs
+
+
+def _required() -> bool:
+    return any(os.environ.get(name, "") not in ("", "0") for name in ("REQUIRE_SLURM", "REQUIRE_TOOLS"))
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[Path]:
+    """A 1 MB tmpfs (mount needs root: CI runs as root, so there it is required, never skipped)."""
+    with tempfile.TemporaryDirectory(prefix="tmpfs-", dir="/tmp") as tmp:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", tmp], capture_output=True, text=True
+        )
+        if mounted.returncode != 0:
+            reason = f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}): needs root"
+            if _required():
+                pytest.fail(f"REQUIRE_SLURM/REQUIRE_TOOLS is set but {reason}", pytrace=False)
+            pytest.skip(reason)
+        try:
+            yield Path(tmp)
+        finally:
+            subprocess.run(["umount", tmp], check=True)
+
+
+def _remount(where: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
+
+
+def write_own_tars(folder: Path) -> None:
+    """Two shards of 40 samples whose images are random bytes inside JPEG markers (~2.4 MB)."""
+    folder.mkdir(parents=True)
+    for shard in range(2):
+        with tarfile.open(folder / f"shard-{shard}.tar", "w") as tar:
+            for i in range(40):
+                image = b"\xff\xd8\xff\xe0" + os.urandom(IMAGE_BYTES) + b"\xff\xd9"
+                for ext, data in (("jpg", image), ("txt", f"caption {shard} {i}".encode())):
+                    info = tarfile.TarInfo(f"{i:06d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+
+
+def _reorganize(raw: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "data_prep.reorganize_tar",
+        "--input-dir",
+        str(raw),
+        "--output-dir",
+        str(out),
+    ]
+    return subprocess.run(
+        [*argv, "--chunk-size", str(CHUNK)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/fsx/d/1.tar"), "/fsx/d/1.tar: no space left"),
+        (PermissionError(errno.EACCES, "Permission denied", "/fsx/x"), "/fsx/x: permission denied (EACCES)"),
+        (OSError(errno.EROFS, "Read-only file system", "/fsx/ro"), "/fsx/ro: read-only file system (EROFS)"),
+        (FileNotFoundError(errno.ENOENT, "No such file", "/fsx/gone.tar"), "/fsx/gone.tar: no such file"),
+        (
+            OSError("IOError: [Errno 28] Error writing bytes to file. Detail: No space left on device"),
+            "ENOSPC",
+        ),
+    ],
+)
+def test_faults_of_the_environment_read_as_one_line(error: OSError, line: str) -> None:
+    assert line in (environment_fault(error) or "")
+
+
+def test_other_errors_keep_their_traceback() -> None:
+    assert environment_fault(OSError(errno.EBADF, "Bad file descriptor")) is None
+    assert environment_fault(KeyError("x")) is None
+
+
+def test_disk_full_then_read_only_then_a_rerun_with_space_is_byte_identical(
+    tmp_path: Path, tmpfs: Path
+) -> None:
+    raw = tmp_path / "raw"
+    write_own_tars(raw / "part-00000")
+    (raw / "part-00000.done.json").write_text('{"kind": "webdataset_tars"}')
+    reference = tmp_path / "reference"
+    assert _reorganize(raw, reference).returncode == 0
+    out = tmpfs / "out"
+    full = _reorganize(raw, out)
+    assert full.returncode == 1 and "Traceback" not in full.stdout + full.stderr, full.stderr
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"reorganize_tar: error: {out}/") and last.endswith(
+        ": no space left on the device (ENOSPC)"
+    ), last
+    # Nothing half-written looks complete: every tar present has its count record, and no more.
+    records = {p.stem for p in (out / "_counts").glob("*.json")}
+    assert records == {p.stem for p in out.glob("*.tar")} and len(records) < len(
+        list(reference.glob("*.tar"))
+    )
+    _remount(tmpfs, "ro")
+    read_only = _reorganize(raw, out)
+    assert read_only.returncode == 1 and "Traceback" not in read_only.stderr
+    assert read_only.stderr.strip().splitlines()[-1].endswith(": read-only file system (EROFS)"), (
+        read_only.stderr
+    )
+    _remount(tmpfs, "rw,size=16m")
+    assert _reorganize(raw, out).returncode == 0
+    assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == {
+        p.name: p.read_bytes() for p in reference.glob("*.tar")
+    }
+
+
+def _own_shards(root: Path) -> Path:
+    """img2dataset-style input folder holding own tars (kind webdataset_tars), readable by anyone."""
+    raw = root / "raw"
+    write_own_tars(raw / "part-00000")
+    (raw / "part-00000.done.json").write_text('{"kind": "webdataset_tars"}')
+    for path in (root, *root.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return raw
+
+
+def test_a_vanished_source_tar_is_named(tmp_path: Path) -> None:
+    """fetch_tars links own tars: a source tar removed afterwards leaves a link to nothing."""
+    raw = _own_shards(tmp_path)
+    moved = tmp_path / "elsewhere.tar"
+    (raw / "part-00000/shard-1.tar").rename(moved)
+    (raw / "part-00000/shard-1.tar").symlink_to(moved)
+    moved.unlink()
+    done = _reorganize(raw, tmp_path / "out")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"reorganize_tar: error: {raw}/part-00000/shard-1.tar: no such file or directory "
+        "(removed while the step ran?) (ENOENT)"
+    )
+
+
+def test_permission_denied_is_named(tmp_path: Path) -> None:
+    """The step run as nobody, writing into a folder only root may write (root itself is never refused)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        reason = "needs root and setpriv to run the step as another user"
+        if _required():
+            pytest.fail(f"REQUIRE_SLURM/REQUIRE_TOOLS is set but the test {reason}", pytrace=False)
+        pytest.skip(reason)
+    with tempfile.TemporaryDirectory(prefix="perm-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        raw = _own_shards(root)
+        (root / "locked").mkdir(mode=0o755)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        argv = [sys.executable, "-m", "data_prep.reorganize_tar", "--input-dir", str(raw)]
+        done = subprocess.run(
+            [*nobody, *argv, "--output-dir", str(root / "locked/out"), "--chunk-size", str(CHUNK)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"reorganize_tar: error: {root}/locked/out: permission denied (EACCES)"
+    ), done.stderr
+
+
+@pytest.mark.slow
+def test_a_local_launch_on_a_full_disk_says_which_path_and_why_and_status_shows_it(
+    tmp_path: Path, tmpfs: Path
+) -> None:
+    own = tmp_path / "own"
+    write_own_tars(own)
+    overrides = [
+        f"cluster.shared_dir={tmp_path}",
+        f"data_dir={tmpfs}/data",
+        "cluster=local",
+        f"container.python={sys.executable}",
+        "data_preparation=webdataset_tars",
+        f"data_preparation.tars.source={own}",
+        f"data_preparation.reorganize_tar.tar_chunk_size={CHUNK}",
+    ]
+    with pytest.raises(LauncherError) as failed:
+        launch(compose_config(overrides))
+    expected = f"reorganize_tar: reorganize_tar: error: {tmpfs}/data/tarfiles_reorganized/"
+    assert expected in str(failed.value) and "(ENOSPC)" in str(failed.value), failed.value
+    shown = subprocess.run(
+        [sys.executable, "-m", "launcher", "status", str(tmp_path / "results/sd_pretrain")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+    )
+    assert "why jobs failed" in shown.stdout and expected in shown.stdout, shown.stdout
+    assert "no space left on the device (ENOSPC)" in shown.stdout
+
+
+@pytest.mark.parametrize("source", ["demo", "own_tars"])
+def test_preflight_warns_when_the_data_folder_has_less_free_space_than_planned(
+    tmp_path: Path, tmpfs: Path, capsys: pytest.CaptureFixture[str], source: str
+) -> None:
+    own = tmp_path / "own"
+    write_own_tars(own)
+    data = (
+        ["data_preparation=webdataset_tars", f"data_preparation.tars.source={own}"]
+        if source != "demo"
+        else []
+    )
+    common = [f"cluster.shared_dir={tmp_path}", "dry_run=true", f"container.python={sys.executable}", *data]
+    launch(compose_config([*common, f"data_dir={tmpfs}/data"]))
+    warned = capsys.readouterr().err
+    assert (
+        f"preflight warning: data_dir: {tmpfs} has " in warned
+        and "MB free but data preparation will" in warned
+    )
+    launch(compose_config([*common, "run_name=roomy"]))  # data under tmp_path: room enough
+    assert "preflight warning" not in capsys.readouterr().err
