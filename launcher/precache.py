@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from data_prep import latent_format as fmt
-from launcher.config import JobResources, Runtime
+from launcher.config import BackendName, JobResources, Runtime
 from launcher.errors import ConfigError
 from launcher.layout import DataLayout
 from launcher.spec import Array, JobSpec, Resources
@@ -159,7 +159,10 @@ def python(cfg: Any, facts: Facts) -> str | None:
         return str(pre.python)
     if cfg.container.runtime is Runtime.pyxis:
         return cfg.training.run.python or cfg.container.python or "python3"
-    return facts.nemo_python
+    if cfg.cluster.backend is BackendName.local:
+        return facts.nemo_python  # this machine: its NeMo venv, or refused by host_check
+    # A Slurm cluster without containers: this checkout's NeMo venv, else the interpreter training runs.
+    return facts.nemo_python or cfg.training.run.python
 
 
 def host_check(cfg: Any, facts: Facts) -> None:

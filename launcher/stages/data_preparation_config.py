@@ -180,7 +180,8 @@ class PrecacheConfig:
     python: str | None = ruled(
         Text(),
         None,
-        help="NeMo's interpreter; null = training.run.python in a container, else .venv-nemo of this checkout.",
+        help="NeMo's interpreter; null = training.run.python in a container, else .venv-nemo of this checkout "
+        "(on Slurm without a container, else training.run.python).",
     )
     # Time per encode task (on GPU nodes it takes the whole node, like training); cpus/mem for CPU runs.
     resources: JobResources = field(
