@@ -25,9 +25,11 @@ COLUMNS = (
     "GPUs",
     "micro batch",
     "global batch",
+    "inputs",
     "img/s per GPU",
     "img/s total",
     "scaling vs 1 node",
+    "latents vs images",
     "peak GPU memory",
     "status",
 )
@@ -65,9 +67,11 @@ def table_row(r: Result, sweep: Sweep) -> list[str]:
         str(r.gpus),
         str(r.micro_batch_size),
         str(r.global_batch_size),
+        r.inputs,
         rate(r.img_s_per_gpu),
         rate(r.img_s_total),
         scaling(r),
+        "-" if r.latents_vs_images is None else f"{r.latents_vs_images:.2f}x",
         memory(r.peak_gpu_mib),
         status(r, sweep),
     ]
@@ -93,8 +97,10 @@ micro batch x GPUs (no accumulation), no checkpoints.
 - **Warm-up: the first {sweep.warmup_steps} steps of every task are excluded.** img/s total = global batch /
   mean of NeMo's own `train_step_timing` (rank 0's progress bar) over steps {sweep.warmup_steps + 1} to
   {sweep.max_steps}; per GPU = total / GPUs.
-- Scaling vs 1 node: img/s total divided by the same micro batch's img/s total on 1 node (in brackets:
-  per-GPU efficiency).
+- Scaling vs 1 node: img/s total divided by the same inputs' and micro batch's img/s total on 1 node (in
+  brackets: per-GPU efficiency).
+- Inputs: images (NeMo runs the frozen VAE and CLIP on every image, every step) or latents (cached encodings,
+  docs/latents.md). Latents vs images: a latents row's img/s divided by images' at the same nodes and micro batch.
 - Peak GPU memory: the highest `memory.used` nvidia-smi reported for any GPU of the task, sampled every
   {sweep.memory_sample_s:g} s (includes the CUDA context and memory PyTorch keeps cached); n/a without nvidia-smi.
 - A task that ran out of memory is marked **OOM** with the steps it reached; logs are listed in report.json.
@@ -120,14 +126,31 @@ def plot_png(results: list[Result], title: str) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    both = len({r.inputs for r in results}) > 1
     for nodes in sorted({r.nodes for r in results}):
-        points = sorted(
-            (r.micro_batch_size, r.img_s_per_gpu)
-            for r in results
-            if r.nodes == nodes and r.status == "ok" and r.img_s_per_gpu
-        )
-        if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=f"{nodes} node{'s' if nodes > 1 else ''}")
+        for inputs in ("images", "latents"):
+            rows = sorted(
+                (
+                    r
+                    for r in results
+                    if (r.nodes, r.inputs) == (nodes, inputs) and r.status == "ok" and r.img_s_per_gpu
+                ),
+                key=lambda r: r.micro_batch_size,
+            )
+            if not rows:
+                continue
+            label = f"{nodes} node{'s' if nodes > 1 else ''}" + (f", {inputs}" if both else "")
+            sizes, rates = [r.micro_batch_size for r in rows], [r.img_s_per_gpu for r in rows]
+            ax.plot(sizes, rates, marker="o", linestyle="--" if inputs == "latents" else "-", label=label)
+            for r in rows:  # the ratio beside each latents point
+                if r.latents_vs_images:
+                    ax.annotate(
+                        f"{r.latents_vs_images:.2f}x",
+                        (r.micro_batch_size, r.img_s_per_gpu),
+                        textcoords="offset points",
+                        xytext=(4, 4),
+                        fontsize=8,
+                    )
     oom = [r.micro_batch_size for r in results if r.status == "OOM"]
     if oom:
         ax.scatter(
