@@ -411,6 +411,23 @@ def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pyte
         text=True,
         cwd=REPO,
         check=True,
+        env={**os.environ, "COLUMNS": "250"},
     )
-    assert "| 4 | 1 | 1,000 | 2,000 | 1,000 | 2,000 | 2.00x | ok | ok |" in done.stdout
-    assert "| 8 | 1 | 1,000 | 2,000 | 1,000 | 2,000 | 2.00x | ok | ok |" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert ["4", "1", "1,000", "2,000", "1,000", "2,000", "2.00x", "ok", "ok"] in rows, done.stdout
+    assert ["8", "1", "1,000", "2,000", "1,000", "2,000", "2.00x", "ok", "ok"] in rows, done.stdout
+    table = done.stdout.splitlines()[2:]  # below the A: and B: lines, which name the run folders
+    assert max(len(line.rstrip()) for line in table) <= 100, done.stdout
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "launcher.bench.report", str(run / "benchmark")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+        env={**os.environ, "COLUMNS": "250"},
+    ).stdout.splitlines()
+    assert max(len(line.rstrip()) for line in printed[:-1]) <= 100, "\n".join(printed)
+    # A GPU's long name may wrap onto the next line; the numbers stay on the row.
+    rows = [" ".join(line.split()) for line in printed]
+    assert any(r.endswith(" 1 1 8 8 images 1,000 1,000 1.00x (100%) - 0.8 GiB ok") for r in rows), printed

@@ -18,6 +18,7 @@ from pathlib import Path
 from launcher.bench.cases import Sweep, bench_dir
 from launcher.bench.results import Result, collect
 from launcher.manifest import write_atomic
+from launcher.paths import TABLE_WIDTH
 
 COLUMNS = (
     "GPU",
@@ -80,6 +81,27 @@ def table_row(r: Result, sweep: Sweep) -> list[str]:
 def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def print_fitted(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> None:
+    """The table on a terminal in TABLE_WIDTH columns, one space apart: headers wrap at spaces; a cell
+    wraps only past 12 characters (a GPU's name, a long status), so the numbers stay on one line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    widths = [
+        max(min(max((len(row[i]) for row in rows), default=0), 12), *map(len, name.split()))
+        for i, name in enumerate(header)
+    ]
+    # Room left over (each column pads one space on its right) unwraps headers, left to right.
+    for i, name in enumerate(header):
+        widths[i] += max(0, min(len(name) - widths[i], TABLE_WIDTH - sum(widths) - len(widths)))
+    table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+    for name, width in zip(header, widths, strict=True):
+        table.add_column(name, overflow="fold", width=width)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=TABLE_WIDTH).print(table)
 
 
 def markdown(run_dir: Path, sweep: Sweep, results: list[Result]) -> str:
@@ -219,9 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("bench_dir", type=Path, help="<run>/benchmark, the sweep's folder")
-    path = write_report(parser.parse_args(argv).bench_dir.resolve().parent)
-    print(path.read_text())
-    print(f"written: {path}, report.csv, report.json, throughput.png")
+    run_dir = parser.parse_args(argv).bench_dir.resolve().parent
+    path = write_report(run_dir)
+    sweep, results = collect(run_dir)
+    print_fitted(COLUMNS, [table_row(r, sweep) for r in results])
+    print(f"written: {path} (the table with how it was measured), report.csv, report.json, throughput.png")
     return 0
 
 
