@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             report["loader"] = run_nemo_loader(model, args.batches, workers, mbs)
             report["errors"].extend(loader_errors(report["loader"], args.batches))
+            if report["latent"]:
+                from data_prep.latent_check import loader_errors as latent_errors
+
+                report["errors"].extend(latent_errors(report["loader"], model, mbs))
     except (DataCheckError, WdinfoError) as exc:
         report["errors"].append(str(exc))
     report["ok"] = not report["errors"]

@@ -55,6 +55,9 @@ def _draw(loader: Any, batches: int, model: DictConfig) -> dict[str, Any]:
                 "captions": len(captions),
                 "caption_example": str(captions[0])[:80],
             }
+            if hasattr(captions, "shape"):  # cached text embeddings: a tensor, no caption to show
+                shapes.update(captions=list(captions.shape), captions_dtype=str(captions.dtype))
+                del shapes["caption_example"]
         drawn += 1
         if drawn == batches:
             break
@@ -76,9 +79,9 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
-    from nemo.collections.multimodal.data.stable_diffusion.stable_diffusion_dataset import (
-        build_train_valid_datasets,
-    )
+    from nemo.collections.multimodal.data.stable_diffusion import stable_diffusion_dataset as sd_data
+
+    from data_prep.latent_format import is_latent_key
 
     cfg = OmegaConf.create(OmegaConf.to_container(model, resolve=True))
     assert isinstance(cfg, DictConfig)  # a copy of a DictConfig: the overrides below stay local
@@ -89,7 +92,10 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(1, 1)
-        train_ds, _ = build_train_valid_datasets(cfg, consumed_samples=0)
+        # NeMo's own choice (ddpm.py build_train_valid_test_datasets): latent keys read .pickle members.
+        latent = is_latent_key(cfg.first_stage_key)
+        build = sd_data.build_train_valid_precached_datasets if latent else sd_data.build_train_valid_datasets
+        train_ds, _ = build(cfg, consumed_samples=0)
         failures, first = multiprocessing.Value("i", 0), multiprocessing.Array("c", 300)
         # LatentDiffusion's loader settings; the worker_init_fn only counts swallowed errors.
         loader = torch.utils.data.DataLoader(

@@ -11,6 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from data_prep.latent_check import check_latent_members, count_errors
+from data_prep.latent_format import MEMBER_EXT, is_latent_key
 from data_prep.tario import split_key
 from data_prep.wdinfo import read_wdinfo, shard_plan
 
@@ -57,18 +59,19 @@ def planned_world_size(path: Path) -> int:
     return nodes * devices if isinstance(nodes, int) and isinstance(devices, int) else 1
 
 
-def check_data_source(model: DictConfig) -> None:
-    """Settings under which NeMo would not read jpg/txt tars at all: nothing further to check."""
+def check_data_source(model: DictConfig) -> bool:
+    """Whether NeMo reads cached latents (.pickle members) rather than jpg/txt; refuses settings under
+    which it reads neither (synthetic data) or another format (CLIP-embedding tars)."""
     if model.data.get("synthetic_data", False):
         raise DataCheckError(
             "model.data.synthetic_data is true: training feeds random tensors, not your dataset; set it false"
         )
-    if str(model.first_stage_key).endswith(("encoded", "moments")):
+    if str(model.cond_stage_key).endswith("clip_encoded"):
         raise DataCheckError(
-            f"model.first_stage_key={model.first_stage_key} selects cached latents (.pickle "
-            "members); this check covers jpg/txt data: set first_stage_key=images, "
-            "cond_stage_key=captions"
+            f"model.cond_stage_key={model.cond_stage_key} selects NeMo's CLIP-embedding tars (.pyd members), "
+            "which this launcher does not write; allowed: captions, or captions_encoded for cached latents"
         )
+    return is_latent_key(model.first_stage_key)
 
 
 def check_model_settings(model: DictConfig) -> list[str]:
@@ -149,6 +152,7 @@ def scan_tar(path: str) -> dict[str, Any]:
         "path": path,
         "keys": len(exts),
         "jpg_txt_samples": sum(1 for e in exts.values() if {"jpg", "txt"} <= e),
+        "pickle_samples": sum(1 for e in exts.values() if MEMBER_EXT in e),
         "extensions": sorted(set().union(*exts.values())) if exts else [],
     }
 
@@ -223,7 +227,7 @@ def plan_messages(plan: dict[str, Any], chunk: int) -> tuple[list[str], list[str
     return [], warns
 
 
-def check_tar_members(tar_paths: list[str], report: dict[str, Any]) -> None:
+def check_tar_members(tar_paths: list[str], report: dict[str, Any], latent: bool = False) -> None:
     """Scan each tar's headers; a broken tar is one error, the others are still scanned."""
     report["scans"] = []
     for path in tar_paths:
@@ -232,14 +236,14 @@ def check_tar_members(tar_paths: list[str], report: dict[str, Any]) -> None:
         except DataCheckError as exc:
             report["errors"].append(str(exc))
             continue
-        errs, warns = check_members(report["scans"][-1])
+        errs, warns = (check_latent_members if latent else check_members)(report["scans"][-1])
         report["errors"].extend(errs)
         report["warnings"].extend(warns)
 
 
 def precheck(model: DictConfig, world: int, scan_tars: int, report: dict[str, Any]) -> None:
     """Plain-Python checks; fills report and appends to report['errors'] / report['warnings']."""
-    check_data_source(model)
+    report["latent"] = latent = check_data_source(model)
     report["errors"].extend(check_model_settings(model))
     wdinfo = read_wdinfos(wdinfo_paths(model))
     root = str(model.data.webdataset.local_root_path)
@@ -268,7 +272,10 @@ def precheck(model: DictConfig, world: int, scan_tars: int, report: dict[str, An
                 f"{len(odd)} tars have a size that is not a whole number of 512-byte "
                 f"blocks (truncated), e.g. {odd[0]}; re-create them"
             )
-        check_tar_members(tar_paths[: scan_tars or None], report)
+        check_tar_members(tar_paths[: scan_tars or None], report, latent)
+        report["errors"].extend(
+            count_errors(report["scans"], wdinfo["total_key_count"], len(tar_paths), latent)
+        )
     workers = int(model.data.num_workers)
     report["plan"] = plan_report(wdinfo, world, workers, bool(model.data.webdataset.get("infinite_sampler")))
     errs, warns = plan_messages(report["plan"], wdinfo["chunk_size"])

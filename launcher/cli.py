@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import backends, manifest, nemo_config, preflight, relaunch, summary
+from launcher import backends, manifest, nemo_config, precache, preflight, relaunch, summary
 from launcher.config import Resubmit
 from launcher.errors import LauncherError
 from launcher.layout import DataLayout
@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _preflight(cfg: Any) -> None:
     world = nemo_config.world_size(cfg)
-    found = preflight.check(cfg, Path(DataLayout(PurePosixPath(cfg.data_dir)).wdinfo), world)
+    layout = DataLayout(PurePosixPath(cfg.data_dir))
+    wdinfo = layout.latent_wdinfo if precache.enabled(cfg) else layout.wdinfo
+    found = preflight.check(cfg, Path(wdinfo), world)
     for note in found.notes:
         print(f"preflight: {note}")
     for warning in found.warnings:

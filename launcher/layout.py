@@ -35,3 +35,12 @@ class DataLayout:
     @property
     def wdinfo(self) -> PurePosixPath:
         return self.tar_dir / "wdinfo.pkl"
+
+    @property
+    def latent_tar_dir(self) -> PurePosixPath:
+        """Cached latents (data_preparation.precache): the same tar names, `<key>.pickle` members."""
+        return self.data_dir / "tarfiles_latents"
+
+    @property
+    def latent_wdinfo(self) -> PurePosixPath:
+        return self.latent_tar_dir / "wdinfo.pkl"

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from launcher import precache
 from launcher.errors import ConfigError
 from launcher.rules import slurm_time_seconds
 from launcher.stages.common import Context
@@ -141,6 +142,7 @@ def check(cfg: Any) -> None:
     """Everything that would keep `build` from writing a config NeMo runs; the batch arithmetic only
     where there are GPUs (without them the config is written for data_check, as a world of one)."""
     _check_pretrained(cfg)
+    precache.check(cfg)
     _check_time(cfg)
     if cfg.cluster.gpus_per_node >= 1:
         _check_shape(cfg)
@@ -188,7 +190,8 @@ def build(ctx: Context) -> dict[str, Any]:
     base = OmegaConf.create(
         {"trainer": dict(tr.trainer), "exp_manager": dict(tr.exp_manager), "model": dict(tr.model)}
     )
-    merged = OmegaConf.merge(base, derived)
+    # The latents switch sets the keys and paths last: training then reads the latent tars.
+    merged = OmegaConf.merge(base, derived, {"model": precache.training_overrides(ctx.cfg, layout)})
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
 

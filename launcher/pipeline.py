@@ -11,7 +11,7 @@ from launcher.paths import run_dir_of
 from launcher.registry import STAGES, planned
 from launcher.spec import Dependency, JobSpec, Plan
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, Facts
+from launcher.stages.common import STAGE_REF, Context, Facts
 
 
 def _sinks(jobs: tuple[JobSpec, ...]) -> tuple[str, ...]:
@@ -30,6 +30,19 @@ def _direct_needs(cfg: Any, stage: StageSpec, present: dict[str, StageSpec]) -> 
     return tuple(n for n in needs if not any(reaches(other, n) for other in needs if other != n))
 
 
+def _resolve(job: JobSpec, sinks: dict[str, tuple[str, ...]]) -> JobSpec:
+    """`after_stage(name)` edges -> the last jobs of that stage (none when it is not planned)."""
+    if not any(dep.job.startswith(STAGE_REF) for dep in job.depends_on):
+        return job
+    deps: list[Dependency] = []
+    for dep in job.depends_on:
+        names = (
+            sinks.get(dep.job.removeprefix(STAGE_REF), ()) if dep.job.startswith(STAGE_REF) else (dep.job,)
+        )
+        deps += [Dependency(name, dep.kind) for name in names]
+    return dataclasses.replace(job, depends_on=tuple(deps))
+
+
 def _link(jobs: tuple[JobSpec, ...], waits_for: tuple[str, ...]) -> tuple[JobSpec, ...]:
     """The stage's first jobs wait for `waits_for` to succeed; its later jobs wait inside the stage."""
     edges = tuple(Dependency(name) for name in waits_for)
@@ -46,7 +59,7 @@ def build_plan(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> 
     notes: tuple[str, ...] = ()
     for stage in present.values():
         waits_for = tuple(job for need in _direct_needs(cfg, stage, present) for job in sinks[need])
-        planned_jobs = _link(stage.plan(ctx), waits_for)
+        planned_jobs = tuple(_resolve(job, sinks) for job in _link(stage.plan(ctx), waits_for))
         # A stage without jobs (every step disabled) passes on what it would have waited for.
         sinks[stage.name] = _sinks(planned_jobs) or waits_for
         jobs += planned_jobs

@@ -6,11 +6,14 @@ that does not see /fsx). Notes say what the planned world does with the data.
 
 from __future__ import annotations
 
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_prep.latent_format import MEMBER_EXT
 from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
+from launcher import precache
 from launcher.config import Runtime
 from launcher.registry import planned_names
 from launcher.space import free_space_warning
@@ -21,6 +24,27 @@ class Findings:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # printed, never blocking (free space)
+
+
+def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
+    """A latent config on image tars or the reverse, told by the first tar's first member."""
+    try:
+        with tarfile.open(first_tar, "r:") as tar:
+            member = tar.next()
+    except (OSError, tarfile.TarError):
+        return None  # data_check names unreadable tars
+    if member is None:
+        return None
+    latent_tar = member.name.endswith(f".{MEMBER_EXT}")
+    latent_config = precache.enabled(cfg)  # the switch sets the keys (latent keys without it are refused)
+    if latent_tar == latent_config:
+        return None
+    what = "cached latents (.pickle)" if latent_tar else f"images ({member.name.rpartition('.')[2]})"
+    return (
+        f"data_preparation.precache.enable={cfg.data_preparation.precache.enable} (training.model."
+        f"first_stage_key/cond_stage_key read {'latents' if latent_config else 'images'}), but {first_tar} "
+        f"holds {what}: point data_dir at the data that matches, or set the switch to match the data"
+    )
 
 
 def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
@@ -47,10 +71,14 @@ def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
         )
         return found
     try:
-        tars = len(read_wdinfo(wdinfo).tar_files)
+        names = read_wdinfo(wdinfo).tar_files
     except WdinfoError as error:
         found.problems.append(f"data_dir: {error}")
         return found
+    tars = len(names)
+    mismatch = _format_mismatch(cfg, wdinfo.parent / names[0])
+    if mismatch:
+        found.problems.append(mismatch)
     workers = int(cfg.training.model.get("data", {}).get("num_workers", 1))
     if tars < world_size:
         found.problems.append(

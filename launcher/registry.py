@@ -49,7 +49,8 @@ def planned(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> tuple[StageSpec, 
     chosen = set(cfg.stages)
     pending = list(chosen)
     while pending:
-        for need in by_name[pending.pop()].needs(cfg):
+        stage = by_name[pending.pop()]
+        for need in (*stage.needs(cfg), *stage.uses(cfg)):
             if need not in chosen and by_name[need].auto(cfg):
                 chosen.add(need)
                 pending.append(need)

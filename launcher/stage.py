@@ -64,6 +64,9 @@ class StageSpec:
     # Earlier stages whose output this stage's jobs read (or that must pass first). Its first jobs wait
     # (afterok) for the last jobs of those that are planned in the same launch, and for nothing else.
     needs: Callable[[Any], tuple[str, ...]] = no_stages
+    # Earlier stages that only some LATER job of this stage reads: planned like `needs`, but the stage's
+    # first jobs do not wait for them; the job that reads one says `after_stage(name)` (its last jobs).
+    uses: Callable[[Any], tuple[str, ...]] = no_stages
     # Planned whenever a planned stage needs it, not only when named in `stages` (assets, data_check).
     auto: Callable[[Any], bool] = never
     # Its jobs need GPUs: refused on a cluster with cluster.gpus_per_node=0.

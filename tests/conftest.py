@@ -33,6 +33,18 @@ def compose_config(overrides: list[str]) -> DictConfig:
     return _compose(overrides)
 
 
+def aws_argv(tmp_path: Path) -> list[str]:
+    """The README's P5 command with a (fake) image and tmp_path as the shared file system."""
+    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
+    return [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        f"cluster.shared_dir={tmp_path}",
+        f"container.mounts=[{tmp_path}:{tmp_path}]",
+        f"container.image={tmp_path}/nemo.sqsh",
+    ]
+
+
 @pytest.fixture
 def make_config(tmp_path: Path) -> Callable[..., RootConfig]:
     def make(*overrides: str) -> RootConfig:

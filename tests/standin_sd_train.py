@@ -10,6 +10,8 @@ counter first, then the step's metrics) with MADE-UP step timings: 1.00 s for th
 Environment switches (tests only):
   STANDIN_OOM=<nodes>x<micro batch>  rank 0 of that case fails like a CUDA out-of-memory after 3 steps
   STANDIN_SPEED=<factor>             every step that much faster (a second "GPU" for compare)
+  STANDIN_LATENTS_SPEED=<factor>     steps of a config reading cached latents (first_stage_key ending in
+                                     'encoded') that much faster (the sweep's latents vs images)
   STANDIN_GPU_MEMORY_DIR             each node's first rank writes 100 x micro batch there (MiB), which
                                      tests/standin_bin/nvidia-smi (a STAND-IN too) reports
 """
@@ -35,9 +37,10 @@ OOM_MESSAGE = (
 )
 
 
-def step_time(step: int, micro_batch: int, nodes: int) -> float:
+def step_time(step: int, micro_batch: int, nodes: int, latents: bool = False) -> float:
     seconds = 1.0 if step <= SLOW_STEPS else 0.001 * micro_batch * (1 + 0.25 * (nodes - 1))
-    return seconds / float(os.environ.get("STANDIN_SPEED", "1"))
+    faster = float(os.environ.get("STANDIN_LATENTS_SPEED", "1")) if latents else 1.0
+    return seconds / float(os.environ.get("STANDIN_SPEED", "1")) / faster
 
 
 def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
@@ -53,6 +56,7 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
         task = f"{os.environ['SLURM_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
         (Path(memory_dir) / task).write_text(f"{100 * mbs}\n")
     oom = os.environ.get("STANDIN_OOM") == f"{nodes}x{mbs}" and rank == "0"
+    latents = str(cfg["model"].get("first_stage_key", "")).endswith("encoded")
     bar = tqdm(total=steps, desc="Epoch 0", bar_format=BAR_FORMAT, file=sys.stdout, disable=rank != "0")
     for step in range(1, steps + 1):
         time.sleep(0.1)  # long enough for the memory sampler beside it
@@ -65,7 +69,7 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
                 "reduced_train_loss": 0.1,
                 "global_step": float(step),
                 "consumed_samples": float(step * mbs * nodes * 8),
-                "train_step_timing in s": step_time(step, mbs, nodes),
+                "train_step_timing in s": step_time(step, mbs, nodes, latents),
             }
         )
     bar.close()

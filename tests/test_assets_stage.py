@@ -55,20 +55,24 @@ def test_assets_come_first_and_only_the_jobs_that_read_them_wait_for_them(tmp_pa
         "download_images",
         "reorganize_tar",
         "generate_wdinfo",
+        "encode_latents",
+        "latents_wdinfo",
         "data_check",
         "sd_860m_res_256",
     ]
     assert jobs["pretrained_assets"] == []
-    # Data preparation reads no model: an asset failure (a token, a licence) must not hold it up.
+    # The downloads read no model: an asset failure (a token, a licence) must not hold them up; the
+    # encode step of the cached latents (on in the aws preset) reads the staged VAE and CLIP.
     assert jobs["download_parquet"] == []
+    assert jobs["encode_latents"] == ["afterok:generate_wdinfo", "afterok:pretrained_assets"]
     # The model check reads the data and the models; training reads both through data_check's guard.
-    assert jobs["data_check"] == ["afterok:generate_wdinfo", "afterok:pretrained_assets"]
+    assert jobs["data_check"] == ["afterok:latents_wdinfo", "afterok:pretrained_assets"]
     assert jobs["sd_860m_res_256"] == ["afterok:data_check"]
 
 
 def test_without_the_model_check_training_waits_for_the_assets_itself(tmp_path: Path) -> None:
     jobs = _dry_run(tmp_path, "stages=[data_preparation,training]", "data_check.model_check=false")
-    assert jobs["data_check"] == ["afterok:generate_wdinfo"]
+    assert jobs["data_check"] == ["afterok:latents_wdinfo"]
     assert jobs["sd_860m_res_256"] == ["afterok:pretrained_assets", "afterok:data_check"]
     script = (tmp_path / "results/sd_pretrain/assets/pretrained_assets.sbatch").read_text()
     vae = (
@@ -81,7 +85,9 @@ def test_without_the_model_check_training_waits_for_the_assets_itself(tmp_path: 
 @pytest.mark.parametrize(
     ("overrides", "first", "deps"),
     [
-        (["stages=[data_preparation]"], "download_parquet", []),
+        (["stages=[data_preparation]", "data_preparation.precache.enable=false"], "download_parquet", []),
+        # The encode step of the cached latents reads the staged VAE and CLIP.
+        (["stages=[data_preparation]"], "pretrained_assets", []),
         (["stages=[training]", "assets.enable=false"], "data_check", []),
         (["stages=[training]", "data_check.enable=false"], "pretrained_assets", []),
         (["stages=[assets]"], "pretrained_assets", []),
@@ -93,6 +99,8 @@ def test_assets_are_planned_only_for_the_stages_that_read_them(
     jobs = _dry_run(tmp_path, *overrides)
     assert next(iter(jobs)) == first and jobs[first] == deps
     assert ("pretrained_assets" in jobs) == (first == "pretrained_assets")
+    if "download_parquet" in jobs:
+        assert jobs["download_parquet"] == []
     if "data_check.enable=false" in overrides:
         assert jobs["sd_860m_res_256"] == ["afterok:pretrained_assets"]
 

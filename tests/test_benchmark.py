@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import FIXED_FACTS, REPO, compose_config
 from PIL import Image
 
@@ -95,7 +96,8 @@ def test_one_array_per_node_count_and_a_report_after_any_end() -> None:
 
 
 def test_each_task_config_is_the_training_config_plus_only_the_sweep_keys() -> None:
-    cfg = _cfg(*SWEEP, "benchmark.max_steps=40")
+    # Images: with the latents switch on, NeMo's synthetic data is images, not the switched keys.
+    cfg = _cfg(*SWEEP, "benchmark.max_steps=40", "data_preparation.precache.enable=false")
     ctx = Context(cfg=cfg, facts=FIXED_FACTS, run_dir=Path("/fsx/results/sd_pretrain"))
     training = _flat(nemo_config.build(ctx))
     for case in benchmark.sweep(ctx).cases:
@@ -125,7 +127,9 @@ def test_each_task_config_is_the_training_config_plus_only_the_sweep_keys() -> N
         benchmark.sweep(ctx).cases[0],
     )
     assert real["model"]["data"]["synthetic_data"] is False
+    # benchmark.inputs decides what a case reads, whatever the latents switch says for training.
     assert real["model"]["data"]["train"]["dataset_path"] == ["/fsx/data/tarfiles_reorganized/wdinfo.pkl"]
+    assert real["model"]["first_stage_key"] == "images"
 
 
 def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> None:
@@ -139,7 +143,7 @@ def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> 
         FIXED_FACTS,
     )
     edges = {job.name: [f"{d.kind.value}:{d.job}" for d in job.depends_on] for job in plan.jobs}
-    assert edges["data_check"] == ["afterok:generate_wdinfo", "afterok:pretrained_assets"]
+    assert edges["data_check"] == ["afterok:latents_wdinfo", "afterok:pretrained_assets"]
     assert edges["bench_n1"] == edges["bench_n2"] == ["afterok:data_check"]
     assert edges["sd_860m_res_256"] == ["afterok:data_check"]  # not bench_report
 
@@ -155,6 +159,8 @@ def test_the_sweep_waits_for_data_but_training_does_not_wait_for_the_sweep() -> 
         ("benchmark.micro_batch_sizes=[a]", "benchmark.micro_batch_sizes"),
         ("benchmark.time_per_task=00:20:00", "benchmark.time_per_task"),  # NeMo stops 1200 s before the limit
         ("benchmark.time_per_task=1h", "benchmark.time_per_task"),
+        ("benchmark.inputs=[pixels]", "benchmark.inputs"),
+        ("benchmark.inputs=[images,images]", "benchmark.inputs"),
     ],
 )
 def test_bad_sweep_values_are_refused_with_their_key(override: str, key: str) -> None:
@@ -298,7 +304,7 @@ def test_other_ranks_of_a_node_become_the_training_process(tmp_path: Path) -> No
 # ---- a whole sweep on the local backend with the sd_train stand-in --------------------------------
 
 
-def _sweep(base: Path, monkeypatch: pytest.MonkeyPatch, **env: str) -> Path:
+def _sweep(base: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str, **env: str) -> Path:
     memory = base / "gpu_memory"
     memory.mkdir(parents=True)
     monkeypatch.setenv("PATH", f"{STANDIN_BIN}{os.pathsep}{os.environ['PATH']}")
@@ -318,8 +324,50 @@ def _sweep(base: Path, monkeypatch: pytest.MonkeyPatch, **env: str) -> Path:
                 "benchmark.memory_sample_s=0.02",
                 f"training.run.script={STANDIN}",
                 f"training.run.python={sys.executable}",
+                *overrides,
             ]
         )
+    )
+
+
+def test_latents_and_images_side_by_side_with_their_ratio(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmark.inputs=[images,latents]: each micro batch twice, NeMo's synthetic data in both forms (the
+    stand-in's made-up steps are 1.5x faster on latents), the ratio in the table, the csv and the plot."""
+    run = _sweep(tmp_path, monkeypatch, "benchmark.inputs=[images,latents]", STANDIN_LATENTS_SPEED="1.5")
+    configs = run / "benchmark/configs"
+    latents = yaml.safe_load((configs / "n1_mbs8_latents.yaml").read_text())["model"]
+    images = yaml.safe_load((configs / "n1_mbs8.yaml").read_text())["model"]
+    assert (latents["first_stage_key"], latents["cond_stage_key"]) == ("image_encoded", "captions_encoded")
+    assert (images["first_stage_key"], images["cond_stage_key"]) == ("images", "captions")
+    assert latents["data"]["synthetic_data"] is images["data"]["synthetic_data"] is True
+    rows = {r["case"]: r for r in json.loads((run / "benchmark/report.json").read_text())["rows"]}
+    assert sorted(rows) == ["n1_mbs4", "n1_mbs4_latents", "n1_mbs8", "n1_mbs8_latents"]
+    for mbs in (4, 8):
+        assert rows[f"n1_mbs{mbs}_latents"]["latents_vs_images"] == pytest.approx(1.5, rel=0.01)
+        assert rows[f"n1_mbs{mbs}"]["latents_vs_images"] is None
+    markdown = (run / "benchmark/report.md").read_text()
+    row = next(
+        line
+        for line in markdown.splitlines()
+        if line.startswith("| STAND-IN GPU 80GB | 1 | 1 | 8 | 8 | latents")
+    )
+    assert row.endswith("| 1.00x (100%) | 1.50x | 0.8 GiB | ok |"), row
+    with Image.open(run / "benchmark/throughput.png") as image:
+        image.verify()
+
+
+def test_latents_from_real_data_need_the_switch() -> None:
+    cfg = [
+        "benchmark.inputs=[latents]",
+        "benchmark.synthetic_data=false",
+        "data_preparation.precache.enable=false",
+    ]
+    with pytest.raises(ConfigError) as error:
+        _cfg(*SWEEP, *cfg)
+    assert error.value.key == "benchmark.inputs" and "data_preparation.precache.enable is false" in str(
+        error.value
     )
 
 
@@ -335,7 +383,10 @@ def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pyte
         assert row["peak_gpu_mib"] == 100 * mbs + 7 and row["gpu"] == "STAND-IN GPU 80GB"
     markdown = (run / "benchmark/report.md").read_text()
     assert "first 2 steps of every task are excluded" in markdown
-    assert "| STAND-IN GPU 80GB | 1 | 1 | 8 | 8 | 1,000 | 1,000 | 1.00x (100%) | 0.8 GiB | ok |" in markdown
+    assert (
+        "| STAND-IN GPU 80GB | 1 | 1 | 8 | 8 | images | 1,000 | 1,000 | 1.00x (100%) | - | 0.8 GiB | ok |"
+        in markdown
+    )
     csv_lines = (run / "benchmark/report.csv").read_text().splitlines()
     assert len(csv_lines) == 3 and csv_lines[0].startswith("job,task,case,gpu,nodes,gpus,micro_batch_size")
     png = run / "benchmark/throughput.png"
@@ -360,6 +411,23 @@ def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pyte
         text=True,
         cwd=REPO,
         check=True,
+        env={**os.environ, "COLUMNS": "250"},
     )
-    assert "| 4 | 1 | 1,000 | 2,000 | 1,000 | 2,000 | 2.00x | ok | ok |" in done.stdout
-    assert "| 8 | 1 | 1,000 | 2,000 | 1,000 | 2,000 | 2.00x | ok | ok |" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert ["4", "1", "1,000", "2,000", "1,000", "2,000", "2.00x", "ok", "ok"] in rows, done.stdout
+    assert ["8", "1", "1,000", "2,000", "1,000", "2,000", "2.00x", "ok", "ok"] in rows, done.stdout
+    table = done.stdout.splitlines()[2:]  # below the A: and B: lines, which name the run folders
+    assert max(len(line.rstrip()) for line in table) <= 100, done.stdout
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "launcher.bench.report", str(run / "benchmark")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+        env={**os.environ, "COLUMNS": "250"},
+    ).stdout.splitlines()
+    assert max(len(line.rstrip()) for line in printed[:-1]) <= 100, "\n".join(printed)
+    # A GPU's long name may wrap onto the next line; the numbers stay on the row.
+    rows = [" ".join(line.split()) for line in printed]
+    assert any(r.endswith(" 1 1 8 8 images 1,000 1,000 1.00x (100%) - 0.8 GiB ok") for r in rows), printed

@@ -55,6 +55,7 @@ def test_cpu_sweep_report_comes_from_nemo_logs(tmp_path: Path, nemo_python: str)
                 "assets.enable=false",
                 *TINY_OVERRIDES,
                 "benchmark.micro_batch_sizes=[1,2]",
+                "benchmark.inputs=[images,latents]",
                 f"benchmark.max_steps={STEPS}",
                 f"benchmark.warmup_steps={WARMUP}",
                 f"training.run.script={SD_TRAIN_CPU}",
@@ -64,13 +65,22 @@ def test_cpu_sweep_report_comes_from_nemo_logs(tmp_path: Path, nemo_python: str)
         )
     )
     report = json.loads((run / "benchmark/report.json").read_text())
-    assert [r["micro_batch_size"] for r in report["rows"]] == [1, 2]
+    assert [(r["micro_batch_size"], r["inputs"]) for r in report["rows"]] == [
+        (1, "images"),
+        (2, "images"),
+        (1, "latents"),
+        (2, "latents"),
+    ]
     for row in report["rows"]:
         nemo_dir = run / "benchmark/tasks" / row["case"] / "nemo"
         # NeMo ran the task's own config: its batch, no checkpoints, its own log folder.
         hparams = yaml.safe_load((nemo_dir / "hparams.yaml").read_text())["cfg"]
         assert (hparams["micro_batch_size"], hparams["global_batch_size"]) == (row["micro_batch_size"],) * 2
         assert hparams["data"]["synthetic_data"] is True and not (nemo_dir / "checkpoints").exists()
+        # NeMo's synthetic data in the form the case names: moments and text embeddings for latents.
+        keys = ("image_encoded", "captions_encoded") if row["inputs"] == "latents" else ("images", "captions")
+        assert (hparams["first_stage_key"], hparams["cond_stage_key"]) == keys
+        assert (row["latents_vs_images"] is not None) == (row["inputs"] == "latents")
         assert (row["status"], row["steps_done"], row["steps_measured"]) == ("ok", STEPS, STEPS - WARMUP)
         assert (row["gpu"], row["peak_gpu_mib"]) == ("n/a", None)  # no nvidia-smi here
         logged = _tensorboard_timings(nemo_python, nemo_dir)
@@ -81,6 +91,7 @@ def test_cpu_sweep_report_comes_from_nemo_logs(tmp_path: Path, nemo_python: str)
         assert row["img_s_per_gpu"] == pytest.approx(row["micro_batch_size"] / mean, rel=5e-3)
     markdown = (run / "benchmark/report.md").read_text()
     assert f"first {WARMUP} steps of every task are excluded" in markdown
-    assert "| n/a | 1 | 1 | 2 | 2 |" in markdown and "| n/a | ok |" in markdown
+    assert "| n/a | 1 | 1 | 2 | 2 | images |" in markdown and "| n/a | ok |" in markdown
+    assert "| n/a | 1 | 1 | 2 | 2 | latents |" in markdown
     assert (run / "benchmark/throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(markdown)  # pytest -s shows the table (the README's CPU example is such a run)

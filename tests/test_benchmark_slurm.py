@@ -94,10 +94,13 @@ def test_sweep_with_an_oom_task_reports_every_row(slurm_cluster, shared: Path) -
     markdown = (run / "benchmark/report.md").read_text()
     # What the OOM task reached: its third step was measured before it failed.
     assert (
-        "| STAND-IN GPU 80GB | 2 | 16 | 8 | 128 | 800 | 12,800 | 1.60x (80%) | 0.8 GiB | **OOM** after 3 of 6 "
-        "steps, exit 1 |"
+        "| STAND-IN GPU 80GB | 2 | 16 | 8 | 128 | images | 800 | 12,800 | 1.60x (80%) | - | 0.8 GiB | **OOM** after "
+        "3 of 6 steps, exit 1 |"
     ) in markdown
-    assert "| STAND-IN GPU 80GB | 2 | 16 | 16 | 256 | 800 | 12,800 | 1.60x (80%) | 1.6 GiB | ok |" in markdown
+    assert (
+        "| STAND-IN GPU 80GB | 2 | 16 | 16 | 256 | images | 800 | 12,800 | 1.60x (80%) | - | 1.6 GiB | ok |"
+        in markdown
+    )
     assert markdown.count("\n| STAND-IN GPU 80GB |") == 6
 
     png = run / "benchmark/throughput.png"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, compose_config
+from conftest import REPO, aws_argv, compose_config
 
 from launcher.cli import launch, main
 from launcher.errors import ConfigError
@@ -157,35 +157,37 @@ ISSUE_CASES = [
 ]
 
 
-def _aws_argv(tmp_path: Path) -> list[str]:
-    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
-    return [
-        "cluster=aws_p5",
-        "stages=[data_preparation,training]",
-        f"cluster.shared_dir={tmp_path}",
-        f"container.mounts=[{tmp_path}:{tmp_path}]",
-        f"container.image={tmp_path}/nemo.sqsh",
-    ]
-
-
 def test_the_aws_pipeline_without_a_bad_value_is_submitted(
     tmp_path: Path, recording_sbatch: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The control of the cases below: the same command reaches sbatch."""
-    assert main(_aws_argv(tmp_path)) == 0, capsys.readouterr().err
-    assert len(recording_sbatch.read_text().splitlines()) == 7  # assets, 4 data steps, data_check, training
+    assert main(aws_argv(tmp_path)) == 0, capsys.readouterr().err
+    # assets, 4 data steps, encode + wdinfo of the cached latents, data_check, training
+    assert len(recording_sbatch.read_text().splitlines()) == 9
 
 
 @pytest.mark.parametrize(("override", "message"), ISSUE_CASES, ids=[c[0] for c in ISSUE_CASES])
 def test_issue_cases_exit_2_naming_key_value_and_what_is_allowed(
     override: str, message: str, tmp_path: Path, recording_sbatch: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([*_aws_argv(tmp_path), override]) == 2
+    _refused([override], message, tmp_path, recording_sbatch, capsys)
+
+
+def _refused(
+    overrides: list[str],
+    message: str,
+    tmp_path: Path,
+    recording_sbatch: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    """Exit 2, the error starts with `message`, nothing written, sbatch not called; the error text."""
+    assert main([*aws_argv(tmp_path), *overrides]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}"), err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nemo.sqsh"], "something was written"
     assert not recording_sbatch.exists(), "sbatch was called"
+    return err
 
 
 def test_data_check_without_a_nemo_interpreter_is_refused_with_the_fix(tmp_path: Path) -> None:
@@ -201,6 +203,68 @@ def test_data_check_without_a_nemo_interpreter_is_refused_with_the_fix(tmp_path:
         "requirements-nemo.txt" in str(error.value)
     )
     assert list(tmp_path.iterdir()) == []
+    # Nor the encode step of the cached latents, which builds NeMo's VAE and text encoder.
+    with pytest.raises(ConfigError) as error:
+        launch(
+            compose_config([f"cluster.shared_dir={tmp_path}", "data_preparation.precache.enable=true"]),
+            no_venv,
+        )
+    assert error.value.key == "data_preparation.precache.python"
+    assert list(tmp_path.iterdir()) == []
     # The default command (data preparation alone) needs no NeMo.
     launch(compose_config([f"cluster.shared_dir={tmp_path}", "dry_run=true"]), no_venv)
     assert (tmp_path / "results/sd_pretrain/data_preparation/download_images.sbatch").exists()
+
+
+# The cached-latents switch (data_preparation.precache, on in the aws presets): refused naming the keys.
+AUG = "training.model.data.train.augmentations"
+LATENT_CASES = [
+    # (overrides, the key the error starts with, words it must contain)
+    (
+        ["stages=[data_preparation]", "training.model.first_stage_config.from_pretrained=null"],
+        "training.model.first_stage_config.from_pretrained",
+        "random VAE",
+    ),
+    (
+        [
+            f"{AUG}.resize_smallest_side=512",
+            f"{AUG}.center_crop_h_w='512, 512'",
+            "training.model.unet_config.image_size=64",
+        ],
+        f"{AUG}.resize_smallest_side",
+        "data_preparation.download_images.image_size is 256",
+    ),
+    (
+        ["training.model.unet_config.image_size=64"],
+        "training.model.unet_config.image_size",
+        "are 32x32",
+    ),
+    (
+        ["training.model.unet_config.in_channels=8"],
+        "training.model.unet_config.in_channels",
+        "embed_dim",
+    ),
+    ([f"{AUG}.horizontal_flip=true"], f"{AUG}.horizontal_flip", "freeze one draw"),
+    (
+        ["data_preparation.precache.enable=false", "training.model.first_stage_key=image_encoded"],
+        "training.model.first_stage_key",
+        "data_preparation.precache.enable is false",
+    ),
+    (
+        ["training.model.cond_stage_key=captions_clip_encoded"],
+        "training.model.cond_stage_key",
+        "captions_encoded",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "words"), LATENT_CASES, ids=[case[1] for case in LATENT_CASES])
+def test_bad_latent_settings_are_refused_before_anything_is_submitted(
+    overrides: list[str],
+    key: str,
+    words: str,
+    tmp_path: Path,
+    recording_sbatch: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert words in _refused(overrides, key, tmp_path, recording_sbatch, capsys)

@@ -38,10 +38,18 @@ def _saved(tmp_path: Path, *extra: str) -> tuple[Path, object]:
 
 
 def test_derived_values_point_at_what_data_preparation_writes(tmp_path: Path) -> None:
+    _, images = _saved(tmp_path / "images", "data_preparation.precache.enable=false")
+    tars = tmp_path / "images/data/tarfiles_reorganized"
+    assert images.model.data.train.dataset_path == [str(tars / "wdinfo.pkl")]
+    assert images.model.data.webdataset.local_root_path == str(tars)
+    assert (images.model.first_stage_key, images.model.cond_stage_key) == ("images", "captions")
+    # The aws preset's default: cached latents, NeMo's precached keys (docs: image_encoded/captions_encoded).
     _, cfg = _saved(tmp_path)
+    latents = tmp_path / "data/tarfiles_latents"
+    assert cfg.model.data.train.dataset_path == [str(latents / "wdinfo.pkl")]
+    assert cfg.model.data.webdataset.local_root_path == str(latents)
+    assert (cfg.model.first_stage_key, cfg.model.cond_stage_key) == ("image_encoded", "captions_encoded")
     tars = tmp_path / "data/tarfiles_reorganized"
-    assert cfg.model.data.train.dataset_path == [str(tars / "wdinfo.pkl")]
-    assert cfg.model.data.webdataset.local_root_path == str(tars)
     assert (cfg.trainer.devices, cfg.trainer.num_nodes) == (8, 2)
     assert cfg.exp_manager.explicit_log_dir == str(tmp_path / "results/sd_pretrain/training/results")
     assert cfg.trainer.accumulate_grad_batches == 1
@@ -115,7 +123,7 @@ def test_one_nemo_version_for_presets_container_and_cpu_checks() -> None:
 
 
 def _training_only(tmp_path: Path, tars: int, *extra: str) -> None:
-    wdinfo = tmp_path / "data/tarfiles_reorganized/wdinfo.pkl"
+    wdinfo = tmp_path / "data/tarfiles_latents/wdinfo.pkl"  # aws_p5 trains from cached latents
     wdinfo.parent.mkdir(parents=True, exist_ok=True)
     wdinfo.write_bytes(
         pickle.dumps(

@@ -8,14 +8,18 @@ as the assets job lays them out. Only sizes, asset paths and the device differ f
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from nemo_cpu.harness import REPO, prepare_demo_data, render_training, run_sd_train, write_tiny_assets
+from nemo_cpu.harness import (
+    prepare_demo_data,
+    render_training,
+    run_data_check,
+    run_sd_train,
+    write_tiny_assets,
+)
 
 from launcher.throughput import read_training_progress
 
@@ -83,27 +87,9 @@ def test_nemo_rejects_the_keys_the_old_preset_had(
 
 
 def _data_check(nemo_python: str, config: Path) -> tuple[int, dict]:
-    report = config.parent / "report.json"
-    proc = subprocess.run(
-        [
-            nemo_python,
-            "-m",
-            "data_prep.data_check",
-            "--training-config",
-            str(config),
-            "--model-check",
-            "--batches",
-            "1",
-            "--report",
-            str(report),
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return run_data_check(
+        nemo_python, config, config.parent / "report.json", "--model-check", "--batches", "1"
     )
-    return proc.returncode, json.loads(report.read_text())
 
 
 def test_model_check_builds_the_three_modules_from_the_staged_assets(shared: Path, nemo_python: str) -> None:

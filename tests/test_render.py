@@ -144,9 +144,13 @@ def test_training_script_has_pyxis_efa_and_ranks() -> None:
 
 
 def test_cpu_jobs_do_not_inherit_gpu_requests() -> None:
+    # The GPU jobs: training, and the encode step of the cached latents (a node per task, a process per GPU).
+    gpu_jobs = ("data_preparation/encode_latents.sbatch",)
     for name, text in rendered("aws_p5_full").items():
-        if not name.startswith("training/"):
+        if not name.startswith("training/") and name not in gpu_jobs:
             assert "--gpus-per-node" not in text and "--exclusive" not in text and "--mem=0" not in text, name
+    encode = rendered("aws_p5_full")["data_preparation/encode_latents.sbatch"]
+    assert "#SBATCH --gpus-per-node=8" in encode and "#SBATCH --ntasks-per-node=8" in encode
 
 
 def test_secret_file_is_read_at_run_time_never_written() -> None:

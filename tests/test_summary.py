@@ -32,14 +32,18 @@ def test_the_launch_summary_fits_100_columns_with_paths_relative_to_the_run(
     ]
     assert main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    title = "dry run: 7 job(s), nothing submitted" if dry_run else "submitted to Slurm"
+    title = "dry run: 9 job(s), nothing submitted" if dry_run else "submitted to Slurm"
     summary = out[out.index(title) :].splitlines()
     table = summary[
-        1 : next(i for i, line in enumerate(summary) if line.startswith(("scripts", "training:")))
+        1 : next(
+            i for i, line in enumerate(summary) if line.startswith(("scripts", "precache:", "training:"))
+        )
     ]
     assert len(table) >= 8 and table[0].split() == ["job", "job", "id", "array", "after", "log"], out
-    notes = [line for line in summary if line.startswith(("training:", "  accumulated"))]
-    assert notes, out
+    notes = [
+        line for line in summary if line.startswith(("precache:", "training:", "  accumulated", "  most"))
+    ]
+    assert len(notes) >= 3 and notes[0].startswith("precache: 140,288 bytes per sample"), out
     # The run folder is printed once, absolute, with the commands that take it; the rest fits.
     assert max(len(line.rstrip()) for line in [summary[0], *table, *notes]) <= 100, "\n".join(summary)
     assert all(str(shared) not in line for line in table), "\n".join(table)

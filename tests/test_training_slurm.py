@@ -50,6 +50,7 @@ def _launch(shared: Path, *overrides: str) -> dict[str, str]:
                 "stages=[training]",
                 "data_check.enable=false",
                 "assets.enable=false",  # no Hub here: tests/test_assets_stage.py runs the assets job
+                "data_preparation.precache.enable=false",  # image tars (tests/test_latents_slurm.py: latents)
                 f"cluster.shared_dir={shared}",
                 f"container.mounts=[{shared}:{shared}]",
                 f"container.image={shared}/nemo.sqsh",

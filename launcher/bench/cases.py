@@ -27,10 +27,13 @@ class Case:
     nodes: int
     gpus_per_node: int  # ranks per node (1 on a cluster without GPUs)
     micro_batch_size: int
+    # What the UNet is fed: "images" (the VAE and CLIP run every step) or "latents" (cached encodings).
+    inputs: str = "images"
 
     @property
     def name(self) -> str:
-        return f"n{self.nodes}_mbs{self.micro_batch_size}"
+        suffix = "" if self.inputs == "images" else f"_{self.inputs}"
+        return f"n{self.nodes}_mbs{self.micro_batch_size}{suffix}"
 
     @property
     def ranks(self) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.bench.cases import bench_dir
-from launcher.bench.report import markdown_table, rate
+from launcher.bench.report import print_fitted, rate
 from launcher.bench.results import collect
 
 HEADER = (
@@ -39,7 +39,8 @@ def _gpus(rows: list[dict[str, Any]]) -> str:
     return ", ".join(sorted({str(r["gpu"]) for r in rows})) or "?"
 
 
-def compare(run_a: Path, run_b: Path) -> str:
+def comparison(run_a: Path, run_b: Path) -> tuple[str, list[list[str]]]:
+    """Which run is A and which B (with their GPUs), and the rows under HEADER."""
     a = {(r["micro_batch_size"], r["nodes"]): r for r in rows_of(run_a)}
     b = {(r["micro_batch_size"], r["nodes"]): r for r in rows_of(run_b)}
     table = []
@@ -60,5 +61,12 @@ def compare(run_a: Path, run_b: Path) -> str:
                 rb.get("status", "absent"),
             ]
         )
-    head = f"A: {run_a} ({_gpus(list(a.values()))})\nB: {run_b} ({_gpus(list(b.values()))})\n\n"
-    return head + markdown_table(HEADER, table)
+    head = f"A: {run_a} ({_gpus(list(a.values()))})\nB: {run_b} ({_gpus(list(b.values()))})"
+    return head, table
+
+
+def print_comparison(run_a: Path, run_b: Path) -> None:
+    """The comparison on a terminal, in 100 columns."""
+    head, rows = comparison(run_a, run_b)
+    print(head)
+    print_fitted(HEADER, rows)

@@ -18,6 +18,7 @@ from pathlib import Path
 from launcher.bench.cases import Sweep, bench_dir
 from launcher.bench.results import Result, collect
 from launcher.manifest import write_atomic
+from launcher.paths import TABLE_WIDTH
 
 COLUMNS = (
     "GPU",
@@ -25,9 +26,11 @@ COLUMNS = (
     "GPUs",
     "micro batch",
     "global batch",
+    "inputs",
     "img/s per GPU",
     "img/s total",
     "scaling vs 1 node",
+    "latents vs images",
     "peak GPU memory",
     "status",
 )
@@ -65,9 +68,11 @@ def table_row(r: Result, sweep: Sweep) -> list[str]:
         str(r.gpus),
         str(r.micro_batch_size),
         str(r.global_batch_size),
+        r.inputs,
         rate(r.img_s_per_gpu),
         rate(r.img_s_total),
         scaling(r),
+        "-" if r.latents_vs_images is None else f"{r.latents_vs_images:.2f}x",
         memory(r.peak_gpu_mib),
         status(r, sweep),
     ]
@@ -76,6 +81,27 @@ def table_row(r: Result, sweep: Sweep) -> list[str]:
 def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def print_fitted(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> None:
+    """The table on a terminal in TABLE_WIDTH columns, one space apart: headers wrap at spaces; a cell
+    wraps only past 12 characters (a GPU's name, a long status), so the numbers stay on one line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    widths = [
+        max(min(max((len(row[i]) for row in rows), default=0), 12), *map(len, name.split()))
+        for i, name in enumerate(header)
+    ]
+    # Room left over (each column pads one space on its right) unwraps headers, left to right.
+    for i, name in enumerate(header):
+        widths[i] += max(0, min(len(name) - widths[i], TABLE_WIDTH - sum(widths) - len(widths)))
+    table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+    for name, width in zip(header, widths, strict=True):
+        table.add_column(name, overflow="fold", width=width)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=TABLE_WIDTH).print(table)
 
 
 def markdown(run_dir: Path, sweep: Sweep, results: list[Result]) -> str:
@@ -93,8 +119,10 @@ micro batch x GPUs (no accumulation), no checkpoints.
 - **Warm-up: the first {sweep.warmup_steps} steps of every task are excluded.** img/s total = global batch /
   mean of NeMo's own `train_step_timing` (rank 0's progress bar) over steps {sweep.warmup_steps + 1} to
   {sweep.max_steps}; per GPU = total / GPUs.
-- Scaling vs 1 node: img/s total divided by the same micro batch's img/s total on 1 node (in brackets:
-  per-GPU efficiency).
+- Scaling vs 1 node: img/s total divided by the same inputs' and micro batch's img/s total on 1 node (in
+  brackets: per-GPU efficiency).
+- Inputs: images (NeMo runs the frozen VAE and CLIP on every image, every step) or latents (cached encodings,
+  docs/latents.md). Latents vs images: a latents row's img/s divided by images' at the same nodes and micro batch.
 - Peak GPU memory: the highest `memory.used` nvidia-smi reported for any GPU of the task, sampled every
   {sweep.memory_sample_s:g} s (includes the CUDA context and memory PyTorch keeps cached); n/a without nvidia-smi.
 - A task that ran out of memory is marked **OOM** with the steps it reached; logs are listed in report.json.
@@ -120,14 +148,31 @@ def plot_png(results: list[Result], title: str) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    both = len({r.inputs for r in results}) > 1
     for nodes in sorted({r.nodes for r in results}):
-        points = sorted(
-            (r.micro_batch_size, r.img_s_per_gpu)
-            for r in results
-            if r.nodes == nodes and r.status == "ok" and r.img_s_per_gpu
-        )
-        if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=f"{nodes} node{'s' if nodes > 1 else ''}")
+        for inputs in ("images", "latents"):
+            rows = sorted(
+                (
+                    r
+                    for r in results
+                    if (r.nodes, r.inputs) == (nodes, inputs) and r.status == "ok" and r.img_s_per_gpu
+                ),
+                key=lambda r: r.micro_batch_size,
+            )
+            if not rows:
+                continue
+            label = f"{nodes} node{'s' if nodes > 1 else ''}" + (f", {inputs}" if both else "")
+            sizes, rates = [r.micro_batch_size for r in rows], [r.img_s_per_gpu for r in rows]
+            ax.plot(sizes, rates, marker="o", linestyle="--" if inputs == "latents" else "-", label=label)
+            for r in rows:  # the ratio beside each latents point
+                if r.latents_vs_images:
+                    ax.annotate(
+                        f"{r.latents_vs_images:.2f}x",
+                        (r.micro_batch_size, r.img_s_per_gpu),
+                        textcoords="offset points",
+                        xytext=(4, 4),
+                        fontsize=8,
+                    )
     oom = [r.micro_batch_size for r in results if r.status == "OOM"]
     if oom:
         ax.scatter(
@@ -196,9 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("bench_dir", type=Path, help="<run>/benchmark, the sweep's folder")
-    path = write_report(parser.parse_args(argv).bench_dir.resolve().parent)
-    print(path.read_text())
-    print(f"written: {path}, report.csv, report.json, throughput.png")
+    run_dir = parser.parse_args(argv).bench_dir.resolve().parent
+    path = write_report(run_dir)
+    sweep, results = collect(run_dir)
+    print_fitted(COLUMNS, [table_row(r, sweep) for r in results])
+    print(f"written: {path} (the table with how it was measured), report.csv, report.json, throughput.png")
     return 0
 
 

@@ -39,6 +39,7 @@ class Result:
     gpus: int
     micro_batch_size: int
     global_batch_size: int
+    inputs: str  # images or latents (cached)
     status: str
     exit_code: int | None
     steps_done: int
@@ -47,6 +48,7 @@ class Result:
     img_s_total: float | None
     img_s_per_gpu: float | None
     scaling_vs_1_node: float | None  # img/s total / the same micro batch's img/s total on 1 node
+    latents_vs_images: float | None  # a latents row's img/s / the same nodes and micro batch from images
     peak_gpu_mib: int | None
     log: str | None
 
@@ -110,6 +112,7 @@ def measure(
         gpus=case.ranks,
         micro_batch_size=case.micro_batch_size,
         global_batch_size=case.global_batch_size,
+        inputs=case.inputs,
         status=status,
         exit_code=code,
         steps_done=steps_done,
@@ -118,18 +121,25 @@ def measure(
         img_s_total=total,
         img_s_per_gpu=total / case.ranks if total else None,
         scaling_vs_1_node=None,
+        latents_vs_images=None,
         peak_gpu_mib=max(peaks) if peaks else None,
         log=str(log) if log else None,
     )
 
 
-def _with_scaling(results: list[Result]) -> list[Result]:
-    one_node = {r.micro_batch_size: r.img_s_total for r in results if r.nodes == 1 and r.img_s_total}
+def _with_ratios(results: list[Result]) -> list[Result]:
+    """Scaling vs the same inputs and micro batch on 1 node; latents vs images at the same shape."""
+    one_node = {
+        (r.inputs, r.micro_batch_size): r.img_s_total for r in results if r.nodes == 1 and r.img_s_total
+    }
+    images = {(r.nodes, r.micro_batch_size): r.img_s_total for r in results if r.inputs == "images"}
     out = []
     for r in results:
-        base = one_node.get(r.micro_batch_size)
+        base = one_node.get((r.inputs, r.micro_batch_size))
         scaling = r.img_s_total / base if base and r.img_s_total else None
-        out.append(Result(**{**r.as_dict(), "scaling_vs_1_node": scaling}))
+        other = images.get((r.nodes, r.micro_batch_size)) if r.inputs == "latents" else None
+        ratio = r.img_s_total / other if other and r.img_s_total else None
+        out.append(Result(**{**r.as_dict(), "scaling_vs_1_node": scaling, "latents_vs_images": ratio}))
     return out
 
 
@@ -142,4 +152,4 @@ def collect(run_dir: Path) -> tuple[Sweep, list[Result]]:
         log = task_log(run_dir, case)
         text = log.read_bytes().decode("utf-8", errors="replace") if log else None
         results.append(measure(sweep, case, text, node_records(bench, case), log))
-    return sweep, _with_scaling(results)
+    return sweep, _with_ratios(results)

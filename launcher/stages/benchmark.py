@@ -15,12 +15,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from data_prep.latent_format import COND_STAGE_KEY, FIRST_STAGE_KEY
 from launcher import nemo_config
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
 from launcher.bench.report import progress_lines
 from launcher.config import BackendName, JobResources
 from launcher.errors import ConfigError
-from launcher.rules import Each, Range, SlurmTime, described, ruled, slurm_time_seconds
+from launcher.precache import IMAGE_KEYS
+from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages import training
@@ -31,6 +33,7 @@ REPORT_JOB = "bench_report"
 # One rank that runs out of memory must end its task at once: without this srun waits for the other
 # ranks, which sit in NCCL collectives until NCCL's timeout or the task's time limit.
 KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
+INPUTS = ("images", "latents")
 
 
 @dataclass
@@ -44,6 +47,11 @@ class BenchmarkConfig:
     )
     nodes: list[int] = ruled(
         Each(Range(1), min_items=1), factory=lambda: [1], help="Node counts swept; one job array each."
+    )
+    inputs: list[str] = ruled(
+        Each(Choice(INPUTS), min_items=1),
+        factory=lambda: ["images"],
+        help="What training reads: images (VAE + CLIP every step), latents (cached), or both side by side.",
     )
     max_steps: int = ruled(Range(1), 50, help="Optimizer steps per task.")
     warmup_steps: int = ruled(Range(0), 10, help="The first steps, left out of every number.")
@@ -76,10 +84,13 @@ def sweep(ctx: Context) -> Sweep:
 def _sweep(cfg: Any) -> Sweep:
     b = cfg.benchmark
     gpus = max(cfg.cluster.gpus_per_node, 1)  # a cluster without GPUs runs one rank per node
+    pairs = [(inputs, mbs) for inputs in dict.fromkeys(b.inputs) for mbs in b.micro_batch_sizes]
     cases = tuple(
-        Case(job=job_name(nodes), task=i, nodes=nodes, gpus_per_node=gpus, micro_batch_size=mbs)
+        Case(
+            job=job_name(nodes), task=i, nodes=nodes, gpus_per_node=gpus, micro_batch_size=mbs, inputs=inputs
+        )
         for nodes in b.nodes
-        for i, mbs in enumerate(b.micro_batch_sizes)
+        for i, (inputs, mbs) in enumerate(pairs)
     )
     return Sweep(
         max_steps=b.max_steps,
@@ -97,19 +108,26 @@ def _case_cfg(cfg: Any, case: Case) -> Any:
         "micro_batch_size": case.micro_batch_size,
         "global_batch_size": case.global_batch_size,
     }
+    latents = case.inputs == "latents"
     if b.synthetic_data:
         # One epoch covers every step: an epoch boundary inside the measured steps would restart
         # the loader workers and be counted as training time.
         length = (b.max_steps + 1) * case.micro_batch_size
         model["data"] = {"synthetic_data": True, "synthetic_data_length": length}
+        # NeMo's synthetic dataset yields encoded tensors for encoded keys (SDSyntheticDataset).
+        keys = (FIRST_STAGE_KEY, COND_STAGE_KEY) if latents else IMAGE_KEYS
+        model.update(first_stage_key=keys[0], cond_stage_key=keys[1])
     merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(dict(tr.model)), model), resolve=True)
+    # Real data: the latents switch decides what the case reads (precache.training_overrides).
+    dp = cfg.data_preparation
+    pre = dataclasses.replace(dp.precache, enable=latents and not b.synthetic_data)
     changed = dataclasses.replace(
         tr,
         run=dataclasses.replace(tr.run, time_limit=b.time_per_task),
         trainer={**tr.trainer, "num_nodes": case.nodes, "max_steps": b.max_steps},
         model=merged,  # type: ignore[arg-type]
     )
-    return dataclasses.replace(cfg, training=changed)
+    return dataclasses.replace(cfg, training=changed, data_preparation=dataclasses.replace(dp, precache=pre))
 
 
 def case_context(ctx: Context, case: Case) -> Context:
@@ -219,7 +237,7 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
     """Rules between the sweep's fields (each field's own range is declared on it), and every case's
     NeMo config as training's checks see it."""
     b = cfg.benchmark
-    for key, values in (("micro_batch_sizes", b.micro_batch_sizes), ("nodes", b.nodes)):
+    for key, values in (("micro_batch_sizes", b.micro_batch_sizes), ("nodes", b.nodes), ("inputs", b.inputs)):
         if len(set(values)) != len(values):
             raise ConfigError(f"benchmark.{key}", f"{values} repeats a value; allowed: distinct integers")
     if b.warmup_steps >= b.max_steps:
@@ -229,6 +247,13 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         )
     if NAME not in planned:
         return
+    if "latents" in b.inputs and not b.synthetic_data and not cfg.data_preparation.precache.enable:
+        raise ConfigError(
+            "benchmark.inputs",
+            f"{b.inputs} with benchmark.synthetic_data=false reads the cached latents, but "
+            "data_preparation.precache.enable is false (none are made); allowed: [images], synthetic data, "
+            "or turn the switch on",
+        )
     stop = cfg.training.run.stop_before_limit_s
     if (slurm_time_seconds(b.time_per_task) or 0) <= stop:
         # A task's NeMo stops itself stop_before_limit_s before the task's limit, as training does.

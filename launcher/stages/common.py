@@ -139,6 +139,15 @@ def after(*names: str) -> tuple[Dependency, ...]:
     return tuple(Dependency(name) for name in names)
 
 
+# A dependency on another stage's last jobs (a stage's `uses`), resolved by launcher.pipeline.
+STAGE_REF = "stage:"
+
+
+def after_stage(name: str) -> Dependency:
+    """Wait for the last jobs of stage `name` if it is planned in this launch (else for nothing)."""
+    return Dependency(STAGE_REF + name)
+
+
 def inside_mounts(path: str, mounts: list[str]) -> bool:
     """Whether `path` is seen at the same place inside the container."""
     for mount in mounts:

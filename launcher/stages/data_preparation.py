@@ -7,13 +7,15 @@ generate_wdinfo; the two download steps must then be disabled (the preset does i
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from launcher import nemo_config, precache
 from launcher.config import Runtime
 from launcher.errors import ConfigError
 from launcher.spec import Array, JobSpec
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, after, cpu_resources, make_job, require_mounted
+from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
 from launcher.stages.data_preparation_config import DataPreparationConfig
 
 NAME = "data_preparation"
@@ -226,7 +228,42 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
                 depends_on=deps,
             )
         )
+    if precache.enabled(ctx.cfg):
+        last = jobs[-1].name if jobs else None
+        jobs += precache.plan(ctx, nemo_config.config_path(ctx), last, nemo_config.OFFLINE_HUB_ENV)
     return tuple(jobs)
 
 
-STAGE = StageSpec(name=NAME, config=DataPreparationConfig, plan=plan, check=_check)
+def _check_all(cfg: Any, planned: frozenset[str]) -> None:
+    _check(cfg, planned)
+    if NAME in planned:
+        precache.check(cfg)
+
+
+def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
+    if NAME in planned:
+        precache.host_check(cfg, facts)
+
+
+def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
+    """The encode step builds NeMo's VAE and text encoder from the training config that training reads."""
+    if not precache.enabled(ctx.cfg):
+        return ()
+    return ((nemo_config.config_path(ctx), nemo_config.to_yaml(nemo_config.build(ctx))),)
+
+
+def _notes(ctx: Context) -> tuple[str, ...]:
+    return (precache.storage_note(ctx.cfg),) if precache.enabled(ctx.cfg) else ()
+
+
+STAGE = StageSpec(
+    name=NAME,
+    config=DataPreparationConfig,
+    plan=plan,
+    # The encode step (precache) reads the staged VAE and CLIP; the downloads do not wait for them.
+    uses=lambda cfg: ("assets",) if precache.enabled(cfg) else (),
+    check=_check_all,
+    host_check=_host_check,
+    files=_files,
+    notes=_notes,
+)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.config import StepConfig
+from launcher.config import JobResources, StepConfig
 from launcher.rules import ABS_PATH, Choice, Each, Pattern, Range, Text, described, ruled
 
 
@@ -157,6 +157,39 @@ class DemoConfig:
 
 
 @dataclass
+class PrecacheConfig:
+    """Cached latents (docs/latents.md): encode every image once, then train from the stored latents."""
+
+    enable: bool = described(
+        False,
+        help="Encode every image once after the wdinfo (GPU array job) and train from the latents; "
+        "false trains from the images.",
+    )
+    num_tasks: int = ruled(
+        Range(1), 1, help="Array tasks of the encode job, each a GPU node running one process per GPU."
+    )
+    batch_size: int = ruled(Range(1), 64, help="Images per VAE call in one encode process.")
+    device: str | None = ruled(
+        Choice(("cuda", "cpu")), None, help="Where the encoders run; null = cuda with GPUs, cpu without."
+    )
+    rows_estimate: int | None = ruled(
+        Range(1),
+        None,
+        help="Rows the source holds, for the storage estimate when download_parquet.max_rows is null.",
+    )
+    python: str | None = ruled(
+        Text(),
+        None,
+        help="NeMo's interpreter; null = training.run.python in a container, else .venv-nemo of this checkout "
+        "(on Slurm without a container, else training.run.python).",
+    )
+    # Time per encode task (on GPU nodes it takes the whole node, like training); cpus/mem for CPU runs.
+    resources: JobResources = field(
+        default_factory=lambda: JobResources(cpus_per_task=8, mem="32G", time="04:00:00")
+    )
+
+
+@dataclass
 class DataPreparationConfig:
     num_partitions: int = ruled(Range(1), 64, help="Parquet partitions, one download array task each.")
     demo: DemoConfig = field(default_factory=DemoConfig)
@@ -165,3 +198,4 @@ class DataPreparationConfig:
     tars: TarsConfig = field(default_factory=TarsConfig)
     reorganize_tar: ReorganizeTarConfig = field(default_factory=ReorganizeTarConfig)
     generate_wdinfo: GenerateWdinfoConfig = field(default_factory=GenerateWdinfoConfig)
+    precache: PrecacheConfig = field(default_factory=PrecacheConfig)

@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "logs":
             return _logs(args.run_dir, args.job, args.follow, args.lines)
         if args.command == "compare":
-            from launcher.bench.compare import compare
+            from launcher.bench.compare import print_comparison
 
-            print(compare(args.run_dir, args.other_run_dir), end="")
+            print_comparison(args.run_dir, args.other_run_dir)
             return 0
         if args.command == "plot":
             from launcher.plot import write_plot

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -30,7 +31,8 @@ def write_tiny_assets(nemo_python: str, shared_dir: Path) -> None:
 
 
 def render_training(shared_dir: Path, run_name: str, *overrides: str) -> Path:
-    """The training config exactly as `stages=[training]` writes it for a 1-GPU node, made tiny."""
+    """The training config exactly as `stages=[training]` writes it for a 1-GPU node, made tiny; from the
+    demo's image tars unless an override turns the cached latents on (the slurm preset's default)."""
     launch(
         compose_config(
             [
@@ -42,6 +44,7 @@ def render_training(shared_dir: Path, run_name: str, *overrides: str) -> Path:
                 "data_check.enable=false",
                 "dry_run=true",
                 f"run_name={run_name}",
+                "data_preparation.precache.enable=false",
                 *TINY_OVERRIDES,
                 *overrides,
             ]
@@ -72,6 +75,28 @@ def run_sd_train(nemo_python: str, config: Path, log: Path) -> subprocess.Comple
     )
     log.write_text(proc.stdout + proc.stderr)
     return proc
+
+
+def run_data_check(nemo_python: str, config: Path, report: Path, *args: str) -> tuple[int, dict]:
+    """`python -m data_prep.data_check` on a rendered config with NeMo's interpreter; (exit code, report)."""
+    argv = [
+        nemo_python,
+        "-m",
+        "data_prep.data_check",
+        "--training-config",
+        str(config),
+        "--report",
+        str(report),
+    ]
+    proc = subprocess.run(
+        [*argv, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return proc.returncode, json.loads(report.read_text())
 
 
 CONVERT_CPU = Path(__file__).resolve().parent / "convert_cpu.py"

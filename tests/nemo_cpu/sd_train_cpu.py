@@ -65,9 +65,12 @@ def patch_for_cpu() -> list[str]:
     done.append("torch.cuda.set_device -> no-op")
 
     # ddpm.py allocates with device=torch.cuda.current_device() and moves batches with .cuda().
+    # On a GPU the whole step runs under CUDA autocast (bf16-mixed), which also casts cached latents and
+    # text embeddings (stored float16) to the compute dtype; CPU has no CUDA autocast, so a float16 batch
+    # tensor is upcast to float32 where ddpm.py moves it to the device (images are float32 already).
     torch.cuda.current_device = lambda: "cpu"
-    torch.Tensor.cuda = lambda self, *_a, **_k: self
-    done.append("torch.cuda.current_device -> 'cpu', Tensor.cuda() -> the tensor itself")
+    torch.Tensor.cuda = lambda self, *_a, **_k: self.float() if self.dtype == torch.float16 else self
+    done.append("torch.cuda.current_device -> 'cpu', Tensor.cuda() -> the tensor itself (float16 -> float32)")
 
     # NLPDDPStrategy refuses to start without apex, though the SD path uses none of apex's parallel code.
     from nemo.collections.nlp.parts import nlp_overrides

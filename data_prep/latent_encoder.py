@@ -1,0 +1,79 @@
+"""NeMo's own frozen VAE and text encoder, built from the training config, and training's image pipeline.
+
+Everything here is what MegatronLatentDiffusion does to an image batch before the UNet (NeMo v2.0.0):
+- models: `LatentDiffusion.from_config_dict(first_stage_config / cond_stage_config)`, eval, frozen
+  (ldm/ddpm.py instantiate_first_stage / instantiate_cond_stage), with the staged weights the config names;
+- an image: webdataset.py `pil_loader` (PIL, RGB), then `construct_image_augmentations(
+  data.train.augmentations)` (resize, crop, ToTensor, Normalize to [-1, 1]) as stable_diffusion_dataset.py's
+  `transform_fn` applies it;
+- a batch: `first_stage_model.encode(x)` is a DiagonalGaussianDistribution whose `.parameters` are the
+  moments training would sample from (ddpm.py get_input / encode_first_stage), and
+  `cond_stage_model.encode(captions)` the text embedding (get_learned_conditioning);
+- on a GPU, under the same autocast training uses (MegatronLatentDiffusion.process_batch: bf16 for
+  bf16-mixed) and channels_last when model.channels_last is set. On CPU: float32, no autocast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+# trainer/model precision -> the autocast dtype MegatronLatentDiffusion picks.
+_AUTOCAST = {"bf16": "bfloat16", "bf16-mixed": "bfloat16", "16": "float16", "16-mixed": "float16"}
+
+
+def _frozen(module: Any) -> Any:
+    module = module.eval()
+    for param in module.parameters():
+        param.requires_grad = False
+    return module
+
+
+class LatentEncoder:
+    """Encodes batches of (jpg bytes, caption) into (moments, text embedding) as float32 numpy arrays."""
+
+    def __init__(self, model: DictConfig, device: str) -> None:
+        import torch
+        from nemo.collections.multimodal.data.common.webdataset import pil_loader
+        from nemo.collections.multimodal.data.stable_diffusion.augmentation.augmentations import (
+            construct_image_augmentations,
+        )
+        from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm import LatentDiffusion
+
+        import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm off NVIDIA's container; no-op inside)
+
+        model = OmegaConf.create(OmegaConf.to_container(model, resolve=True))
+        assert isinstance(model, DictConfig)
+        self.device = torch.device(device)
+        cond = model.cond_stage_config
+        if "device" in cond:  # FrozenCLIPEmbedder moves its tokens there
+            cond.device = device
+        self.vae = _frozen(LatentDiffusion.from_config_dict(model.first_stage_config)).to(self.device)
+        self.text = _frozen(LatentDiffusion.from_config_dict(cond)).to(self.device)
+        cuda = self.device.type == "cuda"
+        if cuda and model.get("channels_last", False):
+            self.vae = self.vae.to(memory_format=torch.channels_last)
+        dtype = _AUTOCAST.get(str(model.get("precision", "32")))
+        self.autocast = (
+            (lambda: torch.autocast("cuda", getattr(torch, dtype)))
+            if cuda and dtype
+            else contextlib.nullcontext
+        )
+        self.transform = construct_image_augmentations(model.data.train.get("augmentations"))
+        self._load = pil_loader
+
+    def preprocess(self, jpg: bytes) -> Any:
+        """One image as the training loader yields it, channels first: [3, H, W] in [-1, 1]."""
+        return self.transform(self._load("sample.jpg", jpg))
+
+    def encode(self, images: list[Any], captions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        with torch.no_grad(), self.autocast():
+            x = torch.stack(images).to(self.device, non_blocking=True)
+            moments = self.vae.encode(x).parameters
+            text = self.text.encode(list(captions))
+        return moments.float().cpu().numpy(), text.float().cpu().numpy()

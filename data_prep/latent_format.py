@@ -1,0 +1,110 @@
+"""One cached-latent sample exactly as NeMo v2.0.0's precached Stable Diffusion dataset reads it.
+
+NeMo (`build_train_valid_precached_datasets`, nemo/collections/multimodal/data/stable_diffusion/
+stable_diffusion_dataset.py) reads each sample's `<key>.pickle` member, which webdataset unpickles, and
+maps two fixed keys to tensors with `torch.tensor(...)`:
+- `autoencoderkl_image`: the VAE's moments (mean and log-variance), [2 x embed_dim, H/8, W/8]; training
+  wraps them in DiagonalGaussianDistribution and draws a fresh sample every step (ldm/ddpm.py get_input).
+- `clip-vit-large-patch14_text`: FrozenCLIPEmbedder's output, [77 padded to 80, width]; passed as is.
+The training keys must then end in `encoded` (not `clip_encoded`, another builder): NeMo's docs
+(docs/source/multimodal/text2img/sd.rst) use image_encoded / captions_encoded.
+
+Stored dtype: float16, the smallest float numpy has (torch.tensor needs a numpy dtype, so no bfloat16 or
+float8). Training itself runs the VAE and CLIP under bf16 autocast (8 mantissa bits); float16 keeps 11,
+so storing it rounds less than training's own pass does, and the range (|x| < 65504) holds every moment
+(NeMo clamps log-variance to [-30, 20]) and CLIP hidden state. Anything smaller would change training.
+
+Arrays are pickled as `numpy.ndarray(shape, dtype, buffer)`, not numpy's own reduction: numpy 2 writes
+`numpy._core...` there, which the container's numpy 1.x cannot import. This form loads under both and
+its bytes depend only on the values (deterministic output). Needs numpy only (no torch).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import numpy as np
+
+IMAGE_KEY = "autoencoderkl_image"
+TEXT_KEY = "clip-vit-large-patch14_text"
+MEMBER_EXT = "pickle"
+STORED_DTYPE = "<f2"
+# What the encode switch sets in the training config (NeMo's docs' names).
+FIRST_STAGE_KEY = "image_encoded"
+COND_STAGE_KEY = "captions_encoded"
+LATENT_KEY_SUFFIXES = ("encoded", "moments")
+PICKLE_PROTOCOL = 4
+# FrozenCLIPEmbedder pads max_length tokens up to a multiple of 8.
+TEXT_PAD = 8
+_TAR_BLOCK = 512
+
+
+def _reduce_array(array: np.ndarray) -> tuple[Any, tuple[Any, ...]]:
+    contiguous = np.ascontiguousarray(array)
+    return np.ndarray, (contiguous.shape, contiguous.dtype.str, contiguous.tobytes())
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        return _reduce_array(obj) if type(obj) is np.ndarray else NotImplemented
+
+
+def dumps_sample(moments: np.ndarray, text: np.ndarray) -> bytes:
+    """The `.pickle` member of one sample; arrays stored as float16."""
+    sample = {IMAGE_KEY: moments.astype(STORED_DTYPE), TEXT_KEY: text.astype(STORED_DTYPE)}
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=PICKLE_PROTOCOL).dump(sample)
+    return buffer.getvalue()
+
+
+def is_latent_key(key: str) -> bool:
+    """NeMo's own test (ddpm.py build_train_valid_test_datasets): such a key reads `.pickle` members."""
+    return str(key).endswith(LATENT_KEY_SUFFIXES)
+
+
+def text_tokens(max_length: int) -> int:
+    return (max_length + TEXT_PAD - 1) // TEXT_PAD * TEXT_PAD
+
+
+def moments_shape(embed_dim: int, height: int, width: int, downsampling: int) -> tuple[int, int, int]:
+    return (2 * embed_dim, height // downsampling, width // downsampling)
+
+
+def sample_bytes(moments: tuple[int, ...], text: tuple[int, ...]) -> int:
+    """Bytes one sample takes in a latent tar: its member's 512-byte header plus the padded pickle."""
+    size = len(dumps_sample(np.zeros(moments, np.float16), np.zeros(text, np.float16)))
+    return _TAR_BLOCK + (size + _TAR_BLOCK - 1) // _TAR_BLOCK * _TAR_BLOCK
+
+
+# -- shapes a training config implies (a DictConfig or a dict: both have .get) ----------------------
+
+
+def crop_size(model: Any) -> tuple[int, int] | None:
+    """(H, W) of training's center crop (NeMo splits "H, W"), None when absent or unreadable."""
+    raw = (model.get("data", {}).get("train", {}).get("augmentations") or {}).get("center_crop_h_w")
+    try:
+        height, width = (int(part) for part in str(raw).split(","))
+    except ValueError:
+        return None
+    return height, width
+
+
+def downsampling(model: Any) -> int:
+    """The VAE's spatial factor: 2 per level after the first (AutoencoderKL Encoder)."""
+    levels = len(model.get("first_stage_config", {}).get("ddconfig", {}).get("ch_mult", [1, 2, 4, 4]))
+    return 2 ** (levels - 1)
+
+
+def sample_shapes(model: Any) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """(moments, text) shapes of one stored sample for this training config (checked valid)."""
+    height, width = crop_size(model) or (0, 0)
+    embed_dim = int(model.get("first_stage_config", {}).get("embed_dim", 4))
+    moments = moments_shape(embed_dim, height, width, downsampling(model))
+    cond = model.get("cond_stage_config", {})
+    text = (
+        text_tokens(int(cond.get("max_length", 77))),
+        int(model.get("unet_config", {}).get("context_dim", 768)),
+    )
+    return moments, text
