@@ -37,7 +37,7 @@ def _launch(shared: Path, *overrides: str) -> dict[str, str]:
                 "container=pyxis",
                 "stages=[training,samples]",
                 "data_check.enable=false",
-            "data_preparation.precache.enable=false",  # the stand-in trains from the image tars' wdinfo
+                "data_preparation.precache.enable=false",  # the stand-in trains from the image tars' wdinfo
                 "assets.enable=false",
                 f"cluster.shared_dir={shared}",
                 f"container.image={shared}/nemo.sqsh",
