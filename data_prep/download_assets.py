@@ -29,7 +29,6 @@ Design:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import signal
 import sys
@@ -40,12 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import write_json_atomic
-from data_prep.download_file import FileAsset, FileAssetError, stage_file
+from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
 from data_prep.progress import log, read_json
 
 STEP = "download_assets"
 RECORD = ".complete.json"
-READ_CHUNK = 8 << 20
 
 
 class AssetError(Exception):
@@ -124,24 +122,12 @@ def _remote_files(asset: Asset, endpoint: str | None) -> dict[str, Remote]:
     return remote
 
 
-def _digests(path: Path, git_blob: bool) -> tuple[str, str | None]:
-    """sha256 of the file and, for plain git files, git's blob id (sha1 of a header + the bytes)."""
-    sha256 = hashlib.sha256()
-    sha1 = hashlib.sha1(f"blob {path.stat().st_size}\0".encode()) if git_blob else None
-    with path.open("rb") as handle:
-        while chunk := handle.read(READ_CHUNK):
-            sha256.update(chunk)
-            if sha1 is not None:
-                sha1.update(chunk)
-    return sha256.hexdigest(), sha1.hexdigest() if sha1 else None
-
-
 def _verify(path: Path, remote: Remote) -> tuple[str | None, str]:
     """(what is wrong with the local file or None, its sha256 when its size was right)."""
     size = path.stat().st_size
     if size != remote.size:
         return f"{size:,} bytes instead of {remote.size:,}", ""
-    sha256, blob = _digests(path, git_blob=remote.sha256 is None)
+    sha256, blob = file_digests(path, git_blob=remote.sha256 is None)
     if remote.sha256 and sha256 != remote.sha256:
         return f"sha256 {sha256} instead of {remote.sha256}", sha256
     if remote.blob_sha1 and blob != remote.blob_sha1:

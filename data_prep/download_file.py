@@ -34,17 +34,21 @@ class FileAsset:
     path: Path
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_digests(path: Path, git_blob: bool = False) -> tuple[str, str | None]:
+    """sha256 of the file and, for plain git files, git's blob id (sha1 of a header + the bytes)."""
+    sha256 = hashlib.sha256()
+    sha1 = hashlib.sha1(f"blob {path.stat().st_size}\0".encode()) if git_blob else None
     with path.open("rb") as handle:
         while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+            sha256.update(chunk)
+            if sha1 is not None:
+                sha1.update(chunk)
+    return sha256.hexdigest(), sha1.hexdigest() if sha1 else None
 
 
 def stage_file(asset: FileAsset) -> bool:
     """Bring `path` to the pinned bytes; False when they were already there."""
-    if asset.path.is_file() and sha256_of(asset.path) == asset.sha256:
+    if asset.path.is_file() and file_digests(asset.path)[0] == asset.sha256:
         log(STEP, f"{asset.name}: {asset.path} has the pinned sha256: nothing to do")
         return False
     started, digest, size = time.monotonic(), hashlib.sha256(), 0

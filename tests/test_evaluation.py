@@ -17,7 +17,7 @@ import pytest
 from coco_fixture import make_coco
 from conftest import FIXED_FACTS
 
-from data_prep.download_file import FileAsset, FileAssetError, sha256_of, stage_file
+from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
 from data_prep.serve import serve_folder
 from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
@@ -127,7 +127,7 @@ def test_inception_weights_are_fetched_once_and_only_with_the_pinned_hash(tmp_pa
     served = tmp_path / "served"
     served.mkdir()
     (served / "weights.pth").write_bytes(b"inception weights stand-in" * 1000)
-    good = sha256_of(served / "weights.pth")
+    good, _ = file_digests(served / "weights.pth")
     target = tmp_path / "models" / "fid" / "weights.pth"
     with serve_folder(served) as base:
         with pytest.raises(FileAssetError, match="instead of the pinned"):
