@@ -8,6 +8,7 @@ and whether it is an array; nothing else in the launcher spells these names.
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,12 @@ def relative_to_run(path: Path, run_dir: Path) -> str:
 
 # The width every table the launcher prints fits in, however wide the terminal.
 TABLE_WIDTH = 100
+
+
+def output_width() -> int:
+    """The terminal's width (COLUMNS first, as shutil reads it) when narrower than TABLE_WIDTH, else
+    TABLE_WIDTH; a pipe or file without COLUMNS gets TABLE_WIDTH."""
+    return min(shutil.get_terminal_size((TABLE_WIDTH, 24)).columns, TABLE_WIDTH)
 
 
 def shorten_left(text: str, width: int) -> str:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
+from pathlib import Path
 
 from launcher.backends import Request
-from launcher.paths import TABLE_WIDTH, relative_to_run, shorten_left
+from launcher.paths import output_width, relative_to_run, shorten_left
+from launcher.quoting import join, q
 from launcher.spec import DependencyKind, JobSpec
+
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def _after(job: JobSpec) -> str:
@@ -32,30 +37,59 @@ def _table(request: Request, job_ids: dict[str, str], title: str) -> None:
         for job, _ in request.scripts
     ]
     headers = ["job", "job id", "array", "after", "log"]
+    width = output_width()
     fixed = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:3])]
-    left = TABLE_WIDTH - sum(fixed) - 2 * (len(headers) - 1)
+    left = width - sum(fixed) - 2 * (len(headers) - 1)
     # As narrow as its longest job name: a job waiting for several shows one per line.
     after = max(len(word) for r in [*rows, headers] for word in r[3].split() or [""])
     table = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
-    for header, width in zip(headers[:3], fixed, strict=True):
-        table.add_column(header, no_wrap=True, width=width)
+    for header, column in zip(headers[:3], fixed, strict=True):
+        table.add_column(header, no_wrap=True, width=column)
     table.add_column("after", width=after, overflow="fold")
-    table.add_column("log", no_wrap=True, width=left - after - 2)
+    log = max(left - after - 2, 8)
+    table.add_column("log", no_wrap=True, width=log)
     for row in rows:
-        table.add_row(*row[:-1], shorten_left(row[-1], left - after - 2))
-    Console(width=TABLE_WIDTH).print(table)
+        table.add_row(*row[:-1], shorten_left(row[-1], log))
+    Console(width=width).print(table)
+
+
+def _installed() -> bool:
+    """Whether this interpreter imports this checkout's `launcher` from any folder (`pip install -e .`),
+    not only because launcher/main.py put the checkout on sys.path."""
+    from importlib.machinery import PathFinder
+
+    added = {"", str(CHECKOUT), str(CHECKOUT / "launcher")}
+    for finder in sys.meta_path:
+        if finder is PathFinder:
+            spec = PathFinder.find_spec("launcher", [p for p in sys.path if p not in added])
+        else:
+            find = getattr(finder, "find_spec", None)
+            spec = find("launcher", None) if find else None
+        if spec is not None:
+            return (
+                spec.origin is not None and Path(spec.origin).resolve() == CHECKOUT / "launcher/__init__.py"
+            )
+    return False
+
+
+def watch_command() -> str:
+    """`python -m launcher` as a line that works from a fresh shell: the absolute interpreter that ran
+    this launch (no venv on PATH needed, the same install), from the checkout when it is not installed."""
+    command = join([sys.executable, "-m", "launcher"])
+    return command if _installed() else f"cd {q(CHECKOUT)} && {command}"
 
 
 def _notes_and_commands(request: Request) -> None:
     run_dir = request.plan.run_dir
     for note in request.plan.notes:
-        print(textwrap.fill(note, TABLE_WIDTH, subsequent_indent="  "))
+        print(textwrap.fill(note, output_width(), subsequent_indent="  "))
     print(f"run folder (the paths above are relative to it): {run_dir}")
     print("manifest: manifest.json")
-    print("watch it:")
-    print(f"  python -m launcher status {run_dir}")
-    print(f"  python -m launcher logs {run_dir} <job> --follow")
-    print(f"  python -m launcher cancel {run_dir}")
+    print("watch it (from any shell):")
+    command, run = watch_command(), q(run_dir)
+    print(f"  {command} status {run}")
+    print(f"  {command} logs {run} <job> --follow")
+    print(f"  {command} cancel {run}")
 
 
 def dry_run(request: Request) -> None:

@@ -1,24 +1,32 @@
-"""What the launcher prints after planning fits 100 columns, whatever the terminal, with every path
-relative to the run folder."""
+"""What the launcher prints after planning fits the terminal (100 columns at most), with every path
+relative to the run folder, and its "watch it" commands work as printed from a fresh shell."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from launcher.cli import main
 
+FRESH_SHELL = ["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c"]  # no venv, no PYTHONPATH
 
-@pytest.mark.parametrize("dry_run", [True, False])
-def test_the_launch_summary_fits_100_columns_with_paths_relative_to_the_run(
+
+@pytest.mark.parametrize(("dry_run", "columns"), [(True, 250), (False, 250), (True, 80), (False, 80)])
+def test_the_launch_summary_fits_the_terminal_with_paths_relative_to_the_run(
     tmp_path: Path,
     recording_sbatch: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     dry_run: bool,
+    columns: int,
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setenv("COLUMNS", str(columns))
     shared = tmp_path / "a-shared-file-system-with-a-rather-long-name" / "team-of-the-project"
     shared.mkdir(parents=True)
     (shared / "nemo.sqsh").write_bytes(b"hsqs")
@@ -40,11 +48,65 @@ def test_the_launch_summary_fits_100_columns_with_paths_relative_to_the_run(
         )
     ]
     assert len(table) >= 8 and table[0].split() == ["job", "job", "id", "array", "after", "log"], out
-    notes = [
-        line for line in summary if line.startswith(("precache:", "training:", "  accumulated", "  most"))
+    notes = summary[
+        len(table) + 1 : next(i for i, line in enumerate(summary) if line.startswith("run folder"))
     ]
+    notes = [line for line in notes if not line.startswith("scripts written")]
     assert len(notes) >= 3 and notes[0].startswith("precache: 140,288 bytes per sample"), out
     # The run folder is printed once, absolute, with the commands that take it; the rest fits.
-    assert max(len(line.rstrip()) for line in [summary[0], *table, *notes]) <= 100, "\n".join(summary)
+    widest = max(len(line.rstrip()) for line in [summary[0], *table, *notes])
+    assert widest <= min(columns, 100), "\n".join(summary)
+    if columns > 100:
+        assert widest > 90, "\n".join(summary)  # the table uses the room it has
     assert all(str(shared) not in line for line in table), "\n".join(table)
-    assert any("training/logs/sd_860m_res_256_%j.out" in line for line in table)
+    # A cut path keeps its end: the file name with its job id.
+    log = "training/logs/sd_860m_res_256_%j.out" if columns > 100 else "_res_256_%j.out"
+    assert any(line.rstrip().endswith(log) for line in table), "\n".join(table)
+
+
+def _watch_lines(out: str) -> list[str]:
+    lines = out.splitlines()
+    return [line.strip() for line in lines[lines.index("watch it (from any shell):") + 1 :]][:3]
+
+
+def test_the_printed_status_command_works_from_a_shell_without_the_venv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real (small) demo run on the local backend, then its printed lines run as printed by a shell
+    whose PATH lacks the venv, from another folder."""
+    assert main([f"cluster.shared_dir={tmp_path}", "data_preparation.demo.num_images=40"]) == 0
+    status, logs, _ = _watch_lines(capsys.readouterr().out)
+    assert status.startswith(f"{sys.executable} -m launcher status "), status
+    done = subprocess.run([*FRESH_SHELL, status], cwd="/", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "generate_wdinfo" in done.stdout and "COMPLETED" in done.stdout, done.stdout
+    line = logs.replace("<job>", "generate_wdinfo").replace(" --follow", "")
+    done = subprocess.run([*FRESH_SHELL, line], cwd="/", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "generate_wdinfo_" in done.stdout, done.stderr
+
+
+def test_without_the_install_the_printed_command_runs_from_the_checkout(tmp_path: Path) -> None:
+    """launcher/main.py started by an interpreter that has the dependencies but not the `launcher`
+    package (a venv whose .pth lists this venv's site-packages, whose own .pth files it does not read):
+    the printed line changes to the checkout first, and works."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    python = str(venv / "bin" / "python")
+    launched = subprocess.run(
+        [python, str(REPO / "launcher/main.py"), f"cluster.shared_dir={tmp_path}", "dry_run=true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": os.environ["PATH"], "COLUMNS": "100"},
+    )
+    assert launched.returncode == 0, launched.stderr
+    status = _watch_lines(launched.stdout)[0]
+    assert status.startswith(f"cd {REPO} && {python} -m launcher status "), status
+    done = subprocess.run([*FRESH_SHELL, status], cwd="/", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "NOT_SUBMITTED" in done.stdout, done.stderr + done.stdout
+    outside = status.replace(f"cd {REPO} && ", "")  # the same without the cd: not importable
+    done = subprocess.run([*FRESH_SHELL, outside], cwd="/", capture_output=True, text=True, timeout=120)
+    assert "No module named launcher" in done.stderr
