@@ -10,6 +10,7 @@ composed config and exits; `--help` lists the config groups.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -111,13 +112,52 @@ def _help() -> str:
     return "\n".join(lines)
 
 
+# `key=value` or `+key=value` / `++key=value` with a dotted key: the form whose value may be quoted.
+_KEY = re.compile(r"\+{0,2}[A-Za-z_][\w.-]*")
+
+
+def hydra_quoted(value: str) -> str:
+    r"""`value` as one Hydra quoted string: quotes escaped, backslashes doubled only where Hydra reads
+    them as escapes (before a quote or the closing quote).
+
+    >>> print(hydra_quoted("/x/sd-step=20000-last.ckpt"), hydra_quoted("it's=1"))
+    '/x/sd-step=20000-last.ckpt' 'it\'s=1'
+    """
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
+
+
+def hydra_overrides(argv: list[str]) -> list[str]:
+    """The overrides as Hydra reads them. A value holding `=` (every NeMo checkpoint name does:
+    `...-step=20000-...ckpt`) is quoted for Hydra when the user did not quote it; any other override
+    Hydra cannot parse is refused naming it, before composing."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    out = []
+    for arg in argv:
+        try:
+            parser.parse_override(arg)
+            out.append(arg)
+            continue
+        except HydraException as error:
+            problem = error
+        key, _, value = arg.partition("=")
+        if "=" in value and _KEY.fullmatch(key) and not value.startswith(("'", '"', "[", "{")):
+            out.append(f"{key}={hydra_quoted(value)}")
+            continue
+        raise LauncherError(
+            f"{key or arg}: Hydra cannot read {arg!r} ({problem}); quote the value for Hydra, "
+            f"e.g. \"{key}='...'\" (with the double quotes for the shell)"
+        )
+    return out
+
+
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(_help())
         return 0
-    overrides = [arg for arg in argv if arg != "--cfg"]
     try:
-        composed = compose_config(overrides)
+        composed = compose_config(hydra_overrides([arg for arg in argv if arg != "--cfg"]))
         if "--cfg" in argv:
             print(OmegaConf.to_yaml(composed))
             return 0

@@ -1,0 +1,85 @@
+"""Overrides as typed on the command line: a value holding `=` (every NeMo checkpoint name) works
+unquoted, and an override Hydra cannot read is refused naming its key."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher.cli import hydra_overrides, main
+
+PARSER = OverridesParser.create()
+# Printable text with at least one `=`, not starting the way a quoted, list or dict value does.
+VALUES = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF, exclude_characters="\x7f")).map(
+    lambda text: f"a{text}=b{text}"
+)
+
+
+@given(VALUES)
+def test_a_value_with_equals_signs_reaches_hydra_unchanged(value: str) -> None:
+    [override] = hydra_overrides([f"samples.checkpoint={value}"])
+    assert PARSER.parse_override(override).value() == value
+
+
+def test_overrides_hydra_reads_are_left_as_they_are() -> None:
+    given = [
+        "cluster=slurm",
+        "stages=[data_preparation,training]",
+        "samples.checkpoint='/x/a-step=1.ckpt'",
+        "+new.key=1",
+        r"k=a\=b",
+        "env={A: '1'}",
+    ]
+    assert hydra_overrides(given) == given
+
+
+def test_an_override_hydra_cannot_read_is_refused_naming_its_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["container.mounts=[/a=b:/c]"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: container.mounts: Hydra cannot read 'container.mounts=[/a=b:/c]'"), err
+    assert "\"container.mounts='...'\"" in err
+
+
+def _documented_samples_command() -> list[str]:
+    """The docs' `stages=[samples] ... samples.checkpoint=<...>` command, continuation lines joined."""
+    text = (REPO / "docs/samples-and-evaluation.md").read_text().replace("\\\n", " ")
+    [line] = [line for line in text.splitlines() if "samples.checkpoint=" in line]
+    return re.sub(r"\s+", " ", line).strip().split(" ")
+
+
+def test_the_documented_checkpoint_command_works_as_written(tmp_path: Path) -> None:
+    """The documented line with its placeholders filled (a NeMo checkpoint name, /fsx on tmp_path):
+    the samples stage's own checks pass and the exact path reaches the samples job's settings."""
+    words = _documented_samples_command()
+    assert words[:3] == ["python", "launcher/main.py", "stages=[samples]"], words
+    [given] = [word for word in words if word.startswith("samples.checkpoint=")]
+    checkpoint = (
+        given.removeprefix("samples.checkpoint=")
+        .replace("/fsx", str(tmp_path))
+        .replace("<name>", "stable-diffusion--reduced_train_loss=0.99")
+        .replace("<...>", "consumed_samples=8.0")
+    )
+    folder = Path(checkpoint).parent
+    folder.mkdir(parents=True)
+    Path(checkpoint).write_bytes(b"not read before the job")
+    crop = {"augmentations": {"resize_smallest_side": 256, "center_crop_h_w": "256, 256"}}
+    (folder.parent / "hparams.yaml").write_text(yaml.safe_dump({"cfg": {"data": {"train": crop}}}))
+    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
+    argv = [word for word in words[2:] if word != given] + [
+        f"samples.checkpoint={checkpoint}",  # as the shell passes it: one word, no Hydra quoting
+        f"cluster.shared_dir={tmp_path}",
+        f"container.mounts=[{tmp_path}:{tmp_path}]",
+        f"container.image={tmp_path}/nemo.sqsh",
+        "dry_run=true",
+    ]
+    assert main(argv) == 0
+    settings = json.loads((tmp_path / "results/sd_pretrain/samples/samples.json").read_text())
+    assert settings["checkpoint"] == checkpoint and "-step=20000-" in checkpoint
