@@ -414,8 +414,9 @@ def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pyte
         env={**os.environ, "COLUMNS": "250"},
     )
     rows = [line.split() for line in done.stdout.splitlines()]
-    assert ["4", "1", "1,000", "2,000", "1,000", "2,000", "2.00x", "ok", "ok"] in rows, done.stdout
-    assert ["8", "1", "1,000", "2,000", "1,000", "2,000", "2.00x", "ok", "ok"] in rows, done.stdout
+    assert ["images", "4", "1", "1,000", "2,000", "1,000", "2,000", "2.00x", "ok", "ok"] in rows, done.stdout
+    assert ["images", "8", "1", "1,000", "2,000", "1,000", "2,000", "2.00x", "ok", "ok"] in rows, done.stdout
+    assert "not in both sweeps" not in done.stdout
     table = done.stdout.splitlines()[2:]  # below the A: and B: lines, which name the run folders
     assert max(len(line.rstrip()) for line in table) <= 100, done.stdout
 
