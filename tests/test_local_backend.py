@@ -35,8 +35,14 @@ def test_failed_array_task_stops_its_dependents(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     plan = toy_plan(tmp_path / "run", out, fail_task=1)
-    with pytest.raises(LauncherError, match="fan, last"):
+    with pytest.raises(LauncherError, match="fan, last") as error:
         LocalBackend(parallelism=2).schedule(prepare(plan))
+    # No `error:` line in its log: the failed task's exit code and last log line say why.
+    fan_id = next(r.job_id for r in manifest.load(tmp_path / "run") if r.name == "fan")
+    log = tmp_path / "run/toy/logs" / f"fan_{fan_id}_1.out"
+    assert str(error.value).splitlines()[1:] == [
+        f"  fan: exit 3 (task 1), its log ends: task 1 fails on purpose ({log})"
+    ]
     assert not (out / "last.txt").exists()
     fan = json.loads((tmp_path / "run/toy/fan.state.json").read_text())
     assert fan["state"] == "FAILED" and fan["exit_codes"] == [0, 3, 0, 0]

@@ -110,3 +110,21 @@ def test_without_the_install_the_printed_command_runs_from_the_checkout(tmp_path
     outside = status.replace(f"cd {REPO} && ", "")  # the same without the cd: not importable
     done = subprocess.run([*FRESH_SHELL, outside], cwd="/", capture_output=True, text=True, timeout=120)
     assert "No module named launcher" in done.stderr
+
+
+def test_a_failed_local_launch_prints_the_fault_line_of_the_failed_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real data step that fails (its source does not exist): the terminal shows its one error line,
+    not only where the logs are; the jobs it would have fed are not run and get no line."""
+    missing = tmp_path / "no-such-source"
+    argv = [
+        f"cluster.shared_dir={tmp_path}",
+        "data_preparation=laion_art",
+        f"data_preparation.download_parquet.source={missing}",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("error: local run did not complete: download_parquet, download_images"), err
+    [why] = err[1:]
+    assert why.startswith("  download_parquet: download_parquet: error: ") and str(missing) in why, err

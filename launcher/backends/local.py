@@ -104,12 +104,28 @@ class LocalBackend:
             why = [
                 f"\n  {name}: {line}"
                 for name in failed
-                for line in error_lines(plan.log_pattern(plan.job(name)))
+                if states[name] == "FAILED"
+                for line in _fault_lines(plan, plan.job(name), job_ids[name])
             ]
             raise LauncherError(
                 f"local run did not complete: {', '.join(failed)} (see logs under {plan.run_dir}){''.join(why)}"
             )
         return job_ids
+
+
+def _fault_lines(plan: Plan, job: JobSpec, job_id: str) -> list[str]:
+    """Why a job failed: the `<step>: error: <path>: <cause>` line its logs end with, else the exit code
+    and last line of its first failed task's log (a traceback's last line; nothing when killed)."""
+    found = error_lines(plan.log_pattern(job))
+    if found:
+        return found
+    state = json.loads(RunPaths(plan.run_dir).state_file(job.stage, job.name).read_text())
+    task, code = next((i, c) for i, c in enumerate(state["exit_codes"]) if c)
+    log = concrete_log(plan.log_pattern(job), job_id, task if job.array else None)
+    with open(log, "rb") as f:
+        f.seek(max(f.seek(0, 2) - 4096, 0))
+        last = f.read().decode(errors="replace").strip().rpartition("\n")[2]
+    return [f"exit {code}{f' (task {task})' if job.array else ''}, its log ends: {last or '(empty)'} ({log})"]
 
 
 def create(parallelism: int | None = None) -> LocalBackend:
