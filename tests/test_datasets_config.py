@@ -126,3 +126,40 @@ def test_bad_dataset_settings_are_refused_before_anything_is_written(
     with pytest.raises(ConfigError, match=message):
         launch(compose_config([f"cluster.shared_dir={tmp_path}", *overrides, *mounts]))
     assert list(tmp_path.iterdir()) == []
+
+
+GONE = "preflight warning: data_preparation.download_parquet.source: {} is gone from the Hugging Face Hub"
+
+
+@pytest.mark.parametrize(
+    ("source", "warned"),
+    [
+        (None, True),  # the preset's own: laion/laion-art on the Hub
+        ("hf://datasets/laion/laion-art@main", True),
+        ("s3://bucket/laion-art/", False),  # a copy
+        ("/fsx/laion-art", False),
+    ],
+)
+def test_laion_art_from_the_hub_is_warned_before_submitting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str | None, warned: bool
+) -> None:
+    """The Hub's laion-art has answered 403 since 2023-12: the launch warns before anything is
+    submitted, unless the source points at a copy."""
+    given = [] if source is None else [f"data_preparation.download_parquet.source={source}"]
+    shown = source or "laion/laion-art"
+    launch(
+        compose_config(
+            [f"cluster.shared_dir={tmp_path}", "data_preparation=laion_art", "dry_run=true", *given]
+        )
+    )
+    err = capsys.readouterr().err
+    assert (GONE.format(shown) in err) is warned, err
+    if warned:
+        assert "point it at your copy" in err
+
+
+def test_the_demo_built_on_laion_art_is_not_warned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    launch(compose_config([f"cluster.shared_dir={tmp_path}", "data_preparation=demo", "dry_run=true"]))
+    assert "gone from the Hugging Face Hub" not in capsys.readouterr().err

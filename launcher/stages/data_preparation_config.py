@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 from launcher.config import JobResources, StepConfig
 from launcher.rules import ABS_PATH, Choice, Each, Pattern, Range, Text, described, ruled
 
+# Hub datasets that no longer answer (repo id -> since when): a launch reading one is warned before
+# anything is submitted (launcher/preflight.py). Hugging Face answers 403 "Access to this dataset has
+# been disabled" for LAION's sets since 2023-12.
+GONE_FROM_HUB = {"laion/laion-art": "2023-12"}
+
 
 @dataclass
 class DownloadParquetConfig(StepConfig):
