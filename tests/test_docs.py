@@ -116,3 +116,23 @@ def test_broken_files_and_anchors_are_found(tmp_path: Path) -> None:
         "README.md: docs/a.md#not-a-heading: no heading with that anchor in a.md",
     ]
     assert doc_files(tmp_path) == [tmp_path / "README.md", tmp_path / "docs/a.md"]
+
+
+def module_names(repo: Path = REPO) -> list[str]:
+    """Every module under launcher/ as docs/architecture.md names it: its path, or a package's folder."""
+    return sorted(
+        str(path.parent.relative_to(repo)) + "/"
+        if path.name == "__init__.py"
+        else str(path.relative_to(repo))
+        for path in (repo / "launcher").rglob("*.py")
+        if path != repo / "launcher/__init__.py"  # the package the whole page is about
+    )
+
+
+def test_architecture_names_every_module() -> None:
+    text = (REPO / "docs/architecture.md").read_text()
+    missing = [
+        name for name in module_names() if not re.search(rf"(?<![\w/]){re.escape(name)}(?![\w/])", text)
+    ]
+    assert missing == [], f"docs/architecture.md does not name {', '.join(missing)}"
+    assert "launcher/bench/compare.py" in module_names() and "launcher/status/" in module_names()
