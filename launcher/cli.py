@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import backends, manifest, nemo_config, precache, preflight, relaunch, summary
@@ -126,30 +126,28 @@ def hydra_quoted(value: str) -> str:
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
 
 
-def hydra_overrides(argv: list[str]) -> list[str]:
-    """The overrides as Hydra reads them. A value holding `=` (every NeMo checkpoint name does:
-    `...-step=20000-...ckpt`) is quoted for Hydra when the user did not quote it; any other override
-    Hydra cannot parse is refused naming it, before composing."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def _quoted_for_hydra(error: OverrideParseException) -> str:
+    """The override Hydra could not parse, its value quoted when it holds `=` (every NeMo checkpoint
+    name does: `...-step=20000-...ckpt`) and the user did not quote it; else a refusal naming it."""
+    key, _, value = error.override.partition("=")
+    if "=" in value and _KEY.fullmatch(key) and not value.startswith(("'", '"', "[", "{")):
+        return f"{key}={hydra_quoted(value)}"
+    raise LauncherError(
+        f"{key or error.override}: Hydra cannot read {error.override!r} ({error.message.splitlines()[0]}); "
+        f"quote the value for Hydra, e.g. \"{key}='...'\" (with the double quotes for the shell)"
+    )
 
-    parser = OverridesParser.create()
-    out = []
-    for arg in argv:
+
+def compose_overrides(argv: list[str]) -> DictConfig:
+    """compose_config on the command line's overrides; one Hydra cannot parse is quoted (a value with
+    `=`) and composing starts again, or refused naming its key. Parsing fails before any config is
+    loaded, so a retry costs little, and overrides that parse are never touched."""
+    overrides = list(argv)
+    while True:
         try:
-            parser.parse_override(arg)
-            out.append(arg)
-            continue
-        except HydraException as error:
-            problem = error
-        key, _, value = arg.partition("=")
-        if "=" in value and _KEY.fullmatch(key) and not value.startswith(("'", '"', "[", "{")):
-            out.append(f"{key}={hydra_quoted(value)}")
-            continue
-        raise LauncherError(
-            f"{key or arg}: Hydra cannot read {arg!r} ({problem}); quote the value for Hydra, "
-            f"e.g. \"{key}='...'\" (with the double quotes for the shell)"
-        )
-    return out
+            return compose_config(overrides)
+        except OverrideParseException as error:
+            overrides[overrides.index(error.override)] = _quoted_for_hydra(error)
 
 
 def main(argv: list[str]) -> int:
@@ -157,7 +155,7 @@ def main(argv: list[str]) -> int:
         print(_help())
         return 0
     try:
-        composed = compose_config(hydra_overrides([arg for arg in argv if arg != "--cfg"]))
+        composed = compose_overrides([arg for arg in argv if arg != "--cfg"])
         if "--cfg" in argv:
             print(OmegaConf.to_yaml(composed))
             return 0

@@ -13,32 +13,38 @@ from conftest import REPO
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hypothesis import given
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
-from launcher.cli import hydra_overrides, main
+from launcher.cli import compose_overrides, hydra_quoted, main
 
-PARSER = OverridesParser.create()
 # Printable text with at least one `=`, not starting the way a quoted, list or dict value does.
 VALUES = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF, exclude_characters="\x7f")).map(
     lambda text: f"a{text}=b{text}"
 )
 
 
+def _checkpoint(*overrides: str) -> str:
+    composed = compose_overrides(list(overrides))
+    return OmegaConf.to_container(composed.samples, resolve=False)["checkpoint"]  # ${...} kept as typed
+
+
 @given(VALUES)
-def test_a_value_with_equals_signs_reaches_hydra_unchanged(value: str) -> None:
-    [override] = hydra_overrides([f"samples.checkpoint={value}"])
-    assert PARSER.parse_override(override).value() == value
+def test_hydra_reads_a_quoted_value_back_unchanged(value: str) -> None:
+    parsed = OverridesParser.create().parse_override(f"samples.checkpoint={hydra_quoted(value)}")
+    assert parsed.value() == value
 
 
-def test_overrides_hydra_reads_are_left_as_they_are() -> None:
-    given = [
-        "cluster=slurm",
-        "stages=[data_preparation,training]",
-        "samples.checkpoint='/x/a-step=1.ckpt'",
-        "+new.key=1",
-        r"k=a\=b",
-        "env={A: '1'}",
-    ]
-    assert hydra_overrides(given) == given
+@pytest.mark.parametrize(
+    "value",
+    ["/fsx/ckpt/sd--loss=0.99-step=20000-consumed_samples=8.0.ckpt", "/x/it's=a\\b\\", "${data_dir}/a=b"],
+)
+def test_a_value_with_equals_signs_reaches_the_config_unchanged(value: str) -> None:
+    assert _checkpoint(f"samples.checkpoint={value}") == value
+
+
+def test_a_value_the_user_quoted_is_left_as_it_is() -> None:
+    assert _checkpoint("samples.checkpoint='/x/a-step=1.ckpt'") == "/x/a-step=1.ckpt"
+    assert _checkpoint(r"samples.checkpoint=/x/a-step\=1.ckpt") == "/x/a-step=1.ckpt"
 
 
 def test_an_override_hydra_cannot_read_is_refused_naming_its_key(capsys: pytest.CaptureFixture[str]) -> None:
