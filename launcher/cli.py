@@ -18,7 +18,16 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import backends, manifest, nemo_config, precache, preflight, relaunch, summary
+from launcher import (
+    backends,
+    manifest,
+    nemo_config,
+    precache,
+    preflight,
+    preview,
+    relaunch,
+    summary,
+)
 from launcher.config import Resubmit
 from launcher.errors import LauncherError
 from launcher.layout import DataLayout
@@ -76,13 +85,11 @@ def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_n
     if not request.scripts and request.kept:
         print(f"nothing to submit: every job of {run_dir} completed or is still queued or running")
         return
-    manifest.write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(composed, resolve=True))
-    if cfg.dry_run:
-        backends.write_files(request)
-        if not request.kept:  # a dry run of resubmit=missing leaves the earlier launch's manifest alone
-            manifest.save(run_dir, backends.records(request, {}, "dry_run"))
-        summary.dry_run(request)
+    config_yaml = OmegaConf.to_yaml(composed, resolve=True)
+    if cfg.dry_run:  # never touches what status, cancel, logs and resubmit read (launcher.preview)
+        summary.dry_run(request, preview.write(request, config_yaml))
         return
+    manifest.write_atomic(run_dir / "config.yaml", config_yaml)
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from launcher.backends import Request
 from launcher.paths import TABLE_WIDTH, relative_to_run, shorten_left
@@ -58,10 +59,13 @@ def _notes_and_commands(request: Request) -> None:
     print(f"  python -m launcher cancel {run_dir}")
 
 
-def dry_run(request: Request) -> None:
+def dry_run(request: Request, written_to: Path) -> None:
     print(request.materialize())
     _table(request, {}, f"dry run: {len(request.scripts)} job(s), nothing submitted")
-    print(f"scripts written under {request.plan.run_dir}")
+    print(
+        f"scripts written under {written_to}"
+        + (" (a preview: the run folder is untouched)" if written_to != request.plan.run_dir else "")
+    )
     _notes_and_commands(request)
 
 
