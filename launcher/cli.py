@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher import (
     backends,
+    data_owner,
     manifest,
     nemo_config,
     precache,
@@ -72,9 +73,12 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     _preflight(cfg)
     plan = build_plan(cfg, facts)
     backend_name = cfg.cluster.backend.value
-    # One launch of a run folder at a time, and never while its jobs are live (launcher.relaunch); the
-    # local backend runs its jobs inside this lock.
-    with relaunch.run_lock(plan.run_dir):
+    # One launch of a run folder at a time, and never while its jobs are live (launcher.relaunch); one
+    # writer per data folder (launcher.data_owner). The local backend runs its jobs inside both locks.
+    with (
+        relaunch.run_lock(plan.run_dir),
+        data_owner.claim(cfg.data_dir, plan, backend_name, cfg.dry_run),
+    ):
         request = relaunch.request_for(plan, cfg.resubmit is Resubmit.missing, backend_name)
         _submit(cfg, composed, request, backend_name)
     return plan.run_dir
