@@ -64,7 +64,9 @@ def _what_to_do(other: str, doing: str) -> str:
 
 def _doing(this_role: str) -> str:
     return (
-        "write into the same folders at the same time as" if this_role == "writes" else "read data written by"
+        "write into the folders they are writing"
+        if this_role == "writes"
+        else "read data they are still writing"
     )
 
 
@@ -147,7 +149,6 @@ def claim(data_dir: str, plan: Plan, backend: str, dry_run: bool) -> Iterator[No
     try:
         if owning:
             folder.mkdir(parents=True, exist_ok=True)
-        if owning:
             fd: int | None = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         else:  # only looking: never create the lock, and a read-only folder is enough
             fd = os.open(lock, os.O_RDONLY) if lock.exists() else None

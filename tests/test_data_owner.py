@@ -62,6 +62,8 @@ def test_a_local_writer_holds_the_data_folder_until_it_ends_even_by_kill_9(tmp_p
                 in message
             )
             assert "jobs download_images" in message and f"python -m launcher cancel {first}" in message
+            doing = "write into the folders they are writing" if "data_preparation" in stages else "read data"
+            assert f"This launch would {doing}" in message
         # A plan that neither writes nor reads the data folder is not concerned.
         with data_owner.claim(str(data), _plan(second, "samples"), "local", dry_run=False):
             pass
@@ -157,6 +159,7 @@ def test_a_second_run_on_the_data_folder_is_refused_while_the_first_ones_jobs_pe
         assert f"is being written by run {run_a}: its jobs" in message, message
         assert all(f"{name} (job {job_id}: PENDING)" in message for name, job_id in first.items()), message
         assert f"python -m launcher cancel {run_a}" in message and "data_dir=" in message
+        assert "This launch would write into the folders they are writing. Wait until they end" in message
         assert not (slurm_shared / "results/second/manifest.json").exists()
     slurm_cluster.run_command(["scancel", *first.values()])
     for job_id in first.values():
