@@ -19,7 +19,17 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import backends, manifest, nemo_config, precache, preflight, relaunch, summary
+from launcher import (
+    backends,
+    data_owner,
+    manifest,
+    nemo_config,
+    precache,
+    preflight,
+    preview,
+    relaunch,
+    summary,
+)
 from launcher.config import Resubmit
 from launcher.errors import LauncherError
 from launcher.layout import DataLayout
@@ -64,9 +74,12 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     _preflight(cfg)
     plan = build_plan(cfg, facts)
     backend_name = cfg.cluster.backend.value
-    # One launch of a run folder at a time, and never while its jobs are live (launcher.relaunch); the
-    # local backend runs its jobs inside this lock.
-    with relaunch.run_lock(plan.run_dir):
+    # One launch of a run folder at a time, and never while its jobs are live (launcher.relaunch); one
+    # writer per data folder (launcher.data_owner). The local backend runs its jobs inside both locks.
+    with (
+        relaunch.run_lock(plan.run_dir),
+        data_owner.claim(cfg.data_dir, plan, backend_name, cfg.dry_run),
+    ):
         request = relaunch.request_for(plan, cfg.resubmit is Resubmit.missing, backend_name)
         _submit(cfg, composed, request, backend_name)
     return plan.run_dir
@@ -77,13 +90,11 @@ def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_n
     if not request.scripts and request.kept:
         print(f"nothing to submit: every job of {run_dir} completed or is still queued or running")
         return
-    manifest.write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(composed, resolve=True))
-    if cfg.dry_run:
-        backends.write_files(request)
-        if not request.kept:  # a dry run of resubmit=missing leaves the earlier launch's manifest alone
-            manifest.save(run_dir, backends.records(request, {}, "dry_run"))
-        summary.dry_run(request)
+    config_yaml = OmegaConf.to_yaml(composed, resolve=True)
+    if cfg.dry_run:  # never touches what status, cancel, logs and resubmit read (launcher.preview)
+        summary.dry_run(request, preview.write(request, config_yaml))
         return
+    manifest.write_atomic(run_dir / "config.yaml", config_yaml)
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)

@@ -23,9 +23,11 @@ class JobRecord:
     backend: str
 
 
-def save(run_dir: Path, records: list[JobRecord]) -> Path:
+def save(run_dir: Path, records: list[JobRecord], preview_of: Path | None = None) -> Path:
+    """`preview_of`: this manifest is a dry run's preview of that run folder (launcher.preview)."""
     path = run_dir / MANIFEST
-    write_atomic(path, json.dumps({"jobs": [asdict(r) for r in records]}, indent=2) + "\n")
+    head = {"preview_of": str(preview_of)} if preview_of else {}
+    write_atomic(path, json.dumps({**head, "jobs": [asdict(r) for r in records]}, indent=2) + "\n")
     return path
 
 
@@ -34,3 +36,9 @@ def load(run_dir: Path) -> list[JobRecord]:
     if not path.exists():
         raise FileNotFoundError(f"no manifest at {path}: give the run folder <base_results_dir>/<run_name>")
     return [JobRecord(**job) for job in json.loads(path.read_text())["jobs"]]
+
+
+def launched(run_dir: Path) -> bool:
+    """Whether the run folder's manifest records a launch (jobs submitted or run, not only a dry run)."""
+    path = run_dir / MANIFEST
+    return path.exists() and any(r.backend != "dry_run" for r in load(path))

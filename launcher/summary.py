@@ -92,10 +92,13 @@ def _notes_and_commands(request: Request) -> None:
     print(f"  {command} cancel {run}")
 
 
-def dry_run(request: Request) -> None:
+def dry_run(request: Request, written_to: Path) -> None:
     print(request.materialize())
     _table(request, {}, f"dry run: {len(request.scripts)} job(s), nothing submitted")
-    print(f"scripts written under {request.plan.run_dir}")
+    print(
+        f"scripts written under {written_to}"
+        + (" (a preview: the run folder is untouched)" if written_to != request.plan.run_dir else "")
+    )
     _notes_and_commands(request)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from launcher import manifest
@@ -43,17 +44,26 @@ def prepare(
     return Request(plan=plan, scripts=scripts, kept=kept, live_ids=live_ids)
 
 
-def write_files(request: Request) -> None:
-    """The scripts and the run's extra files, each written atomically."""
+def moved(path: Path, run_dir: Path, into: Path | None) -> Path:
+    """`path` of the run folder as written into `into`, a preview folder standing for it (None: itself)."""
+    return into / path.relative_to(run_dir) if into is not None and path.is_relative_to(run_dir) else path
+
+
+def write_files(request: Request, into: Path | None = None) -> None:
+    """The scripts and the run's extra files, each written atomically; with `into` (a dry run's preview,
+    launcher.preview) there instead of the run folder, and no log folder made."""
     plan = request.plan
     for path, text in plan.files:
-        manifest.write_atomic(path, text)
+        manifest.write_atomic(moved(path, plan.run_dir, into), text)
     for job, text in request.scripts:
-        manifest.write_atomic(plan.script_path(job), text, mode=0o755)
-        plan.log_pattern(job).parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_atomic(moved(plan.script_path(job), plan.run_dir, into), text, mode=0o755)
+        if into is None:
+            plan.log_pattern(job).parent.mkdir(parents=True, exist_ok=True)
 
 
-def records(request: Request, job_ids: dict[str, str], backend: str) -> list[manifest.JobRecord]:
+def records(
+    request: Request, job_ids: dict[str, str], backend: str, into: Path | None = None
+) -> list[manifest.JobRecord]:
     plan = request.plan
     return [*request.kept] + [
         manifest.JobRecord(
@@ -61,7 +71,7 @@ def records(request: Request, job_ids: dict[str, str], backend: str) -> list[man
             name=job.name,
             job_id=job_ids.get(job.name),
             array=job.array.spec() if job.array else None,
-            script=str(plan.script_path(job)),
+            script=str(moved(plan.script_path(job), plan.run_dir, into)),
             log_pattern=str(plan.log_pattern(job)),
             depends_on=[f"{d.kind.value}:{d.job}" for d in job.depends_on],
             backend=backend,
