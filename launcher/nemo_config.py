@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from launcher import precache
 from launcher.errors import ConfigError
+from launcher.outputs import TrainingOutputs
 from launcher.rules import slurm_time_seconds
 from launcher.stages.common import Context
 
@@ -44,11 +45,11 @@ def world_size(cfg: Any) -> int:
 
 
 def config_path(ctx: Context) -> Path:
-    return ctx.run_dir / "training" / f"{ctx.cfg.training.run.name}.yaml"
+    return TrainingOutputs(ctx.run_dir).config(ctx.cfg.training.run.name)
 
 
 def results_dir(ctx: Context) -> Path:
-    return ctx.run_dir / "training" / "results"
+    return TrainingOutputs(ctx.run_dir).results
 
 
 def time_limit(cfg: Any) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.atomic import write_atomic
+from launcher.outputs import TrainingOutputs, plots_dir
 
 LOSS, LR, STEP_TIME = "reduced_train_loss", "lr", "train_step_timing in s"
 Series = list[tuple[int, float]]
@@ -41,7 +42,7 @@ def training_logs(run_dir: Path) -> list[TrainingLog]:
     from omegaconf import OmegaConf
 
     logs: dict[Path, TrainingLog] = {}
-    for path in sorted((run_dir / "training").glob("*.yaml")):
+    for path in TrainingOutputs(run_dir).configs():
         nemo = OmegaConf.load(path)
         exp = nemo.get("exp_manager") or {}
         if not (exp.get("create_tensorboard_logger") and exp.get("explicit_log_dir")):
@@ -120,13 +121,14 @@ def write_plot(run_dir: Path, out: Path | None = None) -> Path:
     logs = training_logs(run_dir)
     if not logs:
         raise FileNotFoundError(
-            f"{run_dir / 'training'} has no training config with exp_manager.create_tensorboard_logger and "
-            "explicit_log_dir: not a training run of this launcher, or TensorBoard logging is off"
+            f"{TrainingOutputs(run_dir).stage_dir} has no training config with exp_manager."
+            "create_tensorboard_logger and explicit_log_dir: not a training run of this launcher, or "
+            "TensorBoard logging is off"
         )
     log = logs[0]
     if not list(log.folder.glob("events.out.tfevents.*")):
         raise FileNotFoundError(f"no TensorBoard events in {log.folder} yet (training has not logged a step)")
-    out = out or run_dir / "plots" / "training.png"
+    out = out or plots_dir(run_dir) / "training.png"
     title = f"{run_dir.name}: global batch {log.global_batch_size}, {log.gpus} GPU(s)"
     write_atomic(out, plot_png(training_curves(log), title))
     return out

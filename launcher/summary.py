@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from launcher.backends import Request
+from launcher.outputs import DataCheckOutputs
 from launcher.paths import TABLE_WIDTH, relative_to_run, shorten_left
 from launcher.spec import DependencyKind, JobSpec
 
@@ -73,7 +74,7 @@ def starting(request: Request, backend: str) -> None:
 def _data_check_summary(request: Request) -> None:
     import json
 
-    path = request.plan.run_dir / "data_check" / "report.json"
+    path = DataCheckOutputs(request.plan.run_dir).report
     if not any(job.stage == "data_check" for job in request.plan.jobs) or not path.exists():
         return
     found = json.loads(path.read_text())

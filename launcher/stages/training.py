@@ -8,6 +8,7 @@ from typing import Any
 
 from launcher import nemo_config
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
+from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
@@ -110,7 +111,7 @@ def _done_check(ctx: Context) -> tuple[str, ...]:
     max_steps = ctx.cfg.training.trainer.get("max_steps")
     if not max_steps or int(max_steps) < 1:
         return ()
-    checkpoints = nemo_config.results_dir(ctx) / "checkpoints"
+    checkpoints = TrainingOutputs(ctx.run_dir).checkpoints
     return (
         f"for checkpoint in {q(checkpoints)}/*-step={int(max_steps)}-*.ckpt; do",
         '  marker="${checkpoint%.ckpt}"',

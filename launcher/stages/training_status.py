@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from launcher import manifest
+from launcher.outputs import TrainingOutputs
 from launcher.paths import newest_log, relative_to_run
 from launcher.quoting import join
 
@@ -19,11 +20,10 @@ def training_progress(run_dir: Path) -> list[str]:
     lines = []
     for record in manifest.load(run_dir):
         # Chained parts (<name>_partK) share the one NeMo config <name>.yaml.
-        folder = Path(record.script).parent
         config = next(
             (
                 p
-                for p in folder.glob("*.yaml")
+                for p in TrainingOutputs(run_dir).configs()
                 if re.fullmatch(rf"{re.escape(p.stem)}(_part\d+)?", record.name)
             ),
             None,
