@@ -11,8 +11,10 @@ from launcher.spec import DependencyKind, JobSpec
 
 
 def _after(job: JobSpec) -> str:
-    """What the job waits for: job names; `(any)` marks afterany (the rest are afterok)."""
-    return " ".join(d.job + ("" if d.kind is DependencyKind.afterok else "(any)") for d in job.depends_on)
+    """What the job waits for: job names, other runs' job ids; `(any)` marks afterany (the rest afterok)."""
+    mark = {DependencyKind.afterok: "", DependencyKind.afterany: "(any)"}
+    inside = [d.job + mark[d.kind] for d in job.depends_on]
+    return " ".join([*inside, *(f"job{d.job_id}{mark[d.kind]}" for d in job.after_external)])
 
 
 def _table(request: Request, job_ids: dict[str, str], title: str) -> None:

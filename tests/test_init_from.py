@@ -1,0 +1,152 @@
+"""training.init_from without NeMo: the init job and its edges, the NeMo keys it sets, every refusal.
+
+NeMo's own code loads the extracted UNet in tests/test_nemo_init_from.py; the wait on a live earlier
+run runs on the test cluster in tests/test_init_from_slurm.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import FIXED_FACTS
+
+from launcher import nemo_config
+from launcher.errors import ConfigError
+from launcher.pipeline import build_plan
+from launcher.render import dependency_flags
+from launcher.spec import DependencyKind
+from launcher.stages.common import Context
+from launcher.validate import check_facts
+
+GPU = ["cluster=slurm", "cluster.gpus_per_node=8", "training.trainer.num_nodes=1", "data_check.enable=false"]
+CKPT = "stable-diffusion--reduced_train_loss=0.99-step={step}-consumed_samples=8.0{tail}.ckpt"
+
+
+def _earlier_run(folder: Path, *names: str, unet: dict | None = None, config_only: bool = False) -> Path:
+    """A run folder as training leaves it: checkpoints, hparams.yaml (cfg: the model), its NeMo config."""
+    model = {
+        "unet_config": unet
+        or {
+            "in_channels": 4,
+            "out_channels": 4,
+            "model_channels": 320,
+            "attention_resolutions": [4, 2, 1],
+            "num_res_blocks": 2,
+            "channel_mult": [1, 2, 4, 4],
+            "use_spatial_transformer": True,
+            "transformer_depth": 1,
+            "context_dim": 768,
+            "num_heads": 8,
+        }
+    }
+    training = folder / "training"
+    (training / "results/checkpoints").mkdir(parents=True)
+    (training / "sd_860m_res_256.yaml").write_text(yaml.safe_dump({"model": model}))
+    if not config_only:
+        (training / "results/hparams.yaml").write_text(yaml.safe_dump({"cfg": model}))
+    for name in names:
+        (training / "results/checkpoints" / name).write_bytes(b"not read before the job")
+    return folder
+
+
+def test_the_init_job_writes_the_unet_that_training_starts_from(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail="-last"))
+    cfg = make_config(
+        *GPU, "stages=[training]", f"training.init_from={earlier}", "run_name=res512", "training.run.chain=2"
+    )
+    check_facts(cfg, FIXED_FACTS)
+    plan = build_plan(cfg, FIXED_FACTS)
+    init, first, second = (job for job in plan.jobs if job.stage == "training")
+    assert init.name == "sd_860m_res_256_init" and init.resources.gpus_per_node == 0
+    unet = plan.run_dir / "training/init/unet.ckpt"
+    assert init.argv[1:] == ("-m", "launcher.init_unet", str(earlier), str(unet))
+    assert [(d.job, d.kind) for d in first.depends_on] == [(init.name, DependencyKind.afterok)]
+    assert [d.job for d in second.depends_on] == [first.name]
+    assert not init.after_external  # the earlier run is not live: its newest checkpoint is taken now
+    nemo = nemo_config.build(Context(cfg, FIXED_FACTS, plan.run_dir))["model"]["unet_config"]
+    assert (nemo["from_pretrained"], nemo["from_NeMo"]) == (str(unet), True)
+    assert any("UNet from" in note and "newest finished checkpoint" in note for note in plan.notes)
+
+
+def test_without_init_from_nothing_changes(make_config: Callable) -> None:
+    cfg = make_config(*GPU, "stages=[training]")
+    plan = build_plan(cfg, FIXED_FACTS)
+    assert [job.name for job in plan.jobs if job.stage == "training"] == ["sd_860m_res_256"]
+    assert (
+        nemo_config.build(Context(cfg, FIXED_FACTS, plan.run_dir))["model"]["unet_config"]["from_pretrained"]
+        is None
+    )
+
+
+def test_a_live_earlier_run_is_waited_for_by_its_job_id(make_config: Callable, tmp_path: Path) -> None:
+    earlier = _earlier_run(tmp_path / "pretrain", config_only=True)
+    cfg = make_config(*GPU, "stages=[training]", f"training.init_from={earlier}", "run_name=res512")
+    facts = dataclasses.replace(FIXED_FACTS, init_from_job="4242")
+    plan = build_plan(cfg, facts)
+    init = plan.jobs[[job.stage for job in plan.jobs].index("training")]
+    assert [(d.job_id, d.kind) for d in init.after_external] == [("4242", DependencyKind.afterok)]
+    flags = dependency_flags(plan, init, {"pretrained_assets": "7"})
+    assert flags[0] == "--dependency=afterok:7:4242"
+    assert any("once its training job 4242 has ended" in note for note in plan.notes)
+
+
+def test_a_checkpoint_file_is_taken_as_it_is(make_config: Callable, tmp_path: Path) -> None:
+    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail=""))
+    ckpt = earlier / "training/results/checkpoints" / CKPT.format(step=8, tail="")
+    cfg = make_config(*GPU, "stages=[training]", f"training.init_from='{ckpt}'")
+    check_facts(cfg, FIXED_FACTS)
+    assert build_plan(cfg, FIXED_FACTS).jobs[1].argv[3] == str(ckpt)
+
+
+@pytest.mark.parametrize(
+    ("given", "unet", "message"),
+    [
+        ("missing", None, "is neither a .ckpt file nor a folder"),
+        ("missing.ckpt", None, "missing.ckpt does not exist"),
+        ("no_checkpoint", None, "has no finished checkpoint in .* and no training queued or running"),
+        ("wide", {"model_channels": 64}, "model_channels 64 there, 320 here"),
+        (
+            "sd2",
+            {"context_dim": 1024, "use_linear_in_transformer": True},
+            "context_dim 1024 there, 768 here; use_linear_in_transformer True there, False here",
+        ),
+    ],
+)
+def test_refused_before_submission_with_the_key_named(
+    make_config: Callable, tmp_path: Path, given: str, unet: dict | None, message: str
+) -> None:
+    folder = tmp_path / given
+    if given in ("wide", "sd2"):
+        base = {
+            "in_channels": 4,
+            "out_channels": 4,
+            "model_channels": 320,
+            "attention_resolutions": [4, 2, 1],
+            "num_res_blocks": 2,
+            "channel_mult": [1, 2, 4, 4],
+            "use_spatial_transformer": True,
+            "transformer_depth": 1,
+            "context_dim": 768,
+        }
+        _earlier_run(folder, CKPT.format(step=8, tail="-last"), unet={**base, **(unet or {})})
+    elif given == "no_checkpoint":
+        _earlier_run(folder)
+    cfg = make_config(*GPU, "stages=[training]", f"training.init_from={folder}")
+    with pytest.raises(ConfigError, match=rf"training\.init_from.*{message}"):
+        check_facts(cfg, FIXED_FACTS)
+
+
+def test_init_from_and_from_pretrained_together_are_refused(make_config: Callable, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"training\.init_from.*one of them"):
+        make_config(
+            *GPU,
+            "stages=[training]",
+            f"training.init_from={tmp_path}",
+            "training.model.unet_config.from_pretrained=/x/unet.ckpt",
+        )
