@@ -15,8 +15,7 @@ from data_prep.latent_format import MEMBER_EXT
 from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
 from launcher import precache
 from launcher.config import Runtime
-from launcher.registry import planned_names
-from launcher.space import free_space_warning
+from launcher.registry import planned
 
 
 @dataclass
@@ -49,9 +48,9 @@ def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
 
 def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
     found = Findings()
-    stages = planned_names(cfg)
-    warning = free_space_warning(cfg) if "data_preparation" in stages else None
-    found.warnings += [warning] if warning else []
+    present = planned(cfg)
+    stages = frozenset(stage.name for stage in present)
+    found.warnings += [warning for stage in present for warning in stage.warnings(cfg, stages)]
     if "training" not in stages and "benchmark" not in stages:
         return found
     image = cfg.container.image or ""

@@ -13,6 +13,7 @@ from typing import Any
 from launcher import nemo_config, precache
 from launcher.config import Runtime
 from launcher.errors import ConfigError
+from launcher.space import free_space_warning
 from launcher.spec import Array, JobSpec
 from launcher.stage import StageSpec
 from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
@@ -245,6 +246,11 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
         precache.host_check(cfg, facts)
 
 
+def _warnings(cfg: Any, planned: frozenset[str]) -> tuple[str, ...]:
+    warning = free_space_warning(cfg) if NAME in planned else None
+    return (warning,) if warning else ()
+
+
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     """The encode step builds NeMo's VAE and text encoder from the training config that training reads."""
     if not precache.enabled(ctx.cfg):
@@ -264,6 +270,7 @@ STAGE = StageSpec(
     uses=lambda cfg: ("assets",) if precache.enabled(cfg) else (),
     check=_check_all,
     host_check=_host_check,
+    warnings=_warnings,
     files=_files,
     notes=_notes,
 )

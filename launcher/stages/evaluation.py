@@ -24,11 +24,14 @@ from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
 from launcher.sampling.checkpoints import hparams_of
 from launcher.spec import Array, JobSpec, Resources
-from launcher.stage import StageSpec
+from launcher.stage import AssetNeeds, StageSpec
 from launcher.stages import samples
 from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
 
 NAME = "evaluation"
+# The CLIP score loads the text encoder's repo as a whole CLIP model (openai's repo holds the image tower
+# too), with its image preprocessing; FID needs the Inception network's weights.
+ASSETS = AssetNeeds(repo_files=(("text_encoder", ("preprocessor_config.json",)),), files=("inception",))
 CAPTIONS_JOB, GENERATE_JOB, SCORE_JOB = "eval_captions", "eval_generate", "eval_score"
 
 
@@ -249,6 +252,7 @@ STAGE = StageSpec(
     needs=lambda cfg: ("assets", "samples"),
     check=_check,
     host_check=_host_check,
+    assets=lambda cfg: ASSETS,
     files=_files,
     notes=_notes,
     status=status_lines,
