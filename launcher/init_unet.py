@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:
         torch.save({"state_dict": unet}, tmp)
-    write_atomic(out.with_name(out.name + ".source"), f"{checkpoint}\n")
+    write_atomic(TrainingOutputs.source_of(out), f"{checkpoint}\n")
     print(f"init_from: {len(unet)} UNet tensors of {checkpoint} -> {out}", flush=True)
     return 0
 

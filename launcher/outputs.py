@@ -56,6 +56,23 @@ class TrainingOutputs:
         """The UNet-only state dict that `training.init_from` starts from (written by its init job)."""
         return self.stage_dir / "init" / "unet.ckpt"
 
+    @staticmethod
+    def source_of(unet: Path) -> Path:
+        """Written by the init job beside the UNet it extracted: the checkpoint it came from."""
+        return unet.with_name(unet.name + ".source")
+
+    @property
+    def init_source(self) -> Path:
+        return self.source_of(self.init_unet)
+
+    def earlier_run(self) -> Path | None:
+        """The run whose checkpoint training.init_from started this one from, when it was a run's own."""
+        if not self.init_source.is_file():
+            return None
+        checkpoint = Path(self.init_source.read_text().strip())
+        run = checkpoint.parents[3] if len(checkpoint.parents) > 3 else None
+        return run if run is not None and TrainingOutputs(run).checkpoints == checkpoint.parent else None
+
     def newest_checkpoint(self, ema: bool) -> Path | None:
         """The newest finished checkpoint (its `-EMA` kind when `ema`)."""
         return checkpoints.newest(self.checkpoints, ema)

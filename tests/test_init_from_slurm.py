@@ -79,7 +79,8 @@ def test_b_waits_for_a_pending_run_a_then_starts_from_its_final_checkpoint(
     final = TrainingOutputs(earlier).newest_weights()
     assert final is not None and "-step=2-" in final.name and final.name.endswith("-EMA.ckpt")
     later = TrainingOutputs(slurm_shared / "results/res512")
-    assert later.init_unet.with_name("unet.ckpt.source").read_text().strip() == str(final)
+    assert later.init_source.read_text().strip() == str(final)
+    assert later.earlier_run() == earlier
     log = next((later.stage_dir / "logs").glob(f"sd_860m_res_256_{b['sd_860m_res_256']}.out")).read_text()
     # Only the UNet tensor, and the EMA weights of A's final step (2 + 0.5).
     assert f"standin from_pretrained {later.init_unet}: 1 tensor(s), UNet value 2.5" in log

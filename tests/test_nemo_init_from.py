@@ -66,7 +66,7 @@ def test_a_512_style_run_starts_its_unet_from_the_256_style_run(shared: Path, ne
         [nemo_python, "-m", "launcher.init_unet", source, out], env=env, capture_output=True, text=True
     )
     assert extract.returncode == 0, extract.stderr[-4000:]
-    assert Path(out + ".source").read_text().strip() == str(final)  # the EMA weights of the last step
+    assert later.init_source.read_text().strip() == str(final)  # the EMA weights of the last step
 
     trained = run_sd_train(nemo_python, second, shared / "res128.log")
     assert trained.returncode == 0, trained.stderr[-4000:]
