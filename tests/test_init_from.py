@@ -15,11 +15,14 @@ import yaml
 from conftest import FIXED_FACTS
 
 from launcher import nemo_config
+from launcher.backends import prepare, records
 from launcher.errors import ConfigError
+from launcher.outputs import TrainingOutputs
 from launcher.pipeline import build_plan
 from launcher.render import dependency_flags
 from launcher.spec import DependencyKind
 from launcher.stages.common import Context
+from launcher.stages.training_status import init_lines
 from launcher.validate import check_facts
 
 GPU = ["cluster=slurm", "cluster.gpus_per_node=8", "training.trainer.num_nodes=1", "data_check.enable=false"]
@@ -94,6 +97,19 @@ def test_a_live_earlier_run_is_waited_for_by_its_job_id(make_config: Callable, t
     flags = dependency_flags(plan, init, {"pretrained_assets": "7"})
     assert flags[0] == "--dependency=afterok:7:4242"
     assert any("once its training job 4242 has ended" in note for note in plan.notes)
+    record = next(r for r in records(prepare(plan), {}, "dry_run") if r.name == init.name)
+    assert record.depends_on[-1] == "afterok:4242 (training.init_from: its last training part)"
+
+
+def test_status_names_the_checkpoint_the_unet_came_from(tmp_path: Path) -> None:
+    run = TrainingOutputs(tmp_path / "res512")
+    assert init_lines(run.run_dir) == []
+    run.init_source.parent.mkdir(parents=True)
+    run.init_source.write_text("/fsx/results/res256/training/results/checkpoints/x-step=9-last-EMA.ckpt\n")
+    assert init_lines(run.run_dir) == [
+        "UNet started from /fsx/results/res256/training/results/checkpoints/x-step=9-last-EMA.ckpt "
+        "(training.init_from)"
+    ]
 
 
 def test_a_checkpoint_file_is_taken_as_it_is(make_config: Callable, tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ def test_a_512_style_run_starts_its_unet_from_the_256_style_run(shared: Path, ne
     log = (shared / "res128.log").read_text()
     assert f"Attempting to load pretrained unet from {later.init_unet}" in log
     report = next(line for line in log.splitlines() if "unet from_pretrained:" in line)
+    print(extract.stdout.strip(), report, sep="\n")  # shown with -s: the numbers the report quotes
     counts = dict(word.split("=") for word in report.split(":", 2)[2].split() if "=" in word)
     assert (counts["missing"], counts["unexpected"], counts["mismatched"], counts["errors"]) == ("0",) * 4
     total = int(report.rsplit(" of ", 1)[1])

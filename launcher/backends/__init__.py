@@ -63,7 +63,8 @@ def records(request: Request, job_ids: dict[str, str], backend: str) -> list[man
             array=job.array.spec() if job.array else None,
             script=str(plan.script_path(job)),
             log_pattern=str(plan.log_pattern(job)),
-            depends_on=[f"{d.kind.value}:{d.job}" for d in job.depends_on],
+            depends_on=[f"{d.kind.value}:{d.job}" for d in job.depends_on]
+            + [f"{d.kind.value}:{d.job_id} ({d.why})" for d in job.after_external],
             backend=backend,
         )
         for job in plan.jobs

@@ -64,5 +64,13 @@ def tensorboard_lines(run_dir: Path) -> list[str]:
     return lines
 
 
+def init_lines(run_dir: Path) -> list[str]:
+    """Where training.init_from's UNet came from, once the init job has written it."""
+    source = TrainingOutputs(run_dir).init_source
+    return (
+        [f"UNet started from {source.read_text().strip()} (training.init_from)"] if source.is_file() else []
+    )
+
+
 def status_lines(run_dir: Path) -> list[str]:
-    return [*training_progress(run_dir), *tensorboard_lines(run_dir)]
+    return [*init_lines(run_dir), *training_progress(run_dir), *tensorboard_lines(run_dir)]
