@@ -7,6 +7,8 @@ run runs on the test cluster in tests/test_init_from_slurm.py.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from launcher.outputs import TrainingOutputs
 from launcher.pipeline import build_plan
 from launcher.render import dependency_flags
 from launcher.spec import DependencyKind
+from launcher.stages import benchmark
 from launcher.stages.common import Context
 from launcher.stages.training_status import init_lines
 from launcher.validate import check_facts
@@ -29,23 +32,24 @@ GPU = ["cluster=slurm", "cluster.gpus_per_node=8", "training.trainer.num_nodes=1
 CKPT = "stable-diffusion--reduced_train_loss=0.99-step={step}-consumed_samples=8.0{tail}.ckpt"
 
 
+# The 860M preset's UNet as an earlier run's hparams.yaml records it (heads do not change shapes).
+UNET_860M = {
+    "in_channels": 4,
+    "out_channels": 4,
+    "model_channels": 320,
+    "attention_resolutions": [4, 2, 1],
+    "num_res_blocks": 2,
+    "channel_mult": [1, 2, 4, 4],
+    "use_spatial_transformer": True,
+    "transformer_depth": 1,
+    "context_dim": 768,
+    "num_heads": 2,
+}
+
+
 def _earlier_run(folder: Path, *names: str, unet: dict | None = None, config_only: bool = False) -> Path:
     """A run folder as training leaves it: checkpoints, hparams.yaml (cfg: the model), its NeMo config."""
-    model = {
-        "unet_config": unet
-        or {
-            "in_channels": 4,
-            "out_channels": 4,
-            "model_channels": 320,
-            "attention_resolutions": [4, 2, 1],
-            "num_res_blocks": 2,
-            "channel_mult": [1, 2, 4, 4],
-            "use_spatial_transformer": True,
-            "transformer_depth": 1,
-            "context_dim": 768,
-            "num_heads": 8,
-        }
-    }
+    model = {"unet_config": {**UNET_860M, **(unet or {})}}
     training = folder / "training"
     (training / "results/checkpoints").mkdir(parents=True)
     (training / "sd_860m_res_256.yaml").write_text(yaml.safe_dump({"model": model}))
@@ -139,18 +143,7 @@ def test_refused_before_submission_with_the_key_named(
 ) -> None:
     folder = tmp_path / given
     if given in ("wide", "sd2"):
-        base = {
-            "in_channels": 4,
-            "out_channels": 4,
-            "model_channels": 320,
-            "attention_resolutions": [4, 2, 1],
-            "num_res_blocks": 2,
-            "channel_mult": [1, 2, 4, 4],
-            "use_spatial_transformer": True,
-            "transformer_depth": 1,
-            "context_dim": 768,
-        }
-        _earlier_run(folder, CKPT.format(step=8, tail="-last"), unet={**base, **(unet or {})})
+        _earlier_run(folder, CKPT.format(step=8, tail="-last"), unet=unet)
     elif given == "no_checkpoint":
         _earlier_run(folder)
     cfg = make_config(*GPU, "stages=[training]", f"training.init_from={folder}")
@@ -166,3 +159,22 @@ def test_init_from_and_from_pretrained_together_are_refused(make_config: Callabl
             f"training.init_from={tmp_path}",
             "training.model.unet_config.from_pretrained=/x/unet.ckpt",
         )
+
+
+def test_benchmark_tasks_keep_their_random_unet(make_config: Callable, tmp_path: Path) -> None:
+    """Speed does not depend on the starting weights; the init job runs only before training."""
+    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail="-last"))
+    cfg = make_config(*GPU, "stages=[benchmark,training]", f"training.init_from={earlier}")
+    ctx = Context(cfg, FIXED_FACTS, tmp_path / "run")
+    assert nemo_config.build(ctx)["model"]["unet_config"]["from_pretrained"] is not None
+    for case in benchmark.sweep(ctx).cases:
+        assert benchmark.case_config(ctx, case)["model"]["unet_config"]["from_pretrained"] is None
+
+
+def test_the_init_job_module_needs_only_the_standard_library_until_it_loads() -> None:
+    """It runs with NeMo's interpreter in the image (torch, no Hydra or rich); torch is imported in main."""
+    code = (
+        "import sys, launcher.init_unet; heavy = {'hydra', 'omegaconf', 'jinja2', 'rich', 'torch'} "
+        "& {m.split('.')[0] for m in sys.modules}; assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -42,15 +42,26 @@ def _init_job_argv(run: Path) -> list[str]:
     return line.split("launcher.init_unet", 1)[1].replace("\\", "").split()
 
 
-def test_a_512_style_run_starts_its_unet_from_the_256_style_run(shared: Path, nemo_python: str) -> None:
+@pytest.fixture(scope="module")
+def earlier(shared: Path, nemo_python: str) -> TrainingOutputs:
+    """The first stage: a tiny run at 64 px, 2 steps, EMA kept."""
     ema = "training.exp_manager.ema.enable=true"
     first = render_training(shared, "res64", "training.trainer.max_steps=2", ema, *_size(64))
     done = run_sd_train(nemo_python, first, shared / "res64.log")
     assert done.returncode == 0, done.stderr[-4000:]
-    earlier = TrainingOutputs(shared / "results/res64")
+    return TrainingOutputs(shared / "results/res64")
+
+
+def test_a_tiny_run_writes_its_final_checkpoint_and_ema_twin(earlier: TrainingOutputs) -> None:
     final = earlier.newest_weights()
     assert final is not None and final.name.endswith("-step=2-consumed_samples=4.0-last-EMA.ckpt")
+    assert "center_crop_h_w: 64, 64" in earlier.configs()[0].read_text()
 
+
+def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
+    shared: Path, nemo_python: str, earlier: TrainingOutputs
+) -> None:
+    final = earlier.newest_weights()
     second = render_training(
         shared, "res128", f"training.init_from={earlier.run_dir}", "training.trainer.max_steps=2", *_size(128)
     )
