@@ -35,6 +35,9 @@ def _instantiate(section: DictConfig, key: str, **overrides: Any) -> Any:
 def check_unet(model: DictConfig) -> dict[str, Any]:
     section = OmegaConf.create(OmegaConf.to_container(model.unet_config, resolve=True))
     notes = []
+    if section.get("from_pretrained"):  # training.init_from's file is written just before training
+        section.from_pretrained = None
+        notes.append("built without unet_config.from_pretrained (its weights are loaded by training)")
     # flash-attn is a CUDA kernel: without it (CPU venv) build the same weights with torch attention.
     if section.get("use_flash_attention") and importlib.util.find_spec("flash_attn") is None:
         section.use_flash_attention = False

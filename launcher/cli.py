@@ -34,6 +34,7 @@ from launcher.config import Resubmit
 from launcher.errors import LauncherError
 from launcher.layout import DataLayout
 from launcher.pipeline import build_plan
+from launcher.stages import training_init
 from launcher.stages.common import Facts
 from launcher.validate import check_facts, to_schema
 
@@ -71,6 +72,7 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     cfg = to_schema(composed)
     facts = facts or host_facts()
     check_facts(cfg, facts)
+    facts = training_init.probe(cfg, facts)  # the earlier run's live training, which init_from waits for
     _preflight(cfg)
     plan = build_plan(cfg, facts)
     backend_name = cfg.cluster.backend.value

@@ -15,7 +15,9 @@ from omegaconf import OmegaConf
 
 from launcher import precache
 from launcher.errors import ConfigError
+from launcher.outputs import TrainingOutputs
 from launcher.rules import slurm_time_seconds
+from launcher.stages import training_init
 from launcher.stages.common import Context
 
 # NeMo jobs read the staged CLIP and VAE only: no rank may reach for the Hub.
@@ -44,11 +46,11 @@ def world_size(cfg: Any) -> int:
 
 
 def config_path(ctx: Context) -> Path:
-    return ctx.run_dir / "training" / f"{ctx.cfg.training.run.name}.yaml"
+    return TrainingOutputs(ctx.run_dir).config(ctx.cfg.training.run.name)
 
 
 def results_dir(ctx: Context) -> Path:
-    return ctx.run_dir / "training" / "results"
+    return TrainingOutputs(ctx.run_dir).results
 
 
 def time_limit(cfg: Any) -> str:
@@ -191,7 +193,8 @@ def build(ctx: Context) -> dict[str, Any]:
         {"trainer": dict(tr.trainer), "exp_manager": dict(tr.exp_manager), "model": dict(tr.model)}
     )
     # The latents switch sets the keys and paths last: training then reads the latent tars.
-    merged = OmegaConf.merge(base, derived, {"model": precache.training_overrides(ctx.cfg, layout)})
+    latents = {"model": precache.training_overrides(ctx.cfg, layout)}
+    merged = OmegaConf.merge(base, derived, training_init.nemo_overrides(ctx), latents)
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
 

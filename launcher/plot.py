@@ -7,6 +7,8 @@ Read from the TensorBoard events NeMo's training writes (exp_manager.create_tens
 scalars MegatronLatentDiffusion logs every trainer.log_every_n_steps (`reduced_train_loss`, `lr`) and
 exp_manager's step timer (`train_step_timing in s`). Images/s per GPU is the global batch over the step
 time over the GPUs, both read from the run's training config. The samples job writes the same plot.
+A run started from another through training.init_from (a curriculum: 256 px, then 512 px...) is plotted
+after the runs it continues, each stage's steps following the previous stage's last, a line at each start.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.atomic import write_atomic
+from launcher.outputs import TrainingOutputs, plots_dir
 
 LOSS, LR, STEP_TIME = "reduced_train_loss", "lr", "train_step_timing in s"
 Series = list[tuple[int, float]]
@@ -41,7 +44,7 @@ def training_logs(run_dir: Path) -> list[TrainingLog]:
     from omegaconf import OmegaConf
 
     logs: dict[Path, TrainingLog] = {}
-    for path in sorted((run_dir / "training").glob("*.yaml")):
+    for path in TrainingOutputs(run_dir).configs():
         nemo = OmegaConf.load(path)
         exp = nemo.get("exp_manager") or {}
         if not (exp.get("create_tensorboard_logger") and exp.get("explicit_log_dir")):
@@ -77,7 +80,7 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_png(curves: dict[str, Series], title: str) -> bytes:
+def plot_png(curves: dict[str, Series], title: str, stages: tuple[tuple[int, str], ...] = ()) -> bytes:
     """Three panels sharing the step axis; the loss also as a moving average (it is noisy per step)."""
     import matplotlib
 
@@ -100,6 +103,12 @@ def plot_png(curves: dict[str, Series], title: str) -> bytes:
         ax.grid(True, alpha=0.3)
         if not series:
             ax.text(0.5, 0.5, f"not logged ({key})", transform=ax.transAxes, ha="center", va="center")
+        for start, _ in stages:
+            ax.axvline(start, color="gray", linestyle="--", linewidth=1)
+    for start, name in stages:  # each curriculum stage's name where it starts
+        axes[0].annotate(
+            name, (start, 1), xycoords=("data", "axes fraction"), xytext=(3, -12), textcoords="offset points"
+        )
     axes[-1].set_xlabel("step")
     fig.suptitle(title)
     buffer = io.BytesIO()
@@ -115,20 +124,58 @@ def training_curves(log: TrainingLog) -> dict[str, Series]:
     return curves
 
 
-def write_plot(run_dir: Path, out: Path | None = None) -> Path:
-    """Plot the run's (first) training log; raises FileNotFoundError when it has no events yet."""
+def curriculum(run_dir: Path) -> list[Path]:
+    """The runs this one continues through training.init_from, oldest first, ending with `run_dir`."""
+    runs = [run_dir]
+    while (earlier := TrainingOutputs(runs[0]).earlier_run()) is not None and earlier not in runs:
+        runs.insert(0, earlier)
+    return runs
+
+
+def _log_of(run_dir: Path) -> TrainingLog:
+    """The run's (first) training log; FileNotFoundError when it has no events yet."""
     logs = training_logs(run_dir)
     if not logs:
         raise FileNotFoundError(
-            f"{run_dir / 'training'} has no training config with exp_manager.create_tensorboard_logger and "
-            "explicit_log_dir: not a training run of this launcher, or TensorBoard logging is off"
+            f"{TrainingOutputs(run_dir).stage_dir} has no training config with exp_manager."
+            "create_tensorboard_logger and explicit_log_dir: not a training run of this launcher, or "
+            "TensorBoard logging is off"
         )
-    log = logs[0]
-    if not list(log.folder.glob("events.out.tfevents.*")):
-        raise FileNotFoundError(f"no TensorBoard events in {log.folder} yet (training has not logged a step)")
-    out = out or run_dir / "plots" / "training.png"
+    if not list(logs[0].folder.glob("events.out.tfevents.*")):
+        raise FileNotFoundError(
+            f"no TensorBoard events in {logs[0].folder} yet (training has not logged a step)"
+        )
+    return logs[0]
+
+
+def curriculum_curves(run_dir: Path) -> tuple[dict[str, Series], tuple[tuple[int, str], ...]]:
+    """The curves of the run after those of the earlier runs of its curriculum that logged events, each
+    stage's steps following the previous one's last; and (first step, run name) of each stage."""
+    log = _log_of(run_dir)
+    curves: dict[str, Series] = {}
+    stages: list[tuple[int, str]] = []
+    offset = 0
+    for run in curriculum(run_dir):
+        try:
+            stage = training_curves(log if run == run_dir else _log_of(run))
+        except FileNotFoundError:
+            continue  # an earlier run without events: its stage is left out
+        stages.append((offset, run.name))
+        for key, series in stage.items():
+            curves.setdefault(key, []).extend((offset + step, value) for step, value in series)
+        offset += max((step for series in stage.values() for step, _ in series), default=0)
+    return curves, tuple(stages)
+
+
+def write_plot(run_dir: Path, out: Path | None = None) -> Path:
+    """Plot the run's training (after the earlier stages of its curriculum); FileNotFoundError without events."""
+    log = _log_of(run_dir)
+    curves, stages = curriculum_curves(run_dir)
+    out = out or plots_dir(run_dir) / "training.png"
     title = f"{run_dir.name}: global batch {log.global_batch_size}, {log.gpus} GPU(s)"
-    write_atomic(out, plot_png(training_curves(log), title))
+    if len(stages) > 1:
+        title = " -> ".join(name for _, name in stages) + f" (curriculum; {title})"
+    write_atomic(out, plot_png(curves, title, stages if len(stages) > 1 else ()))
     return out
 
 

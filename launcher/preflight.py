@@ -15,9 +15,7 @@ from data_prep.latent_format import MEMBER_EXT
 from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
 from launcher import precache
 from launcher.config import Runtime
-from launcher.registry import planned_names
-from launcher.space import free_space_warning
-from launcher.stages.data_preparation_config import GONE_FROM_HUB
+from launcher.registry import planned
 
 
 @dataclass
@@ -48,30 +46,11 @@ def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
     )
 
 
-def _gone_from_hub(cfg: Any) -> str | None:
-    """A source that is a Hub dataset gone from the Hub (a copy's folder or URL is never warned)."""
-    dp = cfg.data_preparation
-    if dp.demo.enable or dp.tars.enable or not dp.download_parquet.enable:
-        return None
-    source = dp.download_parquet.source
-    repo = source.removeprefix("hf://datasets/").partition("@")[0].strip("/")
-    if repo not in GONE_FROM_HUB:
-        return None
-    return (
-        f"data_preparation.download_parquet.source: {source} is gone from the Hugging Face Hub since "
-        f"{GONE_FROM_HUB[repo]} (it answers 403, access disabled), so download_parquet will fail: point "
-        "it at your copy (a folder of its parquet files, or an fsspec URL such as s3://bucket/laion-art/); "
-        "see docs/datasets.md"
-    )
-
-
 def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
     found = Findings()
-    stages = planned_names(cfg)
-    warning = free_space_warning(cfg) if "data_preparation" in stages else None
-    found.warnings += [warning] if warning else []
-    gone = _gone_from_hub(cfg) if "data_preparation" in stages else None
-    found.warnings += [gone] if gone else []
+    present = planned(cfg)
+    stages = frozenset(stage.name for stage in present)
+    found.warnings += [warning for stage in present for warning in stage.warnings(cfg, stages)]
     if "training" not in stages and "benchmark" not in stages:
         return found
     image = cfg.container.image or ""

@@ -70,11 +70,13 @@ def container_flags(container: Container | None) -> list[str]:
 
 def dependency_flags(plan: Plan, job: JobSpec, job_ids: dict[str, str]) -> list[str]:
     """sbatch flags for the job's edges; unknown ids show as `<name>` placeholders."""
-    if not job.depends_on and not job.singleton:
+    if not job.depends_on and not job.after_external and not job.singleton:
         return []
     by_kind: dict[str, list[str]] = {}
     for dep in job.depends_on:
         by_kind.setdefault(dep.kind.value, []).append(job_ids.get(dep.job, f"<{dep.job}>"))
+    for outside in job.after_external:
+        by_kind.setdefault(outside.kind.value, []).append(outside.job_id)
     parts = [f"{kind}:{':'.join(ids)}" for kind, ids in by_kind.items()]
     value = ",".join(parts + (["singleton"] if job.singleton else []))
     return [flag("dependency", value), flag("kill-on-invalid-dep", "yes")]

@@ -22,6 +22,16 @@ class Dependency:
 
 
 @dataclass(frozen=True)
+class ExternalDependency:
+    """A job outside the plan, by its Slurm id: e.g. the earlier run's training that training.init_from
+    waits for. `why` says what it is (shown in the jobs table)."""
+
+    job_id: str
+    why: str
+    kind: DependencyKind = DependencyKind.afterok
+
+
+@dataclass(frozen=True)
 class Resources:
     nodes: int = 1
     ntasks_per_node: int = 1
@@ -67,6 +77,8 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     array: Array | None = None
     depends_on: tuple[Dependency, ...] = ()
+    # Jobs of other runs this one waits for (their ids are known when the plan is made).
+    after_external: tuple[ExternalDependency, ...] = ()
     # More sbatch options as (name, value or None for a bare flag): account, qos, requeue...
     sbatch_args: tuple[tuple[str, str | None], ...] = ()
     srun_args: tuple[str, ...] = ()

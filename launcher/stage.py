@@ -18,6 +18,25 @@ from launcher.stages.common import Context, Facts
 Planner = Callable[[Context], tuple[JobSpec, ...]]
 Check = Callable[[Any, frozenset[str]], None]
 HostCheck = Callable[[Any, frozenset[str], Facts], None]
+Warnings = Callable[[Any, frozenset[str]], tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class AssetNeeds:
+    """What a stage needs the assets job to stage besides the models training loads."""
+
+    # (asset name under `assets`, more files of that Hub repo)
+    repo_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Names of the single-file assets under `assets` (a URL pinned by sha256).
+    files: tuple[str, ...] = ()
+
+
+def no_assets(cfg: Any) -> AssetNeeds:
+    return AssetNeeds()
+
+
+def no_warnings(cfg: Any, planned: frozenset[str]) -> tuple[str, ...]:
+    return ()
 
 
 def no_stages(cfg: Any) -> tuple[str, ...]:
@@ -73,6 +92,10 @@ class StageSpec:
     gpus: bool = False
     check: Check = no_check
     host_check: HostCheck = no_host_check
+    # What the submitting host suggests but does not forbid (free space): printed, never blocking.
+    warnings: Warnings = no_warnings
+    # What the assets job stages for this stage when it is planned (launcher/stages/assets.py asks).
+    assets: Callable[[Any], AssetNeeds] = no_assets
     # Files written beside the scripts (path, text) and lines printed with the plan.
     files: Callable[[Context], tuple[tuple[Path, str], ...]] = no_files
     notes: Callable[[Context], tuple[str, ...]] = no_notes

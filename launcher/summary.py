@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 from launcher.backends import Request
+from launcher.outputs import DataCheckOutputs
 from launcher.paths import output_width, relative_to_run, shorten_left
 from launcher.quoting import join, q
 from launcher.spec import DependencyKind, JobSpec
@@ -15,8 +16,10 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def _after(job: JobSpec) -> str:
-    """What the job waits for: job names; `(any)` marks afterany (the rest are afterok)."""
-    return " ".join(d.job + ("" if d.kind is DependencyKind.afterok else "(any)") for d in job.depends_on)
+    """What the job waits for: job names, other runs' job ids; `(any)` marks afterany (the rest afterok)."""
+    mark = {DependencyKind.afterok: "", DependencyKind.afterany: "(any)"}
+    inside = [d.job + mark[d.kind] for d in job.depends_on]
+    return " ".join([*inside, *(f"job{d.job_id}{mark[d.kind]}" for d in job.after_external)])
 
 
 def _table(request: Request, job_ids: dict[str, str], title: str) -> None:
@@ -110,7 +113,7 @@ def starting(request: Request, backend: str) -> None:
 def _data_check_summary(request: Request) -> None:
     import json
 
-    path = request.plan.run_dir / "data_check" / "report.json"
+    path = DataCheckOutputs(request.plan.run_dir).report
     if not any(job.stage == "data_check" for job in request.plan.jobs) or not path.exists():
         return
     found = json.loads(path.read_text())

@@ -7,6 +7,9 @@ With `exp_manager.create_checkpoint_callback: false` (a benchmark task): "runs" 
 rank 0 drawing NeMo's progress bar (tqdm with NeMo's CustomProgressBar format, redrawn as NeMo's is:
 counter first, then the step's metrics) with MADE-UP step timings: 1.00 s for the first SLOW_STEPS steps, then
 0.001 s x micro batch x (1 + 0.25 x (nodes - 1)), i.e. 1000 img/s per GPU on 1 node, 800 on 2.
+Under an interpreter with torch, the checkpoints are real torch files holding one UNet tensor filled with the
+step (the -EMA twin: step + 0.5) beside a VAE tensor, and a config with unet_config.from_pretrained prints
+what that file holds (training.init_from's test follows the weights from one run to the next).
 Environment switches (tests only):
   STANDIN_OOM=<nodes>x<micro batch>  rank 0 of that case fails like a CUDA out-of-memory after 3 steps
   STANDIN_SPEED=<factor>             every step that much faster (a second "GPU" for compare)
@@ -29,6 +32,7 @@ from typing import Any
 import yaml
 
 SLOW_STEPS = 2
+UNET_KEY = "model.model.diffusion_model.out.2.weight"
 # NeMo's CustomProgressBar.init_train_tqdm (nemo/collections/nlp/parts/nlp_overrides.py).
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 OOM_MESSAGE = (
@@ -75,6 +79,31 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
     bar.close()
 
 
+def write_checkpoint(path: Path, value: float, text: str) -> None:
+    try:
+        import torch
+    except ImportError:
+        path.write_text(text)
+        return
+    state = {
+        UNET_KEY: torch.full((2,), value),
+        "model.first_stage_model.decoder.conv_in.weight": torch.zeros(1),
+    }
+    torch.save({"state_dict": state, "global_step": int(value)}, path)
+
+
+def report_pretrained(cfg: dict[str, Any]) -> None:
+    """What NeMo's UNet would load from unet_config.from_pretrained: its tensors and the stand-in's value."""
+    given = (cfg["model"].get("unet_config") or {}).get("from_pretrained")
+    if not given:
+        return
+    import torch
+
+    state = torch.load(given, map_location="cpu", weights_only=False)["state_dict"]
+    value = float(state[UNET_KEY][0]) if UNET_KEY in state else None
+    print(f"standin from_pretrained {given}: {len(state)} tensor(s), UNet value {value}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config-path", required=True)
@@ -106,11 +135,14 @@ def main() -> None:
     steps = [int(m.group(1)) for p in checkpoints.glob("*.ckpt") if (m := re.search(r"step=(\d+)-", p.name))]
     step = max(steps, default=0)
     print(f"standin resumed from step={step}" if step else "standin starting from scratch", flush=True)
+    report_pretrained(cfg)
     checkpoints.mkdir(parents=True, exist_ok=True)
     name = f"stable-diffusion--reduced_train_loss=0.10-step={step + 1}-consumed_samples={step + 1}.0.ckpt"
-    (checkpoints / name).write_text("fake checkpoint written by the stand-in\n")
+    write_checkpoint(checkpoints / name, step + 1, "fake checkpoint written by the stand-in\n")
     if (cfg["exp_manager"].get("ema") or {}).get("enable"):  # NeMo's EMA callback writes a twin
-        (checkpoints / name.replace(".ckpt", "-EMA.ckpt")).write_text("fake EMA checkpoint (stand-in)\n")
+        write_checkpoint(
+            checkpoints / name.replace(".ckpt", "-EMA.ckpt"), step + 1.5, "fake EMA checkpoint\n"
+        )
     # exp_manager saves the model config beside checkpoints/, as NeMo's conversion reads it.
     (checkpoints.parent / "hparams.yaml").write_text(yaml.safe_dump({"cfg": cfg["model"]}))
     if os.environ.get("STANDIN_REQUEUE_ONCE") and not int(seen["SLURM_RESTART_COUNT"] or 0):

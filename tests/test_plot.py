@@ -16,15 +16,16 @@ import pytest
 import yaml
 from PIL import Image
 
-from launcher.plot import TrainingLog, training_curves
+from launcher.outputs import TrainingOutputs
+from launcher.plot import TrainingLog, curriculum, curriculum_curves, training_curves
 
 DATA = Path(__file__).parent / "data" / "nemo_cpu_train_events"
 PRINTED = json.loads((DATA / "printed.json").read_text())
 
 
-def _run_with_events(tmp_path: Path, events: bool = True) -> Path:
+def _run_with_events(tmp_path: Path, events: bool = True, name: str = "run") -> Path:
     """A run folder as the launcher lays it out: the training config names the event folder."""
-    run, results = tmp_path / "run", tmp_path / "run" / "training" / "results"
+    run, results = tmp_path / name, tmp_path / name / "training" / "results"
     results.mkdir(parents=True)
     if events:
         for path in DATA.glob("events.out.tfevents.*"):
@@ -72,3 +73,26 @@ def test_plot_without_events_says_so(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "no TensorBoard events in" in done.stderr and not (run / "plots").exists()
+
+
+def test_a_curriculum_is_plotted_stage_after_stage(tmp_path: Path) -> None:
+    """A 512 px run started from a 256 px one (training.init_from): the 256 px steps first, then the 512 px
+    steps after them; a stage without events is left out."""
+    res256, res512 = _run_with_events(tmp_path, name="res256"), _run_with_events(tmp_path, name="res512")
+    final = TrainingOutputs(res256).checkpoints / "sd--step=4-consumed_samples=8.0-last-EMA.ckpt"
+    later = TrainingOutputs(res512)
+    later.init_source.parent.mkdir(parents=True)
+    later.init_source.write_text(f"{final}\n")  # what the init job records
+    assert curriculum(res512) == [res256, res512] and curriculum(res256) == [res256]
+    curves, stages = curriculum_curves(res512)
+    assert stages == ((0, "res256"), (4, "res512"))
+    assert [step for step, _ in curves["reduced_train_loss"]] == [1, 2, 3, 4, 5, 6, 7, 8]
+    losses = [loss for _, loss in curves["reduced_train_loss"]]
+    assert losses[:4] == losses[4:]  # the same events in both stages here
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "plot", str(res512)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    for path in res256.rglob("events.out.tfevents.*"):
+        path.unlink()
+    assert curriculum_curves(res512)[1] == ((0, "res512"),)

@@ -73,7 +73,8 @@ def records(
             array=job.array.spec() if job.array else None,
             script=str(moved(plan.script_path(job), plan.run_dir, into)),
             log_pattern=str(plan.log_pattern(job)),
-            depends_on=[f"{d.kind.value}:{d.job}" for d in job.depends_on],
+            depends_on=[f"{d.kind.value}:{d.job}" for d in job.depends_on]
+            + [f"{d.kind.value}:{d.job_id} ({d.why})" for d in job.after_external],
             backend=backend,
         )
         for job in plan.jobs

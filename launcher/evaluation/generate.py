@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # started by path: find this repo
 
 from data_prep.atomic import write_atomic
 from launcher.evaluation.settings import EvaluationSettings
-from launcher.sampling.checkpoints import hparams_of, newest_converted
+from launcher.sampling.checkpoints import hparams_of
 from launcher.sampling.job import infer_section, nemo_env, trainer_and_model
 from launcher.sampling.resolution import trained_size
 
@@ -35,13 +35,13 @@ def generate_config(s: EvaluationSettings, nemo: Path, size: tuple[int, int], lo
         "ntasks_per_node": s.tasks_per_node,
         "local_task_id": local,
         "num_images_to_eval": s.num_images,
-        "coco_captions_path": str(s.eval_dir / "captions"),
+        "coco_captions_path": str(s.outputs.captions_dir),
         "coco_images_path": str(Path(s.coco_root) / "val2014"),
-        "save_path": str(s.eval_dir / "images"),
+        "save_path": str(s.outputs.images),
     }
     # The scale is NeMo's to set (per array task); it saves the images itself, named by caption.
     infer = infer_section(
-        s, size, s.eval_dir / "images", unconditional_guidance_scale=None, save_to_file=False, prompts=None
+        s, size, s.outputs.images, unconditional_guidance_scale=None, save_to_file=False, prompts=None
     )
     return {
         "name": "stable-diffusion-fid",
@@ -64,15 +64,15 @@ def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     s = EvaluationSettings.from_json(Path(argv[0]).read_text())
-    found = newest_converted(s.samples_dir)
+    found = s.samples.newest_converted()
     if found is None:
-        raise SystemExit(f"evaluation: no model.nemo the samples job converted under {s.samples_dir}")
+        raise SystemExit(f"evaluation: no model.nemo the samples job converted under {s.samples.stage_dir}")
     nemo, checkpoint = found
     size = trained_size(OmegaConf.to_container(OmegaConf.load(hparams_of(checkpoint)).cfg))
     if size is None:
         raise SystemExit(f"evaluation: {hparams_of(checkpoint)} fixes no image size")
     task, local = os.environ.get("SLURM_ARRAY_TASK_ID", "0"), int(os.environ.get("SLURM_LOCALID", "0"))
-    config = s.eval_dir / "configs" / f"generate_{task}_{local}.yaml"
+    config = s.outputs.configs / f"generate_{task}_{local}.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(generate_config(s, nemo, size, local))))
     argv = [

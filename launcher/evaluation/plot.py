@@ -1,6 +1,6 @@
 """FID against CLIP score, one point per guidance scale: evaluation/fid_clip.png.
 
-python -m launcher.evaluation.plot <run>/evaluation        (reads results.csv; stdlib + matplotlib)
+python -m launcher.evaluation.plot <run>        (reads evaluation/results.csv; stdlib + matplotlib)
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from data_prep.atomic import write_atomic
+from launcher.outputs import EvaluationOutputs
 
 
 def plot_png(rows: list[dict[str, str]], title: str) -> bytes:
@@ -34,11 +35,12 @@ def plot_png(rows: list[dict[str, str]], title: str) -> bytes:
     return buffer.getvalue()
 
 
-def write_plot(eval_dir: Path) -> Path:
-    rows = list(csv.DictReader((eval_dir / "results.csv").read_text().splitlines()))
-    out = eval_dir / "fid_clip.png"
+def write_plot(run_dir: Path) -> Path:
+    outputs = EvaluationOutputs(run_dir)
+    rows = list(csv.DictReader(outputs.results_csv.read_text().splitlines()))
+    out = outputs.plot
     images = rows[0]["images"] if rows else "?"
-    title = f"{eval_dir.parent.name}: FID vs CLIP score by guidance scale ({images} images each)"
+    title = f"{run_dir.name}: FID vs CLIP score by guidance scale ({images} images each)"
     write_atomic(out, plot_png(rows, title))
     return out
 

@@ -120,7 +120,7 @@ def generated_images(s: EvaluationSettings) -> dict[float, list[Path]]:
     """Each scale's images in caption order; every caption must have its image."""
     out = {}
     for scale in s.guidance_scales:
-        paths = [s.images_dir(scale) / f"image{n:06d}.png" for n in range(s.num_images)]
+        paths = [s.outputs.images_for(scale) / f"image{n:06d}.png" for n in range(s.num_images)]
         missing = [p for p in paths if not p.is_file()]
         if missing:
             raise SystemExit(f"evaluation: {len(missing)} image(s) missing, e.g. {missing[0]}")
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
     generated = generated_images(s)
     size = image_size(next(iter(generated.values()))[0])
     real = sorted((Path(s.coco_root) / "val2014").glob("*.jpg"))
-    captions = [row["caption"] for row in json.loads((s.eval_dir / "captions.json").read_text())]
+    captions = [row["caption"] for row in json.loads(s.outputs.captions_json.read_text())]
     fids = fid_per_scale(real, generated, size, s.inception_weights, device)
     clips = clip_per_scale(generated, captions, s.clip_dir, size, device)
     rows = [
@@ -159,11 +159,11 @@ def main(argv: list[str]) -> int:
         for g in fids
     ]
     csv_text, md_text = table(rows)
-    write_atomic(s.eval_dir / "results.csv", csv_text)
-    write_atomic(s.eval_dir / "results.md", md_text)
+    write_atomic(s.outputs.results_csv, csv_text)
+    write_atomic(s.outputs.results_md, md_text)
     print(md_text, flush=True)
     env = {**os.environ, "PYTHONPATH": s.code_dir}
-    plot = [s.plot_python, "-m", "launcher.evaluation.plot", str(s.eval_dir)]
+    plot = [s.plot_python, "-m", "launcher.evaluation.plot", str(s.run_dir)]
     return subprocess.run(plot, env=env, check=False).returncode
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.outputs import EvaluationOutputs, SamplesOutputs
+
 
 @dataclass(frozen=True)
 class EvaluationSettings:
@@ -32,16 +34,12 @@ class EvaluationSettings:
     clip_dir: str
 
     @property
-    def eval_dir(self) -> Path:
-        return Path(self.run_dir) / "evaluation"
+    def outputs(self) -> EvaluationOutputs:
+        return EvaluationOutputs(Path(self.run_dir))
 
     @property
-    def samples_dir(self) -> Path:
-        return Path(self.run_dir) / "samples"
-
-    def images_dir(self, scale: float) -> Path:
-        """generate_fid_images.py's folder for one scale: fid.save_path / str(scale)."""
-        return self.eval_dir / "images" / str(float(scale))
+    def samples(self) -> SamplesOutputs:
+        return SamplesOutputs(Path(self.run_dir))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"

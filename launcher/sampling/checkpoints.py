@@ -55,17 +55,3 @@ def finished(folder: Path, ema: bool) -> list[Path]:
 def newest(folder: Path, ema: bool) -> Path | None:
     done = finished(folder, ema)
     return done[-1] if done else None
-
-
-def newest_converted(samples_dir: Path) -> tuple[Path, Path] | None:
-    """(model.nemo, the checkpoint it was converted from) of the samples job's highest step, if any."""
-    found = []
-    for source in samples_dir.glob("step_*/model.nemo.source"):
-        nemo = source.with_name("model.nemo")
-        step = source.parent.name.removeprefix("step_")
-        if nemo.is_file() and step.isdigit():
-            found.append((int(step), nemo, Path(source.read_text())))
-    if not found:
-        return None
-    _, nemo, checkpoint = max(found)
-    return nemo, checkpoint

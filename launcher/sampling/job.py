@@ -170,7 +170,8 @@ def main(argv: list[str]) -> int:
     s = SamplingSettings.from_json(Path(argv[0]).read_text())
     checkpoint = checkpoint_to_sample(s)
     step = step_of(checkpoint)
-    step_dir = s.samples_dir / f"step_{step}"
+    out = s.outputs
+    step_dir = out.step_dir(step)
     step_dir.mkdir(parents=True, exist_ok=True)
     print(f"samples: checkpoint {checkpoint} (step {step})", flush=True)
     from omegaconf import OmegaConf
@@ -179,7 +180,7 @@ def main(argv: list[str]) -> int:
     size = (s.resolution, s.resolution) if s.resolution else trained
     if size is None:
         raise SystemExit(f"samples: {hparams_of(checkpoint)} fixes no image size: set samples.resolution")
-    nemo_file, source = step_dir / "model.nemo", step_dir / "model.nemo.source"
+    nemo_file, source = out.model(step), out.model_source(step)
     # Reused only for the very checkpoint it came from (another run's step N lands in the same folder).
     if not (nemo_file.exists() and source.exists() and source.read_text() == str(checkpoint)):
         source.unlink(missing_ok=True)
@@ -190,7 +191,7 @@ def main(argv: list[str]) -> int:
         f"{Path(s.run_dir).name}  step {step}{'  EMA' if is_ema(checkpoint) else ''}  {s.sampler} {s.steps} steps  "
         f"guidance {s.guidance_scale}  seed {s.seed}  {size[1]}x{size[0]}"
     )
-    with atomic_path(step_dir / "grid.png") as tmp:
+    with atomic_path(out.grid(step)) as tmp:
         grid_image(image_rows(s, images), title).save(tmp, format="PNG")
     record = {
         "checkpoint": str(checkpoint),
@@ -207,7 +208,7 @@ def main(argv: list[str]) -> int:
         "precision": s.precision,
     }
     write_json_atomic(step_dir / "samples.json", record)
-    print(f"samples: grid {step_dir / 'grid.png'}", flush=True)
+    print(f"samples: grid {out.grid(step)}", flush=True)
     write_plot(s)
     return 0
 

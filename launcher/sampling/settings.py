@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.outputs import SamplesOutputs
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -36,8 +38,8 @@ class SamplingSettings:
     precision: str
 
     @property
-    def samples_dir(self) -> Path:
-        return Path(self.run_dir) / "samples"
+    def outputs(self) -> SamplesOutputs:
+        return SamplesOutputs(Path(self.run_dir))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"

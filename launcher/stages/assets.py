@@ -14,7 +14,7 @@ from omegaconf import MISSING
 from launcher.config import JobResources, Runtime
 from launcher.rules import ABS_PATH, Each, Pattern, described, ruled
 from launcher.spec import JobSpec
-from launcher.stage import StageSpec
+from launcher.stage import AssetNeeds, StageSpec
 from launcher.stages.common import Context, cpu_resources, make_job, require_mounted
 
 NAME = "assets"
@@ -24,9 +24,6 @@ HUB_REPO_ID = Pattern(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", 
 COMMIT_SHA = Pattern(r"[0-9a-f]{40}", "a 40-hex commit sha (the repo's History on the Hub): pin one")
 URL = Pattern(r"https?://[^\s]+", "an http(s) URL without spaces")
 SHA256 = Pattern(r"[0-9a-f]{64}", "a 64-hex sha256")
-# The evaluation's CLIP score loads the text encoder's repo as a whole CLIP model (openai's repo holds the
-# image tower too), with its image preprocessing.
-CLIP_SCORE_FILES = ("preprocessor_config.json",)
 REPO_FILE = Pattern(
     r"(?!-)(?!.*(?:^|/)\.\.(?:/|$))[^/\x00-\x1f][^\x00-\x1f]*",
     "a file name in the repo (a relative path, no '..', not starting with '-' or '/')",
@@ -77,7 +74,7 @@ class AssetsConfig:
     )
     text_encoder: AssetConfig = field(default_factory=AssetConfig)
     vae: AssetConfig = field(default_factory=AssetConfig)
-    # Staged only for the evaluation stage (FID's Inception network).
+    # Staged only when a planned stage needs it (StageSpec.assets: evaluation's FID network).
     inception: FileAssetConfig = field(default_factory=FileAssetConfig)
     resources: JobResources = field(default_factory=JobResources)
 
@@ -92,19 +89,29 @@ def _asset_args(name: str, asset: AssetConfig, extra: tuple[str, ...] = ()) -> t
     return ("--asset", name, asset.repo_id, asset.revision, asset.local_dir, *files)
 
 
-def _evaluating(cfg: Any) -> bool:
-    return "evaluation" in cfg.stages
+def needs(cfg: Any) -> AssetNeeds:
+    """What the planned stages declare they need staged (StageSpec.assets), merged."""
+    from launcher.registry import planned  # the registry lists this module: read it at call time
+
+    repo_files: dict[str, list[str]] = {}
+    files: list[str] = []
+    for stage in planned(cfg):
+        found = stage.assets(cfg)
+        for name, extra in found.repo_files:
+            repo_files.setdefault(name, []).extend(f for f in extra if f not in repo_files.get(name, []))
+        files += [name for name in found.files if name not in files]
+    return AssetNeeds(tuple((name, tuple(extra)) for name, extra in repo_files.items()), tuple(files))
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
-    assets = ctx.cfg.assets
-    evaluating = _evaluating(ctx.cfg)
+    assets, wanted = ctx.cfg.assets, needs(ctx.cfg)
+    extra = dict(wanted.repo_files)
     args: list[str] = []
     for name, asset in by_name(ctx.cfg).items():
-        args += _asset_args(name, asset, CLIP_SCORE_FILES if evaluating and name == "text_encoder" else ())
-    if evaluating:
-        f = assets.inception
-        args += ["--file", "inception", f.url, f.sha256, f.path]
+        args += _asset_args(name, asset, extra.get(name, ()))
+    for name in wanted.files:
+        f = getattr(assets, name)
+        args += ["--file", name, f.url, f.sha256, f.path]
     # The token reaches the job as HF_TOKEN, read from the file at run time (never written here).
     secrets = (("HF_TOKEN", assets.hf_token_file),) if assets.hf_token_file else ()
     job = make_job(
@@ -124,8 +131,8 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         return
     for name, asset in by_name(cfg).items():
         require_mounted(f"assets.{name}.local_dir", asset.local_dir, cfg.container.mounts)
-    if _evaluating(cfg):
-        require_mounted("assets.inception.path", cfg.assets.inception.path, cfg.container.mounts)
+    for name in needs(cfg).files:
+        require_mounted(f"assets.{name}.path", getattr(cfg.assets, name).path, cfg.container.mounts)
 
 
 STAGE = StageSpec(

@@ -126,6 +126,8 @@ def _case_cfg(cfg: Any, case: Case) -> Any:
         run=dataclasses.replace(tr.run, time_limit=b.time_per_task),
         trainer={**tr.trainer, "num_nodes": case.nodes, "max_steps": b.max_steps},
         model=merged,  # type: ignore[arg-type]
+        # Speed does not depend on the starting weights, and only training plans init_from's init job.
+        init_from=None,
     )
     return dataclasses.replace(cfg, training=changed, data_preparation=dataclasses.replace(dp, precache=pre))
 

@@ -21,6 +21,9 @@ class Facts:
     cpu_count: int = 2
     # An interpreter with NeMo on this host (for data_check without a container), if any.
     nemo_python: str | None = None
+    # The Slurm id of the last training part of the run training.init_from names, while that run's training
+    # is queued or running (probed by the cli: launcher.stages.training_init.probe).
+    init_from_job: str | None = None
 
 
 @dataclass(frozen=True)

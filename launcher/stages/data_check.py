@@ -10,6 +10,7 @@ from typing import Any
 from launcher import nemo_config
 from launcher.config import BackendName, JobResources, Runtime
 from launcher.errors import ConfigError
+from launcher.outputs import DataCheckOutputs
 from launcher.quoting import q
 from launcher.rules import Range, Text, described, ruled
 from launcher.spec import JobSpec
@@ -73,7 +74,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         "--micro-batch-size",
         str(dc.micro_batch_size),
         "--report",
-        str(ctx.run_dir / NAME / "report.json"),
+        str(DataCheckOutputs(ctx.run_dir).report),
         *(("--model-check",) if dc.model_check else ()),
     )
     resources = cpu_resources(ctx, dc.resources)

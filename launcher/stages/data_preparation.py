@@ -13,10 +13,11 @@ from typing import Any
 from launcher import nemo_config, precache
 from launcher.config import Runtime
 from launcher.errors import ConfigError
+from launcher.space import free_space_warning
 from launcher.spec import Array, JobSpec
 from launcher.stage import StageSpec
 from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
-from launcher.stages.data_preparation_config import DataPreparationConfig
+from launcher.stages.data_preparation_config import GONE_FROM_HUB, DataPreparationConfig
 
 NAME = "data_preparation"
 
@@ -245,6 +246,29 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
         precache.host_check(cfg, facts)
 
 
+def _gone_from_hub(cfg: Any) -> str | None:
+    """A source that is a Hub dataset gone from the Hub (a copy's folder or URL is never warned)."""
+    dp = cfg.data_preparation
+    if dp.demo.enable or dp.tars.enable or not dp.download_parquet.enable:
+        return None
+    source = dp.download_parquet.source
+    repo = source.removeprefix("hf://datasets/").partition("@")[0].strip("/")
+    if repo not in GONE_FROM_HUB:
+        return None
+    return (
+        f"data_preparation.download_parquet.source: {source} is gone from the Hugging Face Hub since "
+        f"{GONE_FROM_HUB[repo]} (it answers 403, access disabled), so download_parquet will fail: point "
+        "it at your copy (a folder of its parquet files, or an fsspec URL such as s3://bucket/laion-art/); "
+        "see docs/datasets.md"
+    )
+
+
+def _warnings(cfg: Any, planned: frozenset[str]) -> tuple[str, ...]:
+    if NAME not in planned:
+        return ()
+    return tuple(w for w in (free_space_warning(cfg), _gone_from_hub(cfg)) if w)
+
+
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     """The encode step builds NeMo's VAE and text encoder from the training config that training reads."""
     if not precache.enabled(ctx.cfg):
@@ -264,6 +288,7 @@ STAGE = StageSpec(
     uses=lambda cfg: ("assets",) if precache.enabled(cfg) else (),
     check=_check_all,
     host_check=_host_check,
+    warnings=_warnings,
     files=_files,
     notes=_notes,
 )

@@ -19,15 +19,19 @@ from launcher.config import JobResources, Runtime
 from launcher.errors import ConfigError
 from launcher.evaluation.captions import CAPTIONS_JSON
 from launcher.evaluation.settings import EvaluationSettings
-from launcher.paths import run_dir_of
+from launcher.outputs import EvaluationOutputs, SamplesOutputs
+from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
-from launcher.sampling.checkpoints import hparams_of, newest_converted
+from launcher.sampling.checkpoints import hparams_of
 from launcher.spec import Array, JobSpec, Resources
-from launcher.stage import StageSpec
+from launcher.stage import AssetNeeds, StageSpec
 from launcher.stages import samples
 from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
 
 NAME = "evaluation"
+# The CLIP score loads the text encoder's repo as a whole CLIP model (openai's repo holds the image tower
+# too), with its image preprocessing; FID needs the Inception network's weights.
+ASSETS = AssetNeeds(repo_files=(("text_encoder", ("preprocessor_config.json",)),), files=("inception",))
 CAPTIONS_JOB, GENERATE_JOB, SCORE_JOB = "eval_captions", "eval_generate", "eval_score"
 
 
@@ -96,7 +100,7 @@ def settings(ctx: Context) -> EvaluationSettings:
 
 
 def settings_path(run: Path) -> Path:
-    return run / NAME / "evaluation.json"
+    return EvaluationOutputs(run).settings
 
 
 def _gpu_resources(ctx: Context, tasks: int, time: str, mem: str | None) -> Resources:
@@ -131,7 +135,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
             "--seed",
             ev.seed,
             "--out",
-            ctx.run_dir / NAME,
+            EvaluationOutputs(ctx.run_dir).stage_dir,
         ),
     )
     generate = make_job(
@@ -163,10 +167,10 @@ def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
-    ev = ctx.cfg.evaluation
+    ev, out = ctx.cfg.evaluation, EvaluationOutputs(ctx.run_dir)
     return (
         f"evaluation: {ev.num_images} COCO captions (seed {ev.seed}) x {len(ev.guidance_scales)} guidance "
-        f"scale(s) {list(ev.guidance_scales)}; results: {ctx.run_dir / NAME}/results.md, fid_clip.png",
+        f"scale(s) {list(ev.guidance_scales)}; results: {out.results_md}, {out.plot.name}",
     )
 
 
@@ -208,12 +212,13 @@ def _evaluated_model(cfg: Any, planned: frozenset[str]) -> dict[str, Any]:
 
     if "samples" in planned:
         return samples.trained_model(cfg, planned)[0]
-    found = newest_converted(run_dir_of(cfg) / "samples")
+    converted = SamplesOutputs(run_dir_of(cfg))
+    found = converted.newest_converted()
     if found is None:
         raise ConfigError(
             "stages",
-            f"evaluation alone needs a model the samples job converted ({run_dir_of(cfg)}/samples/step_<N>/"
-            "model.nemo) and there is none; allowed: stages=[samples,evaluation] (or with training)",
+            f"evaluation alone needs a model the samples job converted ({converted.model('<N>')}) and there "
+            "is none; allowed: stages=[samples,evaluation] (or with training)",
         )
     hparams = hparams_of(found[1])
     return OmegaConf.to_container(OmegaConf.load(hparams).get("cfg") or {}) if hparams.is_file() else {}  # type: ignore[return-value]
@@ -235,12 +240,9 @@ def _check_batch(cfg: Any, model: dict[str, Any]) -> None:
 
 
 def status_lines(run: Path) -> list[str]:
-    results = run / NAME / "results.md"
-    return (
-        [f"evaluation: FID and CLIP score in {NAME}/results.md, plot {NAME}/fid_clip.png"]
-        if results.exists()
-        else []
-    )
+    out = EvaluationOutputs(run)
+    shown = (relative_to_run(path, run) for path in (out.results_md, out.plot))
+    return ["evaluation: FID and CLIP score in {}, plot {}".format(*shown)] if out.results_md.exists() else []
 
 
 STAGE = StageSpec(
@@ -250,6 +252,7 @@ STAGE = StageSpec(
     needs=lambda cfg: ("assets", "samples"),
     check=_check,
     host_check=_host_check,
+    assets=lambda cfg: ASSETS,
     files=_files,
     notes=_notes,
     status=status_lines,

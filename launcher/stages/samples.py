@@ -16,6 +16,7 @@ from typing import Any
 from launcher import nemo_config
 from launcher.config import Runtime
 from launcher.errors import ConfigError
+from launcher.outputs import SamplesOutputs, TrainingOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Pattern, Range, SlurmTime, Text, ruled
 from launcher.sampling import checkpoints
@@ -92,7 +93,7 @@ def _ema(cfg: Any) -> bool:
 
 
 def checkpoints_dir(cfg: Any) -> Path:
-    return run_dir_of(cfg) / "training" / "results" / "checkpoints"
+    return TrainingOutputs(run_dir_of(cfg)).checkpoints
 
 
 def settings(ctx: Context) -> SamplingSettings:
@@ -120,7 +121,7 @@ def settings(ctx: Context) -> SamplingSettings:
 
 
 def settings_path(run: Path) -> Path:
-    return run / NAME / "samples.json"
+    return SamplesOutputs(run).settings
 
 
 def _resources(ctx: Context) -> Resources:
@@ -163,7 +164,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
     return (
         f"samples: {len(sc.prompts)} prompt(s) x {sc.images_per_prompt} image(s) of {which}"
         f"{' (EMA weights)' if _ema(ctx.cfg) else ''}, {sc.sampler} {sc.steps} steps, seed {sc.seed}; "
-        f"grid: {ctx.run_dir / NAME}/step_<N>/grid.png",
+        f"grid: {SamplesOutputs(ctx.run_dir).grid('<N>')}",
     )
 
 
@@ -269,9 +270,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
 
 def status_lines(run: Path) -> list[str]:
     """The newest grid (highest step) and how many checkpoints were sampled."""
-    grids = sorted(
-        (run / NAME).glob("step_*/grid.png"), key=lambda p: int(p.parent.name.removeprefix("step_"))
-    )
+    grids = SamplesOutputs(run).grids()
     if not grids:
         return []
     return [f"samples: newest grid {relative_to_run(grids[-1], run)} ({len(grids)} checkpoint(s) sampled)"]

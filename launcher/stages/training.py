@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config
+from launcher.config import JobResources
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
+from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
-from launcher.stages import training_status
-from launcher.stages.common import Context, make_job
+from launcher.stages import training_init, training_status
+from launcher.stages.common import Context, Facts, make_job
 
 NAME = "training"
 
@@ -68,6 +70,18 @@ class TrainingRunConfig:
 @dataclass
 class TrainingConfig:
     run: TrainingRunConfig = field(default_factory=TrainingRunConfig)
+    init_from: str | None = ruled(
+        ABS_PATH,
+        None,
+        help=(
+            "Start the UNet from an earlier run folder (its newest finished checkpoint, EMA weights when kept; "
+            "its final one when it still trains) or a NeMo .ckpt; optimizer, step and schedule start fresh. "
+            "null = from scratch (or training.model.unet_config.from_pretrained)."
+        ),
+    )
+    init_resources: JobResources = field(
+        default_factory=lambda: JobResources(cpus_per_task=2, mem="16G", time="00:30:00")
+    )
     trainer: dict[str, Any] = ruled(
         Nested(TRAINER_RULES),
         factory=dict,
@@ -110,7 +124,7 @@ def _done_check(ctx: Context) -> tuple[str, ...]:
     max_steps = ctx.cfg.training.trainer.get("max_steps")
     if not max_steps or int(max_steps) < 1:
         return ()
-    checkpoints = nemo_config.results_dir(ctx) / "checkpoints"
+    checkpoints = TrainingOutputs(ctx.run_dir).checkpoints
     return (
         f"for checkpoint in {q(checkpoints)}/*-step={int(max_steps)}-*.ckpt; do",
         '  marker="${checkpoint%.ckpt}"',
@@ -146,10 +160,14 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     sbatch_args: tuple[tuple[str, str | None], ...] = (("open-mode", "append"),)
     if run.requeue:
         sbatch_args += (("requeue", None),)
+    init = training_init.plan(ctx, NAME)
     jobs: list[JobSpec] = []
     for part in range(run.chain):
         name = run.name if run.chain == 1 else f"{run.name}_part{part}"
-        deps = (Dependency(jobs[-1].name, DependencyKind.afterany),) if jobs else ()
+        if jobs:
+            deps = (Dependency(jobs[-1].name, DependencyKind.afterany),)
+        else:  # the first part reads the UNet the init job writes
+            deps = (Dependency(init.name),) if init else ()
         jobs.append(
             make_job(
                 ctx,
@@ -167,7 +185,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
                 with_code=False,
             )
         )
-    return tuple(jobs)
+    return (init, *jobs) if init else tuple(jobs)
 
 
 def _needs(cfg: Any) -> tuple[str, ...]:
@@ -179,6 +197,12 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     if NAME in planned:
         nemo_config.check(cfg)
+        training_init.check(cfg)
+
+
+def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
+    if NAME in planned:
+        training_init.host_check(cfg)
 
 
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
@@ -187,11 +211,12 @@ def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 
 def _notes(ctx: Context) -> tuple[str, ...]:
     s = nemo_config.shape(ctx.cfg)
-    return (
+    shape = (
         f"training: {s.nodes} node(s) x {s.gpus_per_node} GPUs = {s.world_size} ranks, "
         f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
-        f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step",
+        f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step"
     )
+    return (*training_init.notes(ctx), shape)
 
 
 STAGE = StageSpec(
@@ -201,6 +226,7 @@ STAGE = StageSpec(
     needs=_needs,
     gpus=True,
     check=_check,
+    host_check=_host_check,
     files=_files,
     notes=_notes,
     status=training_status.status_lines,

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from launcher import manifest
+from launcher.outputs import TrainingOutputs
 from launcher.paths import newest_log, relative_to_run
 from launcher.quoting import join
 
@@ -19,11 +20,10 @@ def training_progress(run_dir: Path) -> list[str]:
     lines = []
     for record in manifest.load(run_dir):
         # Chained parts (<name>_partK) share the one NeMo config <name>.yaml.
-        folder = Path(record.script).parent
         config = next(
             (
                 p
-                for p in folder.glob("*.yaml")
+                for p in TrainingOutputs(run_dir).configs()
                 if re.fullmatch(rf"{re.escape(p.stem)}(_part\d+)?", record.name)
             ),
             None,
@@ -64,5 +64,13 @@ def tensorboard_lines(run_dir: Path) -> list[str]:
     return lines
 
 
+def init_lines(run_dir: Path) -> list[str]:
+    """Where training.init_from's UNet came from, once the init job has written it."""
+    source = TrainingOutputs(run_dir).init_source
+    return (
+        [f"UNet started from {source.read_text().strip()} (training.init_from)"] if source.is_file() else []
+    )
+
+
 def status_lines(run_dir: Path) -> list[str]:
-    return [*training_progress(run_dir), *tensorboard_lines(run_dir)]
+    return [*init_lines(run_dir), *training_progress(run_dir), *tensorboard_lines(run_dir)]

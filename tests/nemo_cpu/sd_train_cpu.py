@@ -127,6 +127,30 @@ def patch_for_cpu() -> list[str]:
     return done
 
 
+def report_unet_load() -> None:
+    """Not a CPU patch: NeMo only logs a pretrained UNet's key mismatches (and lists unexpected keys only
+    when some are missing), so print what `_load_pretrained_model` returns, and how many loaded tensors
+    the UNet then holds unchanged, for the tests to assert on."""
+    import torch
+    from nemo.collections.multimodal.modules.stable_diffusion.diffusionmodules.openaimodel import UNetModel
+
+    nemo_load = UNetModel._load_pretrained_model
+
+    def load(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        stripped = self._strip_unet_key_prefix(dict(state_dict))
+        missing, unexpected, mismatched, errors = nemo_load(self, state_dict, *args, **kwargs)
+        own = self.state_dict()
+        equal = sum(1 for key, value in stripped.items() if key in own and torch.equal(own[key], value))
+        print(
+            f"sd_train_cpu: unet from_pretrained: missing={len(missing)} unexpected={len(unexpected)} "
+            f"mismatched={len(mismatched)} errors={len(errors)} equal={equal} of {len(own)}",
+            flush=True,
+        )
+        return missing, unexpected, mismatched, errors
+
+    UNetModel._load_pretrained_model = load
+
+
 def sd_train_main(cfg: Any) -> None:
     """What sd_train.py's main() does for the presets (see the module docstring)."""
     from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm import (
@@ -182,7 +206,9 @@ def run_hydra_entry(
 
 
 def main() -> None:
-    run_hydra_entry("sd_train_cpu", patch_for_cpu(), "NEMO_SD_TRAIN", "sd_train", sd_train_main)
+    patched = patch_for_cpu()
+    report_unet_load()
+    run_hydra_entry("sd_train_cpu", patched, "NEMO_SD_TRAIN", "sd_train", sd_train_main)
 
 
 if __name__ == "__main__":

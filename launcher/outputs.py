@@ -1,0 +1,193 @@
+"""What each stage writes in a run folder, declared once by the stage that writes it.
+
+Every reader (the other stages, `status`, `plot`, the jobs, `training.init_from`) asks the owner here
+instead of typing folder names. Data preparation's outputs live in launcher/layout.py (they are under
+`data_dir`, not the run folder). Stdlib only: the samples and evaluation jobs import it inside NeMo's
+container.
+
+    >>> TrainingOutputs(Path("/r")).checkpoints
+    PosixPath('/r/training/results/checkpoints')
+    >>> SamplesOutputs(Path("/r")).grid(4)
+    PosixPath('/r/samples/step_4/grid.png')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.paths import RunPaths
+from launcher.sampling import checkpoints
+
+
+@dataclass(frozen=True)
+class TrainingOutputs:
+    """NeMo's sd_train.py writes under exp_manager.explicit_log_dir = `results`: `checkpoints/` (names,
+    EMA twins and `-unfinished` markers: launcher.sampling.checkpoints), `hparams.yaml`, the TensorBoard
+    events. The launcher writes the NeMo config `<training.run.name>.yaml` beside `results`."""
+
+    run_dir: Path
+
+    @property
+    def stage_dir(self) -> Path:
+        return RunPaths(self.run_dir).stage_dir("training")
+
+    def config(self, name: str) -> Path:
+        return self.stage_dir / f"{name}.yaml"
+
+    def configs(self) -> list[Path]:
+        """Every training config written into the run (one per training name)."""
+        return sorted(self.stage_dir.glob("*.yaml"))
+
+    @property
+    def results(self) -> Path:
+        return self.stage_dir / "results"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.results / "checkpoints"
+
+    @property
+    def hparams(self) -> Path:
+        return self.results / "hparams.yaml"
+
+    @property
+    def init_unet(self) -> Path:
+        """The UNet-only state dict that `training.init_from` starts from (written by its init job)."""
+        return self.stage_dir / "init" / "unet.ckpt"
+
+    @staticmethod
+    def source_of(unet: Path) -> Path:
+        """Written by the init job beside the UNet it extracted: the checkpoint it came from."""
+        return unet.with_name(unet.name + ".source")
+
+    @property
+    def init_source(self) -> Path:
+        return self.source_of(self.init_unet)
+
+    def earlier_run(self) -> Path | None:
+        """The run whose checkpoint training.init_from started this one from, when it was a run's own."""
+        if not self.init_source.is_file():
+            return None
+        checkpoint = Path(self.init_source.read_text().strip())
+        run = checkpoint.parents[3] if len(checkpoint.parents) > 3 else None
+        return run if run is not None and TrainingOutputs(run).checkpoints == checkpoint.parent else None
+
+    def newest_checkpoint(self, ema: bool) -> Path | None:
+        """The newest finished checkpoint (its `-EMA` kind when `ema`)."""
+        return checkpoints.newest(self.checkpoints, ema)
+
+    def newest_weights(self) -> Path | None:
+        """The newest finished checkpoint's best weights: its EMA twin when the run kept EMA weights."""
+        plain = checkpoints.newest(self.checkpoints, ema=False)
+        if plain is None:
+            return checkpoints.newest(self.checkpoints, ema=True)
+        twin = checkpoints.ema_twin(plain)
+        return twin if twin.is_file() else plain
+
+
+@dataclass(frozen=True)
+class SamplesOutputs:
+    """The samples job: `samples.json` (its settings), then per sampled checkpoint `step_<N>/` with the
+    converted `model.nemo`, `model.nemo.source` (the checkpoint it came from), `grid.png`, `samples.json`."""
+
+    run_dir: Path
+
+    @property
+    def stage_dir(self) -> Path:
+        return RunPaths(self.run_dir).stage_dir("samples")
+
+    @property
+    def settings(self) -> Path:
+        return self.stage_dir / "samples.json"
+
+    def step_dir(self, step: int | str | None) -> Path:
+        return self.stage_dir / f"step_{step}"
+
+    def model(self, step: int | str | None) -> Path:
+        return self.step_dir(step) / "model.nemo"
+
+    def model_source(self, step: int | str | None) -> Path:
+        return self.step_dir(step) / "model.nemo.source"
+
+    def grid(self, step: int | str | None) -> Path:
+        return self.step_dir(step) / "grid.png"
+
+    def grids(self) -> list[Path]:
+        """Every grid written, lowest step first."""
+        found = self.stage_dir.glob("step_*/grid.png")
+        return sorted(found, key=lambda p: int(p.parent.name.removeprefix("step_")))
+
+    def newest_converted(self) -> tuple[Path, Path] | None:
+        """(model.nemo, the checkpoint it was converted from) of the highest step, if any."""
+        found = []
+        for source in self.stage_dir.glob("step_*/model.nemo.source"):
+            step = source.parent.name.removeprefix("step_")
+            if step.isdigit() and self.model(int(step)).is_file():
+                found.append((int(step), self.model(int(step)), Path(source.read_text())))
+        if not found:
+            return None
+        _, nemo, checkpoint = max(found)
+        return nemo, checkpoint
+
+
+@dataclass(frozen=True)
+class EvaluationOutputs:
+    """The evaluation's jobs: `evaluation.json` (settings), `captions.json` and `captions/`, images per
+    guidance scale, NeMo configs, then `results.csv`, `results.md` and the plot `fid_clip.png`."""
+
+    run_dir: Path
+
+    @property
+    def stage_dir(self) -> Path:
+        return RunPaths(self.run_dir).stage_dir("evaluation")
+
+    @property
+    def settings(self) -> Path:
+        return self.stage_dir / "evaluation.json"
+
+    @property
+    def captions_json(self) -> Path:
+        return self.stage_dir / "captions.json"
+
+    @property
+    def captions_dir(self) -> Path:
+        return self.stage_dir / "captions"
+
+    @property
+    def images(self) -> Path:
+        return self.stage_dir / "images"
+
+    def images_for(self, scale: float) -> Path:
+        """generate_fid_images.py's folder for one scale: fid.save_path / str(scale)."""
+        return self.images / str(float(scale))
+
+    @property
+    def configs(self) -> Path:
+        return self.stage_dir / "configs"
+
+    @property
+    def results_csv(self) -> Path:
+        return self.stage_dir / "results.csv"
+
+    @property
+    def results_md(self) -> Path:
+        return self.stage_dir / "results.md"
+
+    @property
+    def plot(self) -> Path:
+        return self.stage_dir / "fid_clip.png"
+
+
+@dataclass(frozen=True)
+class DataCheckOutputs:
+    run_dir: Path
+
+    @property
+    def report(self) -> Path:
+        return RunPaths(self.run_dir).stage_dir("data_check") / "report.json"
+
+
+def plots_dir(run_dir: Path) -> Path:
+    """Where `python -m launcher plot` writes (no stage owns it: the command reads every stage's logs)."""
+    return run_dir / "plots"

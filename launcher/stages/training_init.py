@@ -1,0 +1,236 @@
+"""training.init_from: the UNet starts from an earlier run's weights (NVIDIA's curriculum: 512 px from 256 px).
+
+NeMo loads `model.unet_config.from_pretrained` with `from_NeMo: true` (its own key names). Optimizer, step
+counter and schedule start fresh: this run has its own results folder, so exp_manager's resume_if_exists
+finds nothing of the earlier run. A whole NeMo checkpoint also holds the VAE, CLIP and noise-schedule
+buffers (NeMo counts them as unexpected keys), so one small CPU job, `<name>_init` (launcher/init_unet.py),
+writes the UNet-only state dict to <run>/training/init/unet.ckpt, the fixed path training reads. That job
+picks the earlier run's newest finished checkpoint (its -EMA twin when that run kept EMA weights) when it
+starts; while the earlier run's training is queued or running it waits (afterok) on that run's last
+training part, so it takes the final checkpoint.
+
+Refused before submission, naming training.init_from: a missing run or file, a run with no finished
+checkpoint and no live training, and a UNet that does not match this preset. NeMo discards tensors of
+another shape without a word, so the shapes are compared here, from the earlier run's model config (its
+hparams.yaml, or its training config while it still trains) rather than by loading a multi-GB checkpoint
+on the login node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher import manifest
+from launcher.errors import ConfigError
+from launcher.outputs import TrainingOutputs
+from launcher.paths import run_dir_of
+from launcher.sampling import checkpoints
+from launcher.spec import ExternalDependency, JobSpec
+from launcher.stages.common import Context, Facts, cpu_resources, make_job
+
+KEY = "training.init_from"
+# NeMo's UNetModel arguments that change a parameter's shape or the set of parameters, with NeMo's
+# defaults (openaimodel.py); heads, flash attention and precision do not.
+UNET_SHAPE_ARGS: dict[str, Any] = {
+    "in_channels": None,
+    "out_channels": None,
+    "model_channels": None,
+    "num_res_blocks": None,
+    "attention_resolutions": None,
+    "channel_mult": [1, 2, 4, 8],
+    "conv_resample": True,
+    "dims": 2,
+    "num_classes": None,
+    "use_scale_shift_norm": False,
+    "resblock_updown": False,
+    "use_spatial_transformer": False,
+    "transformer_depth": 1,
+    "transformer_depth_middle": None,
+    "context_dim": None,
+    "n_embed": None,
+    "use_linear_in_transformer": False,
+    "adm_in_channels": None,
+    "num_attention_blocks": None,
+    "disable_self_attentions": None,
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """What training.init_from names, as found before submission."""
+
+    # The checkpoint the init job would take now; None while the earlier run still trains.
+    checkpoint: Path | None
+    # The Slurm id of the earlier run's last training part while it is queued or running.
+    live_job: str | None
+    # The earlier model config (NeMo's `model` section) and the file it was read from.
+    model: dict[str, Any]
+    model_file: Path
+
+
+def unet_shape(model: dict[str, Any]) -> dict[str, Any]:
+    unet = model.get("unet_config") or {}
+    return {
+        key: list(value) if isinstance(value, (list, tuple)) else value
+        for key, default in UNET_SHAPE_ARGS.items()
+        for value in [unet.get(key, default)]
+    }
+
+
+def _load_model(path: Path, section: str) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path).get(section) or {}, resolve=True)  # type: ignore[return-value]
+
+
+def _live_training(run: Path) -> str | None:
+    """The id of the run's last training part when any training part is queued or running."""
+    from launcher.status.states import status
+
+    if not (run / manifest.MANIFEST).exists():
+        return None
+    training = [st for st in status(run) if st.record.stage == "training"]
+    if not any(st.active for st in training):
+        return None
+    return training[-1].record.job_id
+
+
+def _from_checkpoint(path: Path) -> Source:
+    if not path.is_file():
+        raise ConfigError(
+            KEY, f"{path} does not exist; allowed: a NeMo training .ckpt, or an earlier run folder"
+        )
+    hparams = checkpoints.hparams_of(path)
+    if not hparams.is_file():
+        raise ConfigError(
+            KEY,
+            f"{hparams} does not exist: the model config of {path.name} (NeMo's hparams.yaml two folders up) "
+            "is what its UNet is checked against; allowed: a checkpoint in NeMo's results layout, or its run folder",
+        )
+    return Source(path, None, _load_model(hparams, "cfg"), hparams)
+
+
+def _from_run(run: Path) -> Source:
+    earlier = TrainingOutputs(run)
+    live = _live_training(run)
+    found = None if live else earlier.newest_weights()
+    if live is None and found is None:
+        raise ConfigError(
+            KEY,
+            f"{run} has no finished checkpoint in {earlier.checkpoints} and no training queued or running; "
+            "allowed: a run folder whose training wrote a checkpoint (or still runs), or a .ckpt file",
+        )
+    if found is not None and checkpoints.hparams_of(found).is_file():
+        return Source(
+            found, live, _load_model(checkpoints.hparams_of(found), "cfg"), checkpoints.hparams_of(found)
+        )
+    configs = earlier.configs()
+    if not configs:
+        raise ConfigError(KEY, f"{run} has no training config in {earlier.stage_dir}: not a training run")
+    return Source(found, live, _load_model(configs[0], "model"), configs[0])
+
+
+def source(cfg: Any) -> Source | None:
+    """training.init_from as found now, or None when unset; refused with the key named."""
+    given = cfg.training.init_from
+    if not given:
+        return None
+    path = Path(given)
+    if path.suffix == ".ckpt":
+        return _from_checkpoint(path)
+    if not path.is_dir():
+        raise ConfigError(
+            KEY,
+            f"{path} is neither a .ckpt file nor a folder; allowed: an earlier run folder or a .ckpt file",
+        )
+    if path.resolve() == run_dir_of(cfg).resolve():
+        raise ConfigError(
+            KEY, f"{path} is this run's own folder (which resumes by itself); allowed: an earlier run"
+        )
+    return _from_run(path)
+
+
+def check(cfg: Any) -> None:
+    """The config alone: init_from and an explicit unet_config.from_pretrained would contradict."""
+    unet = cfg.training.model.get("unet_config") or {}
+    if cfg.training.init_from and unet.get("from_pretrained"):
+        raise ConfigError(
+            KEY,
+            f"is set and so is training.model.unet_config.from_pretrained ({unet.get('from_pretrained')}); "
+            "allowed: one of them (init_from sets from_pretrained to the UNet it extracts)",
+        )
+
+
+def host_check(cfg: Any) -> None:
+    """The earlier weights exist (or will, from a live run) and their UNet has this preset's shapes."""
+    found = source(cfg)
+    if found is None:
+        return
+    theirs, ours = unet_shape(found.model), unet_shape(dict(cfg.training.model))
+    differ = [
+        f"{key} {theirs[key]} there, {ours[key]} here" for key in UNET_SHAPE_ARGS if theirs[key] != ours[key]
+    ]
+    if differ:
+        raise ConfigError(
+            KEY,
+            f"its UNet does not match training.model.unet_config ({found.model_file}): {'; '.join(differ)}. "
+            "NeMo would drop every tensor of another shape and train those from random weights; allowed: a "
+            "run or checkpoint of the same UNet",
+        )
+
+
+def probe(cfg: Any, facts: Facts) -> Facts:
+    """The facts with the live earlier training's last part, which the init job waits for."""
+    if "training" not in cfg.stages or not cfg.training.init_from:
+        return facts
+    found = source(cfg)
+    return dataclasses.replace(facts, init_from_job=found.live_job if found else None)
+
+
+def nemo_overrides(ctx: Context) -> dict[str, Any]:
+    """NeMo's own way to start the UNet from weights: its key names, so from_NeMo."""
+    if not ctx.cfg.training.init_from:
+        return {}
+    unet = {"from_pretrained": str(TrainingOutputs(ctx.run_dir).init_unet), "from_NeMo": True}
+    return {"model": {"unet_config": unet}}
+
+
+def plan(ctx: Context, stage: str) -> JobSpec | None:
+    """The init job (None without init_from): training's first part waits for it."""
+    tr = ctx.cfg.training
+    if not tr.init_from:
+        return None
+    out = TrainingOutputs(ctx.run_dir).init_unet
+    job = make_job(
+        ctx,
+        stage=stage,
+        name=f"{tr.run.name}_init",
+        argv=(tr.run.python or ctx.python, "-m", "launcher.init_unet", tr.init_from, str(out)),
+        resources=cpu_resources(ctx, tr.init_resources),
+    )
+    wait = ctx.facts.init_from_job
+    if not wait:
+        return job
+    return dataclasses.replace(
+        job, after_external=(ExternalDependency(wait, f"{KEY}: its last training part"),)
+    )
+
+
+def notes(ctx: Context) -> tuple[str, ...]:
+    tr = ctx.cfg.training
+    if not tr.init_from:
+        return ()
+    wait = ctx.facts.init_from_job
+    if Path(tr.init_from).suffix == ".ckpt":
+        which = "that checkpoint"
+    elif wait:
+        which = f"its final checkpoint, once its training job {wait} has ended (afterok)"
+    else:
+        which = "its newest finished checkpoint when the init job starts"
+    return (
+        f"training: UNet from {tr.init_from}: {which}, EMA weights when kept; optimizer, step and schedule "
+        f"start fresh. The {tr.run.name}_init job writes its UNet to {TrainingOutputs(ctx.run_dir).init_unet}",
+    )

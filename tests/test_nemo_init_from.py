@@ -1,0 +1,96 @@
+"""training.init_from with NeMo's own code on CPU: a tiny run at 64 px trains and checkpoints; a second
+tiny run at 128 px (a different resolution, as 512 px follows 256 px in NVIDIA's curriculum; 512 px crops
+would be slow on CPU) starts its UNet from the first: the init job (launcher/init_unet.py) extracts the
+UNet, and NeMo loads it with zero missing and zero unexpected keys, every tensor as saved, then trains
+2 steps from step 0 in its own folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from nemo_cpu.harness import REPO, prepare_demo_data, render_training, run_sd_train, write_tiny_assets
+
+from launcher import manifest
+from launcher.outputs import TrainingOutputs
+from launcher.throughput import read_training_progress
+
+pytestmark = pytest.mark.slow
+
+
+def _size(px: int) -> tuple[str, str]:
+    augment = "training.model.data.train.augmentations"
+    return f"{augment}.resize_smallest_side={px}", f"{augment}.center_crop_h_w='{px}, {px}'"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
+    shared_dir = tmp_path_factory.mktemp("nemo_init")
+    prepare_demo_data(shared_dir)
+    write_tiny_assets(nemo_python, shared_dir)
+    return shared_dir
+
+
+def _init_job_argv(run: Path) -> list[str]:
+    """The init job's command as its rendered script runs it (the manifest names the script)."""
+    record = next(r for r in manifest.load(run) if r.name.endswith("_init"))
+    script = Path(record.script).read_text()
+    line = next(line for line in script.splitlines() if "launcher.init_unet" in line)
+    return line.split("launcher.init_unet", 1)[1].replace("\\", "").split()
+
+
+@pytest.fixture(scope="module")
+def earlier(shared: Path, nemo_python: str) -> TrainingOutputs:
+    """The first stage: a tiny run at 64 px, 2 steps, EMA kept."""
+    ema = "training.exp_manager.ema.enable=true"
+    first = render_training(shared, "res64", "training.trainer.max_steps=2", ema, *_size(64))
+    done = run_sd_train(nemo_python, first, shared / "res64.log")
+    assert done.returncode == 0, done.stderr[-4000:]
+    return TrainingOutputs(shared / "results/res64")
+
+
+def test_a_tiny_run_writes_its_final_checkpoint_and_ema_twin(earlier: TrainingOutputs) -> None:
+    final = earlier.newest_weights()
+    assert final is not None and final.name.endswith("-step=2-consumed_samples=4.0-last-EMA.ckpt")
+    assert "center_crop_h_w: 64, 64" in earlier.configs()[0].read_text()
+
+
+def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
+    shared: Path, nemo_python: str, earlier: TrainingOutputs
+) -> None:
+    final = earlier.newest_weights()
+    second = render_training(
+        shared, "res128", f"training.init_from={earlier.run_dir}", "training.trainer.max_steps=2", *_size(128)
+    )
+    later = TrainingOutputs(shared / "results/res128")
+    text = second.read_text()
+    assert f"from_pretrained: {later.init_unet}" in text and "from_NeMo: true" in text
+    assert "center_crop_h_w: 128, 128" in text
+
+    source, out = _init_job_argv(later.run_dir)
+    assert (source, out) == (str(earlier.run_dir), str(later.init_unet))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    extract = subprocess.run(
+        [nemo_python, "-m", "launcher.init_unet", source, out], env=env, capture_output=True, text=True
+    )
+    assert extract.returncode == 0, extract.stderr[-4000:]
+    assert later.init_source.read_text().strip() == str(final)  # the EMA weights of the last step
+
+    trained = run_sd_train(nemo_python, second, shared / "res128.log")
+    assert trained.returncode == 0, trained.stderr[-4000:]
+    log = (shared / "res128.log").read_text()
+    assert f"Attempting to load pretrained unet from {later.init_unet}" in log
+    report = next(line for line in log.splitlines() if "unet from_pretrained:" in line)
+    print(extract.stdout.strip(), report, sep="\n")  # shown with -s: the numbers the report quotes
+    counts = dict(word.split("=") for word in report.split(":", 2)[2].split() if "=" in word)
+    assert (counts["missing"], counts["unexpected"], counts["mismatched"], counts["errors"]) == ("0",) * 4
+    total = int(report.rsplit(" of ", 1)[1])
+    assert int(counts["equal"]) == total > 0  # every UNet tensor as the earlier run saved it
+    assert "Restored all states" not in log  # optimizer, step and schedule start fresh
+    progress = read_training_progress(shared / "res128.log", global_batch_size=2, num_gpus=1)
+    assert progress is not None and (progress.last_step, progress.consumed_samples) == (2, 4)
+    assert later.newest_checkpoint(ema=False) is not None
+    assert "-step=2-" in later.newest_checkpoint(ema=False).name
