@@ -15,11 +15,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import backends, manifest, nemo_config, precache, preflight, relaunch, summary
-from launcher.config import Resubmit
+from launcher.config import ClusterConfig, ContainerConfig, Resubmit
 from launcher.errors import LauncherError
 from launcher.layout import DataLayout
 from launcher.pipeline import build_plan
@@ -94,8 +95,18 @@ CONF = REPO / "conf"
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 
 
+def _store_schema() -> None:
+    """conf/config.yaml's `schema/cluster` and `schema/container`: every documented key with its default,
+    under whichever preset is chosen, so that any can be set without `+`."""
+    store = ConfigStore.instance()
+    for name, schema in (("cluster", ClusterConfig), ("container", ContainerConfig)):
+        keys = OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True)
+        store.store(group="schema", name=name, node=keys)
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """The conf/ tree composed once (hydra.main would compose it twice per start)."""
+    _store_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 

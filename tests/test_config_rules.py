@@ -168,7 +168,8 @@ FACTS = Facts(python=sys.executable, code_dir=str(REPO), nemo_python=None)
 def test_the_valid_config_is_submitted(tmp_path: Path, recording_sbatch: Path) -> None:
     """The control for the test below: without a bad value, the same config reaches sbatch."""
     launch(valid_config(tmp_path), FACTS)
-    assert len(recording_sbatch.read_text().splitlines()) == 5
+    # assets, the five demo steps, and the slurm preset's encode_latents and latents_wdinfo
+    assert len(recording_sbatch.read_text().splitlines()) == 8
     assert (tmp_path / "results/sd_pretrain/manifest.json").exists()
 
 

@@ -70,9 +70,9 @@ BAD_INPUTS = [
         "1200 s leaves no training time in the job's limit 4 (training.run.time_limit)",
     ),
     (
-        ["++container.mounts={a: b}"],
+        ["container.mounts=/a:/a"],
         "container.mounts",
-        "Cannot merge DictConfig with ListConfig; allowed: a list",
+        "is not a ListConfig, list or tuple.; allowed: a list",
     ),
 ]
 
