@@ -42,6 +42,26 @@ def test_the_dry_run_prints_bytes_per_sample_and_the_total(
     assert "at most 0.1 GB for 1,000 rows in 1 tars" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize(
+    ("moments", "text"),
+    [((8, 32, 32), (80, 768)), ((8, 64, 64), (80, 1024)), ((2, 4, 4), (8, 8)), ((8, 100, 100), (80, 768))],
+)
+def test_the_estimate_is_at_most_one_block_above_the_real_tar_member(moments: tuple, text: tuple) -> None:
+    """sample_bytes is arithmetic (planning never imports numpy); the real member is numpy's pickle."""
+    import numpy as np
+
+    from data_prep.latent_format import dumps_sample
+
+    member = dumps_sample(np.ones(moments, np.float32), np.ones(text, np.float32))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("000000000.pickle")
+        info.size = len(member)
+        tar.addfile(info, io.BytesIO(member))
+        real = tar.offset  # header and padded data of the one member, before the closing blocks
+    assert real <= sample_bytes(moments, text) <= real + 512
+
+
 def test_off_by_default_on_local_and_on_when_asked_it_encodes_on_cpu(tmp_path: Path) -> None:
     facts = Facts(python=sys.executable, code_dir=str(tmp_path), nemo_python="/venv-nemo/bin/python")
     base = [f"cluster.shared_dir={tmp_path}", "dry_run=true"]

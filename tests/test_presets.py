@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +148,19 @@ def test_the_latents_group_follows_the_dataset_in_the_defaults_list() -> None:
     assert text.index("- data_preparation: ${cluster}") < text.index("- optional latents: ${cluster}")
     for cluster in LATENTS_ON:
         assert (CONF / "latents" / f"{cluster}.yaml").read_text().endswith("enable: true\n")
+
+
+def test_a_dry_run_loads_no_heavy_library(tmp_path: Path) -> None:
+    """The dry-run path stays light (benchmarks/bench_dry_run.py times it): numpy, pandas, pyarrow and
+    matplotlib load only in the jobs and the commands that need them."""
+    code = (
+        "import sys; from launcher.cli import main; "
+        f"main(['stages=[data_preparation,training]', 'cluster=aws_p5', 'dry_run=true', "
+        f"'cluster.shared_dir={tmp_path}', 'container.mounts=[{tmp_path}:{tmp_path}]']); "
+        "print(sorted(m for m in ('numpy', 'pandas', 'pyarrow', 'matplotlib') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    assert "encode_latents" in done.stdout  # the path with cached latents and their storage note
