@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -19,12 +19,11 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import backends, manifest, nemo_config, precache, preflight, relaunch, summary
+from launcher import backends, latents, manifest, nemo_config, preflight, relaunch, summary
 from launcher.config import ClusterConfig, ContainerConfig, Resubmit
+from launcher.context import Facts
 from launcher.errors import LauncherError
-from launcher.layout import DataLayout
 from launcher.pipeline import build_plan
-from launcher.stages.common import Facts
 from launcher.validate import check_facts, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,9 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _preflight(cfg: Any) -> None:
     world = nemo_config.world_size(cfg)
-    layout = DataLayout(PurePosixPath(cfg.data_dir))
-    wdinfo = layout.latent_wdinfo if precache.enabled(cfg) else layout.wdinfo
-    found = preflight.check(cfg, Path(wdinfo), world)
+    found = preflight.check(cfg, Path(latents.training_wdinfo(cfg)), world)
     for note in found.notes:
         print(f"preflight: {note}")
     for warning in found.warnings:

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.cli import launch
 from launcher.config_doc import optional_inner as _optional_inner
 from launcher.config_doc import schema_leaves
+from launcher.context import Facts
 from launcher.errors import ConfigError
 from launcher.registry import RootConfig
 from launcher.rules import (
@@ -41,7 +42,6 @@ from launcher.rules import (
     Text,
     slurm_time_seconds,
 )
-from launcher.stages.common import Facts
 
 
 def _type_is_the_rule(tp: Any) -> bool:

@@ -10,8 +10,8 @@ import pytest
 from conftest import REPO, aws_argv, compose_config
 
 from launcher.cli import launch, main
+from launcher.context import Facts
 from launcher.errors import ConfigError
-from launcher.stages.common import Facts
 
 BAD_INPUTS = [
     (["stages=[data_prep]"], "stages", "data_preparation"),

@@ -18,10 +18,10 @@ import pytest
 from conftest import compose_config
 
 from launcher.config import ClusterConfig, ContainerConfig
+from launcher.context import Facts
 from launcher.layout import DataLayout
 from launcher.pipeline import build_plan
 from launcher.spec import Plan
-from launcher.stages.common import Facts
 from launcher.validate import check_facts, to_schema
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

@@ -3,6 +3,7 @@ by need and run, with no change anywhere else (docs/adding-a-stage.md)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 from dataclasses import dataclass
@@ -13,13 +14,14 @@ import pytest
 from conftest import FIXED_FACTS, REPO, compose_config
 
 from launcher.backends import get, prepare
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
 from launcher.registry import STAGES, planned_names
 from launcher.rules import Range, Text, ruled
 from launcher.spec import JobSpec, Resources
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, Facts, make_job
+from launcher.stages.common import make_job
 from launcher.validate import check_facts, to_schema
 
 
@@ -109,3 +111,34 @@ def test_a_new_stage_runs_on_the_local_backend(tmp_path: Path) -> None:
     assert (plan.run_dir / "greeting" / "out.txt").read_text() == "hi there\nhi there\n"
     jobs = json.loads((plan.run_dir / "manifest.json").read_text())["jobs"]
     assert [(job["name"], job["job_id"]) for job in jobs] == [("greet", ids["greet"])]
+
+
+def _launcher_imports(path: Path) -> set[str]:
+    """The launcher modules a file imports (`from launcher import x` counts as launcher.x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("launcher")}
+
+
+def test_what_the_stages_import_imports_no_stage() -> None:
+    """Layers: the modules the stages build on (context, spec, stage, nemo_config, latents...) never
+    reach back up into launcher.stages; the typed Dependency(stage=...) links stages instead."""
+    stage_files = sorted((REPO / "launcher/stages").glob("*.py"))
+    below = {
+        name
+        for path in stage_files
+        for name in _launcher_imports(path)
+        if not name.startswith("launcher.stages") and (REPO / f"{name.replace('.', '/')}.py").exists()
+    }
+    assert {"launcher.context", "launcher.stage", "launcher.nemo_config", "launcher.latents"} <= below
+    upward = {
+        (name, imported)
+        for name in below
+        for imported in _launcher_imports(REPO / f"{name.replace('.', '/')}.py")
+        if imported.startswith("launcher.stages")
+    }
+    assert upward == set()

@@ -12,10 +12,11 @@ from typing import Any
 from omegaconf import MISSING
 
 from launcher.config import JobResources, Runtime
+from launcher.context import Context
 from launcher.rules import ABS_PATH, Each, Pattern, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, cpu_resources, make_job, require_mounted
+from launcher.stages.common import cpu_resources, make_job, require_mounted
 
 NAME = "assets"
 JOB_NAME = "pretrained_assets"

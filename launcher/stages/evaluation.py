@@ -16,6 +16,7 @@ from typing import Any
 
 from launcher import nemo_config
 from launcher.config import JobResources, Runtime
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.evaluation.captions import CAPTIONS_JSON
 from launcher.evaluation.settings import EvaluationSettings
@@ -25,7 +26,7 @@ from launcher.sampling.checkpoints import hparams_of, newest_converted
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages import samples
-from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
+from launcher.stages.common import after, cpu_resources, make_job, require_mounted
 
 NAME = "evaluation"
 CAPTIONS_JOB, GENERATE_JOB, SCORE_JOB = "eval_captions", "eval_generate", "eval_score"

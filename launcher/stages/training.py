@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config
+from launcher.context import Context
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages import training_status
-from launcher.stages.common import Context, make_job
+from launcher.stages.common import make_job
 
 NAME = "training"
 
@@ -182,7 +183,7 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
 
 
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    return ((nemo_config.config_path(ctx), nemo_config.to_yaml(nemo_config.build(ctx))),)
+    return (nemo_config.config_file(ctx),)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
