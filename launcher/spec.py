@@ -25,7 +25,8 @@ class Dependency:
     stage: str | None = None
 
     def __post_init__(self) -> None:
-        assert bool(self.job) != bool(self.stage), "a dependency names a job or a stage"
+        if bool(self.job) == bool(self.stage):
+            raise ValueError(f"a dependency names a job or a stage, not both or neither: {self}")
 
 
 @dataclass(frozen=True)

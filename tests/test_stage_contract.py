@@ -19,7 +19,7 @@ from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
 from launcher.registry import STAGES, planned_names
 from launcher.rules import Range, Text, ruled
-from launcher.spec import JobSpec, Resources
+from launcher.spec import Dependency, JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages.common import make_job
 from launcher.validate import check_facts, to_schema
@@ -142,3 +142,15 @@ def test_what_the_stages_import_imports_no_stage() -> None:
         if imported.startswith("launcher.stages")
     }
     assert upward == set()
+
+
+def test_an_edge_to_a_stage_becomes_edges_to_its_last_jobs_or_none(make_config: Any) -> None:
+    """Dependency(stage="assets") (the encode step's `uses`): its last jobs when planned, else nothing."""
+    facts = Facts(python="/usr/bin/python3", code_dir="/opt/launcher", nemo_python="/opt/nemo/bin/python")
+    for assets, waits in ((True, ["generate_wdinfo", "pretrained_assets"]), (False, ["generate_wdinfo"])):
+        cfg = make_config("data_preparation.precache.enable=true", f"assets.enable={str(assets).lower()}")
+        encode = build_plan(cfg, facts).job("encode_latents")
+        assert sorted(dep.job for dep in encode.depends_on) == waits
+        assert all(dep.stage is None for dep in encode.depends_on)
+    with pytest.raises(ValueError, match="a job or a stage"):
+        Dependency("a", stage="assets")
