@@ -22,10 +22,12 @@ its bytes depend only on the values (deterministic output). Needs numpy only (no
 from __future__ import annotations
 
 import io
+import math
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where arrays are made: planning (sample_bytes) never loads it
+    import numpy as np
 
 IMAGE_KEY = "autoencoderkl_image"
 TEXT_KEY = "clip-vit-large-patch14_text"
@@ -39,15 +41,22 @@ PICKLE_PROTOCOL = 4
 # FrozenCLIPEmbedder pads max_length tokens up to a multiple of 8.
 TEXT_PAD = 8
 _TAR_BLOCK = 512
+# What a sample's pickle holds besides the arrays' bytes (keys, global, shapes, dtype, frame headers):
+# 130-155 bytes for the shapes training uses; tests/test_precache_config.py checks the bound.
+PICKLE_OVERHEAD_MAX = 256
 
 
 def _reduce_array(array: np.ndarray) -> tuple[Any, tuple[Any, ...]]:
+    import numpy as np
+
     contiguous = np.ascontiguousarray(array)
     return np.ndarray, (contiguous.shape, contiguous.dtype.str, contiguous.tobytes())
 
 
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
+        import numpy as np
+
         return _reduce_array(obj) if type(obj) is np.ndarray else NotImplemented
 
 
@@ -73,8 +82,9 @@ def moments_shape(embed_dim: int, height: int, width: int, downsampling: int) ->
 
 
 def sample_bytes(moments: tuple[int, ...], text: tuple[int, ...]) -> int:
-    """Bytes one sample takes in a latent tar: its member's 512-byte header plus the padded pickle."""
-    size = len(dumps_sample(np.zeros(moments, np.float16), np.zeros(text, np.float16)))
+    """At most the bytes one sample takes in a latent tar: its member's 512-byte header plus the pickle
+    (the float16 arrays and PICKLE_OVERHEAD_MAX), padded to the tar block. Arithmetic, no numpy."""
+    size = 2 * (math.prod(moments) + math.prod(text)) + PICKLE_OVERHEAD_MAX
     return _TAR_BLOCK + (size + _TAR_BLOCK - 1) // _TAR_BLOCK * _TAR_BLOCK
 
 

@@ -12,30 +12,30 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import (
     backends,
     data_owner,
+    latents,
     manifest,
     nemo_config,
-    precache,
     preflight,
     preview,
     relaunch,
     summary,
 )
-from launcher.config import Resubmit
+from launcher.config import ClusterConfig, ContainerConfig, Resubmit
+from launcher.context import Facts
 from launcher.errors import LauncherError
-from launcher.layout import DataLayout
 from launcher.pipeline import build_plan
 from launcher.stages import training_init
-from launcher.stages.common import Facts
 from launcher.validate import check_facts, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,9 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _preflight(cfg: Any) -> None:
     world = nemo_config.world_size(cfg)
-    layout = DataLayout(PurePosixPath(cfg.data_dir))
-    wdinfo = layout.latent_wdinfo if precache.enabled(cfg) else layout.wdinfo
-    found = preflight.check(cfg, Path(wdinfo), world)
+    found = preflight.check(cfg, Path(latents.training_wdinfo(cfg)), world)
     for note in found.notes:
         print(f"preflight: {note}")
     for warning in found.warnings:
@@ -108,8 +106,18 @@ CONF = REPO / "conf"
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 
 
+def _store_schema() -> None:
+    """conf/config.yaml's `schema/cluster` and `schema/container`: every documented key with its default,
+    under whichever preset is chosen, so that any can be set without `+`."""
+    store = ConfigStore.instance()
+    for name, schema in (("cluster", ClusterConfig), ("container", ContainerConfig)):
+        keys = OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True)
+        store.store(group="schema", name=name, node=keys)
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """The conf/ tree composed once (hydra.main would compose it twice per start)."""
+    _store_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 

@@ -18,9 +18,10 @@ import submitit
 
 from launcher.cli import REPO, compose_config
 from launcher.config import Runtime
+from launcher.context import Context, Facts
 from launcher.quoting import q
 from launcher.render import container_options
-from launcher.stages.common import Context, Facts, container, job_env
+from launcher.stages.common import container, job_env
 from launcher.validate import check_facts, to_schema
 
 

@@ -13,12 +13,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher import precache
+from launcher import latents
+from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.outputs import TrainingOutputs
 from launcher.rules import slurm_time_seconds
-from launcher.stages import training_init
-from launcher.stages.common import Context
 
 # NeMo jobs read the staged CLIP and VAE only: no rank may reach for the Hub.
 OFFLINE_HUB_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -144,7 +143,7 @@ def check(cfg: Any) -> None:
     """Everything that would keep `build` from writing a config NeMo runs; the batch arithmetic only
     where there are GPUs (without them the config is written for data_check, as a world of one)."""
     _check_pretrained(cfg)
-    precache.check(cfg)
+    latents.check(cfg)
     _check_time(cfg)
     if cfg.cluster.gpus_per_node >= 1:
         _check_shape(cfg)
@@ -162,6 +161,15 @@ def _check_batch(s: TrainingShape) -> None:
         f"{s.micro_batch_size} x {s.nodes} x {s.gpus_per_node} = {per_step}; nearest valid values: "
         f"{nearest}",
     )
+
+
+def _init_from(ctx: Context) -> dict[str, Any]:
+    """training.init_from: NeMo starts the UNet from the init job's UNet-only file, under NeMo's own key
+    names (from_NeMo); launcher.stages.training_init plans that job."""
+    if not ctx.cfg.training.init_from:
+        return {}
+    unet = {"from_pretrained": str(TrainingOutputs(ctx.run_dir).init_unet), "from_NeMo": True}
+    return {"model": {"unet_config": unet}}
 
 
 def build(ctx: Context) -> dict[str, Any]:
@@ -193,10 +201,18 @@ def build(ctx: Context) -> dict[str, Any]:
         {"trainer": dict(tr.trainer), "exp_manager": dict(tr.exp_manager), "model": dict(tr.model)}
     )
     # The latents switch sets the keys and paths last: training then reads the latent tars.
-    latents = {"model": precache.training_overrides(ctx.cfg, layout)}
-    merged = OmegaConf.merge(base, derived, training_init.nemo_overrides(ctx), latents)
+    latent = {"model": latents.training_overrides(ctx.cfg, layout)}
+    merged = OmegaConf.merge(base, derived, _init_from(ctx), latent)
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
 
 def to_yaml(config: dict[str, Any]) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(config))
+
+
+def config_file(ctx: Context) -> tuple[Path, str]:
+    """The resolved config as written beside the scripts; built once per plan, though training,
+    data_check and the encode step all write it."""
+    if "nemo_config" not in ctx.derived:
+        ctx.derived["nemo_config"] = (config_path(ctx), to_yaml(build(ctx)))
+    return ctx.derived["nemo_config"]

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.context import Context, Facts
 from launcher.paths import run_dir_of
 from launcher.registry import STAGES, planned
 from launcher.spec import Dependency, JobSpec, Plan
 from launcher.stage import StageSpec
-from launcher.stages.common import STAGE_REF, Context, Facts
 
 
 def _sinks(jobs: tuple[JobSpec, ...]) -> tuple[str, ...]:
@@ -31,14 +31,12 @@ def _direct_needs(cfg: Any, stage: StageSpec, present: dict[str, StageSpec]) -> 
 
 
 def _resolve(job: JobSpec, sinks: dict[str, tuple[str, ...]]) -> JobSpec:
-    """`after_stage(name)` edges -> the last jobs of that stage (none when it is not planned)."""
-    if not any(dep.job.startswith(STAGE_REF) for dep in job.depends_on):
+    """Edges to a stage (`after_stage(name)`) -> edges to its last jobs (none when it is not planned)."""
+    if not any(dep.stage for dep in job.depends_on):
         return job
     deps: list[Dependency] = []
     for dep in job.depends_on:
-        names = (
-            sinks.get(dep.job.removeprefix(STAGE_REF), ()) if dep.job.startswith(STAGE_REF) else (dep.job,)
-        )
+        names = sinks.get(dep.stage, ()) if dep.stage else (dep.job,)
         deps += [Dependency(name, dep.kind) for name in names]
     return dataclasses.replace(job, depends_on=tuple(deps))
 
@@ -51,8 +49,8 @@ def _link(jobs: tuple[JobSpec, ...], waits_for: tuple[str, ...]) -> tuple[JobSpe
 
 def build_plan(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> Plan:
     """Pure: the validated config (launcher.validate) and the host's facts in, the Plan out."""
-    ctx = Context(cfg=cfg, facts=facts, run_dir=run_dir_of(cfg))
     present = {stage.name: stage for stage in planned(cfg, stages)}
+    ctx = Context(cfg=cfg, facts=facts, run_dir=run_dir_of(cfg), stages=tuple(present.values()))
     sinks: dict[str, tuple[str, ...]] = {}
     jobs: tuple[JobSpec, ...] = ()
     files: dict[Path, str] = {}

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import tarfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from data_prep.latent_format import MEMBER_EXT
 from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
-from launcher import precache
+from launcher import latents
 from launcher.config import Runtime
+from launcher.layout import DataLayout
 from launcher.registry import planned
 
 
@@ -35,7 +36,7 @@ def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
     if member is None:
         return None
     latent_tar = member.name.endswith(f".{MEMBER_EXT}")
-    latent_config = precache.enabled(cfg)  # the switch sets the keys (latent keys without it are refused)
+    latent_config = latents.enabled(cfg)  # the switch sets the keys (latent keys without it are refused)
     if latent_tar == latent_config:
         return None
     what = "cached latents (.pickle)" if latent_tar else f"images ({member.name.rpartition('.')[2]})"
@@ -43,6 +44,21 @@ def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
         f"data_preparation.precache.enable={cfg.data_preparation.precache.enable} (training.model."
         f"first_stage_key/cond_stage_key read {'latents' if latent_config else 'images'}), but {first_tar} "
         f"holds {what}: point data_dir at the data that matches, or set the switch to match the data"
+    )
+
+
+def _no_wdinfo(cfg: Any, wdinfo: Path) -> str:
+    """Training's wdinfo is missing; with the latents switch on and only the image tars there, say so."""
+    images = Path(DataLayout(PurePosixPath(cfg.data_dir)).wdinfo)
+    if latents.enabled(cfg) and images.exists():
+        return (
+            f"{latents.SWITCH}=true (cached latents): training reads {wdinfo}, but {cfg.data_dir} holds "
+            f"only image tars ({images}). Encode them first with stages=[data_preparation] (its finished "
+            f"image steps return quickly), or set {latents.SWITCH}=false to train from the images"
+        )
+    return (
+        f"data_dir: no {wdinfo}; run data preparation first (stages=[data_preparation,"
+        "training]) or point data_dir at prepared data"
     )
 
 
@@ -64,10 +80,7 @@ def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
     if cfg.training.model.get("data", {}).get("synthetic_data"):
         return found
     if not wdinfo.exists():
-        found.problems.append(
-            f"data_dir: no {wdinfo}; run data preparation first (stages=[data_preparation,"
-            "training]) or point data_dir at prepared data"
-        )
+        found.problems.append(_no_wdinfo(cfg, wdinfo))
         return found
     try:
         names = read_wdinfo(wdinfo).tar_files

@@ -17,8 +17,16 @@ class DependencyKind(str, Enum):
 
 @dataclass(frozen=True)
 class Dependency:
-    job: str
+    """An edge to one job of the plan (`job`), or to the last jobs of another stage (`stage`: a stage's
+    `uses`, replaced by launcher.pipeline with edges to those jobs, or dropped when it is not planned)."""
+
+    job: str = ""
     kind: DependencyKind = DependencyKind.afterok
+    stage: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.job) == bool(self.stage):
+            raise ValueError(f"a dependency names a job or a stage, not both or neither: {self}")
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.context import Context, Facts
 from launcher.spec import JobSpec
-from launcher.stages.common import Context, Facts
 
 # `cfg` below is the root config that launcher.registry builds from every stage's section.
 Planner = Callable[[Context], tuple[JobSpec, ...]]

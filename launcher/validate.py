@@ -18,11 +18,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from launcher.config import BackendName, Runtime
+from launcher.context import Facts
 from launcher.errors import ConfigError
 from launcher.registry import STAGES, planned_names, root_config_type
 from launcher.rules import RULE, Each, Problem
 from launcher.stage import StageSpec
-from launcher.stages.common import Facts, require_mounted
+from launcher.stages.common import require_mounted
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 

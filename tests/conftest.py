@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest_plugins = ["slurm_cluster"]
 
 from launcher.cli import compose_config as _compose  # noqa: E402
+from launcher.context import Facts  # noqa: E402
 from launcher.registry import RootConfig  # noqa: E402
-from launcher.stages.common import Facts  # noqa: E402
 from launcher.validate import to_schema  # noqa: E402
 
 # Facts fixed so that rendered scripts do not depend on this machine.

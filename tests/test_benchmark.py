@@ -22,12 +22,12 @@ from PIL import Image
 from launcher import nemo_config
 from launcher.bench.cases import Case, Sweep
 from launcher.cli import launch
+from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
 from launcher.registry import RootConfig
 from launcher.spec import DependencyKind
 from launcher.stages import benchmark
-from launcher.stages.common import Context
 from launcher.validate import to_schema
 
 STANDIN = REPO / "tests" / "standin_sd_train.py"

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.cli import launch
 from launcher.config_doc import optional_inner as _optional_inner
 from launcher.config_doc import schema_leaves
+from launcher.context import Facts
 from launcher.errors import ConfigError
 from launcher.registry import RootConfig
 from launcher.rules import (
@@ -41,7 +42,6 @@ from launcher.rules import (
     Text,
     slurm_time_seconds,
 )
-from launcher.stages.common import Facts
 
 
 def _type_is_the_rule(tp: Any) -> bool:
@@ -168,7 +168,8 @@ FACTS = Facts(python=sys.executable, code_dir=str(REPO), nemo_python=None)
 def test_the_valid_config_is_submitted(tmp_path: Path, recording_sbatch: Path) -> None:
     """The control for the test below: without a bad value, the same config reaches sbatch."""
     launch(valid_config(tmp_path), FACTS)
-    assert len(recording_sbatch.read_text().splitlines()) == 5
+    # assets, the five demo steps, and the slurm preset's encode_latents and latents_wdinfo
+    assert len(recording_sbatch.read_text().splitlines()) == 8
     assert (tmp_path / "results/sd_pretrain/manifest.json").exists()
 
 

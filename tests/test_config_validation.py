@@ -10,8 +10,8 @@ import pytest
 from conftest import REPO, aws_argv, compose_config
 
 from launcher.cli import launch, main
+from launcher.context import Facts
 from launcher.errors import ConfigError
-from launcher.stages.common import Facts
 
 BAD_INPUTS = [
     (["stages=[data_prep]"], "stages", "data_preparation"),
@@ -70,9 +70,9 @@ BAD_INPUTS = [
         "1200 s leaves no training time in the job's limit 4 (training.run.time_limit)",
     ),
     (
-        ["++container.mounts={a: b}"],
+        ["container.mounts=/a:/a"],
         "container.mounts",
-        "Cannot merge DictConfig with ListConfig; allowed: a list",
+        "is not a ListConfig, list or tuple.; allowed: a list",
     ),
 ]
 

@@ -16,10 +16,10 @@ import pytest
 from conftest import REPO
 from hf_fake_hub import FakeHub
 
+from launcher.context import Facts
 from launcher.pipeline import build_plan
 from launcher.registry import RootConfig
 from launcher.stages import assets
-from launcher.stages.common import Facts
 
 TOKEN = "hf_assets_secret_456"
 OLD_COMMIT = "0123456789abcdef0123456789abcdef01234567"

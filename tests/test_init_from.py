@@ -18,13 +18,13 @@ from conftest import FIXED_FACTS
 
 from launcher import nemo_config
 from launcher.backends import prepare, records
+from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.outputs import TrainingOutputs
 from launcher.pipeline import build_plan
 from launcher.render import dependency_flags
 from launcher.spec import DependencyKind
 from launcher.stages import benchmark
-from launcher.stages.common import Context
 from launcher.stages.training_status import init_lines
 from launcher.validate import check_facts
 

@@ -20,8 +20,8 @@ from conftest import aws_argv, compose_config
 from data_prep.latent_format import sample_bytes
 from launcher import manifest
 from launcher.cli import launch
+from launcher.context import Facts
 from launcher.errors import LauncherError
-from launcher.stages.common import Facts
 
 
 def test_the_dry_run_prints_bytes_per_sample_and_the_total(
@@ -40,6 +40,26 @@ def test_the_dry_run_prints_bytes_per_sample_and_the_total(
         )
     )
     assert "at most 0.1 GB for 1,000 rows in 1 tars" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(
+    ("moments", "text"),
+    [((8, 32, 32), (80, 768)), ((8, 64, 64), (80, 1024)), ((2, 4, 4), (8, 8)), ((8, 100, 100), (80, 768))],
+)
+def test_the_estimate_is_at_most_one_block_above_the_real_tar_member(moments: tuple, text: tuple) -> None:
+    """sample_bytes is arithmetic (planning never imports numpy); the real member is numpy's pickle."""
+    import numpy as np
+
+    from data_prep.latent_format import dumps_sample
+
+    member = dumps_sample(np.ones(moments, np.float32), np.ones(text, np.float32))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("000000000.pickle")
+        info.size = len(member)
+        tar.addfile(info, io.BytesIO(member))
+        real = tar.offset  # header and padded data of the one member, before the closing blocks
+    assert real <= sample_bytes(moments, text) <= real + 512
 
 
 def test_off_by_default_on_local_and_on_when_asked_it_encodes_on_cpu(tmp_path: Path) -> None:
@@ -78,3 +98,22 @@ def test_preflight_refuses_a_latent_config_on_image_tars_or_the_reverse(
     with pytest.raises(LauncherError, match=f"data_preparation.precache.enable={switch.capitalize()}"):
         launch(compose_config([*argv, "training.trainer.num_nodes=2"]))
     assert not (tmp_path / "results").exists()
+
+
+def test_preflight_names_the_switch_when_only_image_tars_are_there(tmp_path: Path) -> None:
+    """stages=[training] on a preset with cached latents over data prepared from images alone."""
+    folder = tmp_path / "data/tarfiles_reorganized"
+    folder.mkdir(parents=True)
+    _tar_with(folder / "000000.tar", "000000.jpg")
+    info = {"tar_files": ["000000.tar"] * 16, "chunk_size": 1, "total_key_count": 16}
+    (folder / "wdinfo.pkl").write_bytes(pickle.dumps(info))
+    argv = [*aws_argv(tmp_path), "stages=[training]", "training.trainer.num_nodes=2"]
+    with pytest.raises(LauncherError) as error:
+        launch(compose_config(argv))  # aws_p5: the switch is on without being typed
+    message = " ".join(str(error.value).split())
+    assert "data_preparation.precache.enable=true (cached latents)" in message
+    assert f"holds only image tars ({folder / 'wdinfo.pkl'})" in message
+    assert "stages=[data_preparation]" in message and "data_preparation.precache.enable=false" in message
+    assert not (tmp_path / "results").exists()
+    # Without the switch the same data trains: the launch gets past preflight (a dry run writes it).
+    launch(compose_config([*argv, "data_preparation.precache.enable=false", "dry_run=true"]))

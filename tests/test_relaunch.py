@@ -156,6 +156,8 @@ def _demo(shared: Path, *overrides: str) -> dict[str, str]:
                 f"cluster.shared_dir={shared}",
                 "data_preparation=demo",
                 "cluster=slurm",
+                # The slurm preset caches latents whatever the dataset; these runs are the image steps.
+                "data_preparation.precache.enable=false",
                 "container=none",
                 f"container.python={sys.executable}",
                 *overrides,

@@ -35,6 +35,8 @@ CASES = {
     "slurm_no_container_demo": [
         "cluster=slurm",
         "data_preparation=demo",
+        # The slurm preset caches latents whatever the dataset; this case renders the image steps alone.
+        "data_preparation.precache.enable=false",
         "cluster.partition=cpu",
         "cluster.account=team a",
         "container.python=python3",
@@ -48,6 +50,7 @@ CASES = {
     "slurm_own_tars": [
         "cluster=slurm",
         "data_preparation=webdataset_tars",
+        "data_preparation.precache.enable=false",
         "container.python=python3",
         "data_preparation.tars.source='s3://bucket/my tars/'",
     ],

@@ -3,6 +3,7 @@ by need and run, with no change anywhere else (docs/adding-a-stage.md)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 from dataclasses import dataclass
@@ -13,13 +14,14 @@ import pytest
 from conftest import FIXED_FACTS, REPO, compose_config
 
 from launcher.backends import get, prepare
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
 from launcher.registry import STAGES, planned_names
 from launcher.rules import Range, Text, ruled
-from launcher.spec import JobSpec, Resources
+from launcher.spec import Dependency, JobSpec, Resources
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, Facts, make_job
+from launcher.stages.common import make_job
 from launcher.validate import check_facts, to_schema
 
 
@@ -109,3 +111,46 @@ def test_a_new_stage_runs_on_the_local_backend(tmp_path: Path) -> None:
     assert (plan.run_dir / "greeting" / "out.txt").read_text() == "hi there\nhi there\n"
     jobs = json.loads((plan.run_dir / "manifest.json").read_text())["jobs"]
     assert [(job["name"], job["job_id"]) for job in jobs] == [("greet", ids["greet"])]
+
+
+def _launcher_imports(path: Path) -> set[str]:
+    """The launcher modules a file imports (`from launcher import x` counts as launcher.x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("launcher")}
+
+
+def test_what_the_stages_import_imports_no_stage() -> None:
+    """Layers: the modules the stages build on (context, spec, stage, nemo_config, latents...) never
+    reach back up into launcher.stages; the typed Dependency(stage=...) links stages instead."""
+    stage_files = sorted((REPO / "launcher/stages").glob("*.py"))
+    below = {
+        name
+        for path in stage_files
+        for name in _launcher_imports(path)
+        if not name.startswith("launcher.stages") and (REPO / f"{name.replace('.', '/')}.py").exists()
+    }
+    assert {"launcher.context", "launcher.stage", "launcher.nemo_config", "launcher.latents"} <= below
+    upward = {
+        (name, imported)
+        for name in below
+        for imported in _launcher_imports(REPO / f"{name.replace('.', '/')}.py")
+        if imported.startswith("launcher.stages")
+    }
+    assert upward == set()
+
+
+def test_an_edge_to_a_stage_becomes_edges_to_its_last_jobs_or_none(make_config: Any) -> None:
+    """Dependency(stage="assets") (the encode step's `uses`): its last jobs when planned, else nothing."""
+    facts = Facts(python="/usr/bin/python3", code_dir="/opt/launcher", nemo_python="/opt/nemo/bin/python")
+    for assets, waits in ((True, ["generate_wdinfo", "pretrained_assets"]), (False, ["generate_wdinfo"])):
+        cfg = make_config("data_preparation.precache.enable=true", f"assets.enable={str(assets).lower()}")
+        encode = build_plan(cfg, facts).job("encode_latents")
+        assert sorted(dep.job for dep in encode.depends_on) == waits
+        assert all(dep.stage is None for dep in encode.depends_on)
+    with pytest.raises(ValueError, match="a job or a stage"):
+        Dependency("a", stage="assets")

@@ -12,10 +12,11 @@ from typing import Any
 from omegaconf import MISSING
 
 from launcher.config import JobResources, Runtime
+from launcher.context import Context
 from launcher.rules import ABS_PATH, Each, Pattern, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import AssetNeeds, StageSpec
-from launcher.stages.common import Context, cpu_resources, make_job, require_mounted
+from launcher.stages.common import cpu_resources, make_job, require_mounted
 
 NAME = "assets"
 JOB_NAME = "pretrained_assets"
@@ -89,14 +90,12 @@ def _asset_args(name: str, asset: AssetConfig, extra: tuple[str, ...] = ()) -> t
     return ("--asset", name, asset.repo_id, asset.revision, asset.local_dir, *files)
 
 
-def needs(cfg: Any) -> AssetNeeds:
+def needs(ctx: Context) -> AssetNeeds:
     """What the planned stages declare they need staged (StageSpec.assets), merged."""
-    from launcher.registry import planned  # the registry lists this module: read it at call time
-
     repo_files: dict[str, list[str]] = {}
     files: list[str] = []
-    for stage in planned(cfg):
-        found = stage.assets(cfg)
+    for stage in ctx.stages:
+        found = stage.assets(ctx.cfg)
         for name, extra in found.repo_files:
             repo_files.setdefault(name, []).extend(f for f in extra if f not in repo_files.get(name, []))
         files += [name for name in found.files if name not in files]
@@ -104,7 +103,7 @@ def needs(cfg: Any) -> AssetNeeds:
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
-    assets, wanted = ctx.cfg.assets, needs(ctx.cfg)
+    assets, wanted = ctx.cfg.assets, needs(ctx)
     extra = dict(wanted.repo_files)
     args: list[str] = []
     for name, asset in by_name(ctx.cfg).items():
@@ -126,13 +125,12 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    """The container must see the folders where training reads the staged models."""
+    """The container must see the folders where training reads the staged models (a stage that declares
+    a single-file asset checks its own mount)."""
     if NAME not in planned or cfg.container.runtime is not Runtime.pyxis:
         return
     for name, asset in by_name(cfg).items():
         require_mounted(f"assets.{name}.local_dir", asset.local_dir, cfg.container.mounts)
-    for name in needs(cfg).files:
-        require_mounted(f"assets.{name}.path", getattr(cfg.assets, name).path, cfg.container.mounts)
 
 
 STAGE = StageSpec(

@@ -15,18 +15,17 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from data_prep.latent_format import COND_STAGE_KEY, FIRST_STAGE_KEY
-from launcher import nemo_config
+from launcher import latents, nemo_config
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
 from launcher.bench.report import progress_lines
 from launcher.config import BackendName, JobResources
+from launcher.context import Context
 from launcher.errors import ConfigError
-from launcher.precache import IMAGE_KEYS
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages import training
-from launcher.stages.common import Context, cpu_resources, make_job
+from launcher.stages.common import cpu_resources, make_job
 
 NAME = "benchmark"
 REPORT_JOB = "bench_report"
@@ -108,19 +107,19 @@ def _case_cfg(cfg: Any, case: Case) -> Any:
         "micro_batch_size": case.micro_batch_size,
         "global_batch_size": case.global_batch_size,
     }
-    latents = case.inputs == "latents"
+    reads_latents = case.inputs == "latents"
     if b.synthetic_data:
         # One epoch covers every step: an epoch boundary inside the measured steps would restart
         # the loader workers and be counted as training time.
         length = (b.max_steps + 1) * case.micro_batch_size
         model["data"] = {"synthetic_data": True, "synthetic_data_length": length}
         # NeMo's synthetic dataset yields encoded tensors for encoded keys (SDSyntheticDataset).
-        keys = (FIRST_STAGE_KEY, COND_STAGE_KEY) if latents else IMAGE_KEYS
+        keys = latents.LATENT_KEYS if reads_latents else latents.IMAGE_KEYS
         model.update(first_stage_key=keys[0], cond_stage_key=keys[1])
     merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(dict(tr.model)), model), resolve=True)
-    # Real data: the latents switch decides what the case reads (precache.training_overrides).
+    # Real data: the latents switch decides what the case reads (latents.training_overrides).
     dp = cfg.data_preparation
-    pre = dataclasses.replace(dp.precache, enable=latents and not b.synthetic_data)
+    pre = dataclasses.replace(dp.precache, enable=reads_latents and not b.synthetic_data)
     changed = dataclasses.replace(
         tr,
         run=dataclasses.replace(tr.run, time_limit=b.time_per_task),

@@ -2,54 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import Any
+from pathlib import PurePosixPath
 
 from launcher.config import JobResources, Runtime
+from launcher.context import Context
 from launcher.errors import ConfigError
-from launcher.layout import DataLayout
 from launcher.spec import Array, Container, Dependency, JobSpec, Resources
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What planning needs to know about the submitting host, passed in (never probed)."""
-
-    python: str
-    code_dir: str
-    cpu_count: int = 2
-    # An interpreter with NeMo on this host (for data_check without a container), if any.
-    nemo_python: str | None = None
-    # The Slurm id of the last training part of the run training.init_from names, while that run's training
-    # is queued or running (probed by the cli: launcher.stages.training_init.probe).
-    init_from_job: str | None = None
-
-
-@dataclass(frozen=True)
-class Context:
-    # The root config (launcher.registry.RootConfig: the core keys and one section per stage).
-    cfg: Any
-    facts: Facts
-    run_dir: Path
-
-    @property
-    def layout(self) -> DataLayout:
-        return DataLayout(PurePosixPath(self.cfg.data_dir))
-
-    @property
-    def python(self) -> str:
-        if self.cfg.container.python:
-            return self.cfg.container.python
-        return self.facts.python if self.cfg.container.runtime is Runtime.none else "python3"
-
-    @property
-    def code_dir(self) -> str:
-        return self.cfg.container.code_dir or self.facts.code_dir
-
-    def module(self, name: str, *args: object) -> tuple[str, ...]:
-        """argv that runs one of this repo's modules with the job's interpreter."""
-        return (self.python, "-m", name, *(str(arg) for arg in args))
 
 
 def job_env(ctx: Context, extra: dict[str, str], with_code: bool) -> tuple[tuple[str, str], ...]:
@@ -142,13 +100,9 @@ def after(*names: str) -> tuple[Dependency, ...]:
     return tuple(Dependency(name) for name in names)
 
 
-# A dependency on another stage's last jobs (a stage's `uses`), resolved by launcher.pipeline.
-STAGE_REF = "stage:"
-
-
 def after_stage(name: str) -> Dependency:
     """Wait for the last jobs of stage `name` if it is planned in this launch (else for nothing)."""
-    return Dependency(STAGE_REF + name)
+    return Dependency(stage=name)
 
 
 def inside_mounts(path: str, mounts: list[str]) -> bool:

@@ -9,13 +9,14 @@ from typing import Any
 
 from launcher import nemo_config
 from launcher.config import BackendName, JobResources, Runtime
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.outputs import DataCheckOutputs
 from launcher.quoting import q
 from launcher.rules import Range, Text, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, Facts, cpu_resources, make_job
+from launcher.stages.common import cpu_resources, make_job
 
 NAME = "data_check"
 # What makes the NeMo interpreter that data_check needs without a container (README, requirements-nemo.txt).
@@ -118,7 +119,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
 
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     """It reads the training config that sd_train.py would read."""
-    return ((nemo_config.config_path(ctx), nemo_config.to_yaml(nemo_config.build(ctx))),)
+    return (nemo_config.config_file(ctx),)
 
 
 STAGE = StageSpec(

@@ -10,13 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher import nemo_config, precache
+from launcher import latents, nemo_config
 from launcher.config import Runtime
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.space import free_space_warning
 from launcher.spec import Array, JobSpec
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
+from launcher.stages import precache
+from launcher.stages.common import after, cpu_resources, make_job, require_mounted
 from launcher.stages.data_preparation_config import GONE_FROM_HUB, DataPreparationConfig
 
 NAME = "data_preparation"
@@ -229,7 +231,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
                 depends_on=deps,
             )
         )
-    if precache.enabled(ctx.cfg):
+    if latents.enabled(ctx.cfg):
         last = jobs[-1].name if jobs else None
         jobs += precache.plan(ctx, nemo_config.config_path(ctx), last, nemo_config.OFFLINE_HUB_ENV)
     return tuple(jobs)
@@ -238,7 +240,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
 def _check_all(cfg: Any, planned: frozenset[str]) -> None:
     _check(cfg, planned)
     if NAME in planned:
-        precache.check(cfg)
+        latents.check(cfg)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
@@ -271,13 +273,13 @@ def _warnings(cfg: Any, planned: frozenset[str]) -> tuple[str, ...]:
 
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     """The encode step builds NeMo's VAE and text encoder from the training config that training reads."""
-    if not precache.enabled(ctx.cfg):
+    if not latents.enabled(ctx.cfg):
         return ()
-    return ((nemo_config.config_path(ctx), nemo_config.to_yaml(nemo_config.build(ctx))),)
+    return (nemo_config.config_file(ctx),)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
-    return (precache.storage_note(ctx.cfg),) if precache.enabled(ctx.cfg) else ()
+    return (precache.storage_note(ctx.cfg),) if latents.enabled(ctx.cfg) else ()
 
 
 STAGE = StageSpec(
@@ -285,7 +287,7 @@ STAGE = StageSpec(
     config=DataPreparationConfig,
     plan=plan,
     # The encode step (precache) reads the staged VAE and CLIP; the downloads do not wait for them.
-    uses=lambda cfg: ("assets",) if precache.enabled(cfg) else (),
+    uses=lambda cfg: ("assets",) if latents.enabled(cfg) else (),
     check=_check_all,
     host_check=_host_check,
     warnings=_warnings,

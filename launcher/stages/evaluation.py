@@ -16,6 +16,7 @@ from typing import Any
 
 from launcher import nemo_config
 from launcher.config import JobResources, Runtime
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.evaluation.captions import CAPTIONS_JSON
 from launcher.evaluation.settings import EvaluationSettings
@@ -26,7 +27,7 @@ from launcher.sampling.checkpoints import hparams_of
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stage import AssetNeeds, StageSpec
 from launcher.stages import samples
-from launcher.stages.common import Context, Facts, after, cpu_resources, make_job, require_mounted
+from launcher.stages.common import after, cpu_resources, make_job, require_mounted
 
 NAME = "evaluation"
 # The CLIP score loads the text encoder's repo as a whole CLIP model (openai's repo holds the image tower
@@ -190,6 +191,8 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         raise ConfigError("evaluation.steps", f"{ev.steps} does not divide 1000, which {ev.sampler} needs")
     if cfg.container.runtime is Runtime.pyxis:
         require_mounted("evaluation.coco_root", ev.coco_root, cfg.container.mounts)
+        for name in ASSETS.files:  # staged by the assets job, read by the score job
+            require_mounted(f"assets.{name}.path", getattr(cfg.assets, name).path, cfg.container.mounts)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from launcher import nemo_config
 from launcher.config import Runtime
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.outputs import SamplesOutputs, TrainingOutputs
 from launcher.paths import relative_to_run, run_dir_of
@@ -25,7 +26,7 @@ from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import SamplingSettings
 from launcher.spec import JobSpec, Resources
 from launcher.stage import StageSpec
-from launcher.stages.common import Context, Facts, make_job, require_mounted
+from launcher.stages.common import make_job, require_mounted
 
 NAME = "samples"
 JOB_NAME = "samples"

@@ -8,6 +8,7 @@ from typing import Any
 
 from launcher import nemo_config
 from launcher.config import JobResources
+from launcher.context import Context, Facts
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
@@ -15,7 +16,7 @@ from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, T
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages import training_init, training_status
-from launcher.stages.common import Context, Facts, make_job
+from launcher.stages.common import make_job
 
 NAME = "training"
 
@@ -206,7 +207,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
 
 
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    return ((nemo_config.config_path(ctx), nemo_config.to_yaml(nemo_config.build(ctx))),)
+    return (nemo_config.config_file(ctx),)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:

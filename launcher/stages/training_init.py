@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from launcher import manifest
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
 from launcher.sampling import checkpoints
 from launcher.spec import ExternalDependency, JobSpec
-from launcher.stages.common import Context, Facts, cpu_resources, make_job
+from launcher.stages.common import cpu_resources, make_job
 
 KEY = "training.init_from"
 # NeMo's UNetModel arguments that change a parameter's shape or the set of parameters, with NeMo's
@@ -188,14 +189,6 @@ def probe(cfg: Any, facts: Facts) -> Facts:
         return facts
     found = source(cfg)
     return dataclasses.replace(facts, init_from_job=found.live_job if found else None)
-
-
-def nemo_overrides(ctx: Context) -> dict[str, Any]:
-    """NeMo's own way to start the UNet from weights: its key names, so from_NeMo."""
-    if not ctx.cfg.training.init_from:
-        return {}
-    unet = {"from_pretrained": str(TrainingOutputs(ctx.run_dir).init_unet), "from_NeMo": True}
-    return {"model": {"unet_config": unet}}
 
 
 def plan(ctx: Context, stage: str) -> JobSpec | None:

@@ -1,0 +1,126 @@
+"""The jobs of cached latents (`data_preparation.precache`, the switch itself is launcher.latents).
+
+On, data preparation gains two jobs after the image wdinfo: `encode_latents`, a Slurm array on GPU nodes
+in the training container (one task per slice of tars, one process per GPU, NeMo's own frozen VAE and
+text encoder built from the training config; data_prep.encode_latents), then `latents_wdinfo`. Here:
+their interpreter (refused without one), resources, plan, and the storage estimate printed before
+anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from data_prep import latent_format as fmt
+from launcher import latents
+from launcher.config import BackendName, JobResources, Runtime
+from launcher.context import Context, Facts
+from launcher.errors import ConfigError
+from launcher.spec import Array, JobSpec, Resources
+from launcher.stages.common import after, after_stage, cpu_resources, make_job
+
+
+def python(cfg: Any, facts: Facts) -> str | None:
+    """The interpreter with NeMo that runs the encode step."""
+    pre = cfg.data_preparation.precache
+    if pre.python:
+        return str(pre.python)
+    if cfg.container.runtime is Runtime.pyxis:
+        return cfg.training.run.python or cfg.container.python or "python3"
+    if cfg.cluster.backend is BackendName.local:
+        return facts.nemo_python  # this machine: its NeMo venv, or refused by host_check
+    # A Slurm cluster without containers: this checkout's NeMo venv, else the interpreter training runs.
+    return facts.nemo_python or cfg.training.run.python
+
+
+def host_check(cfg: Any, facts: Facts) -> None:
+    if latents.enabled(cfg) and python(cfg, facts) is None:
+        raise ConfigError(
+            "data_preparation.precache.python",
+            f"None and this checkout has no NeMo interpreter ({facts.code_dir}/.venv-nemo/bin/python) for the "
+            "encode step without a container; allowed: a Python with NeMo (see requirements-nemo.txt)",
+        )
+
+
+def _encode_resources(ctx: Context) -> Resources:
+    """A whole GPU node per array task, one process per GPU; on a cluster without GPUs, one CPU task."""
+    cl, pre = ctx.cfg.cluster, ctx.cfg.data_preparation.precache
+    if cl.gpus_per_node < 1:
+        return cpu_resources(ctx, pre.resources)
+    cpus = cl.cpus_per_node // cl.gpus_per_node if cl.cpus_per_node else pre.resources.cpus_per_task
+    return Resources(
+        nodes=1,
+        ntasks_per_node=cl.gpus_per_node,
+        cpus_per_task=max(cpus, 1),
+        gpus_per_node=cl.gpus_per_node,
+        mem=cl.gpu_job_mem,
+        time=pre.resources.time,
+        exclusive=cl.exclusive_gpu_jobs,
+        partition=cl.partition,
+    )
+
+
+def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, str]) -> tuple[JobSpec, ...]:
+    """encode_latents (array) then latents_wdinfo, after `last_job` (the image wdinfo); `env` is the
+    offline-Hub environment NeMo jobs run with (launcher.nemo_config)."""
+    pre, layout = ctx.cfg.data_preparation.precache, ctx.layout
+    nemo_python = python(ctx.cfg, ctx.facts) or ctx.python  # None is refused by host_check before planning
+    device = pre.device or ("cuda" if ctx.cfg.cluster.gpus_per_node >= 1 else "cpu")
+    common = ("--input-wdinfo", layout.wdinfo, "--output-dir", layout.latent_tar_dir)
+    encode = make_job(
+        ctx,
+        stage="data_preparation",
+        name="encode_latents",
+        argv=(
+            nemo_python,
+            "-m",
+            "data_prep.encode_latents",
+            "encode",
+            "--training-config",
+            str(config_path),
+            "--input-dir",
+            str(layout.tar_dir),
+            *map(str, common),
+            "--batch-size",
+            str(pre.batch_size),
+            "--device",
+            device,
+        ),
+        resources=_encode_resources(ctx),
+        array=Array(pre.num_tasks),
+        depends_on=(*after(*[last_job] if last_job else []), after_stage("assets")),
+        env=env,
+    )
+    wdinfo = make_job(
+        ctx,
+        stage="data_preparation",
+        name="latents_wdinfo",
+        argv=ctx.module("data_prep.encode_latents", "wdinfo", *common, "--verify"),
+        resources=cpu_resources(ctx, JobResources(cpus_per_task=1, mem="2G", time="00:30:00")),
+        depends_on=after(encode.name),
+    )
+    return encode, wdinfo
+
+
+def planned_rows(cfg: Any) -> int | None:
+    dp = cfg.data_preparation
+    if dp.demo.enable:
+        return int(dp.demo.num_images)
+    return dp.download_parquet.max_rows or dp.precache.rows_estimate
+
+
+def storage_note(cfg: Any) -> str:
+    """Bytes per sample and for the planned rows, printed before anything runs."""
+    moments, text = fmt.sample_shapes(cfg.training.model)
+    per_sample = fmt.sample_bytes(moments, text)
+    head = (
+        f"precache: {per_sample:,} bytes per sample (float16 moments {'x'.join(map(str, moments))} + "
+        f"text {'x'.join(map(str, text))}, tar header included)"
+    )
+    rows = planned_rows(cfg)
+    if rows is None:
+        return f"{head}; {per_sample * 1_000_000 / 1e12:.2f} TB per million rows (rows unknown: set max_rows)"
+    tars = math.ceil(rows / cfg.data_preparation.reorganize_tar.tar_chunk_size)
+    total = rows * per_sample + tars * 10240  # at most one 10 KiB closing record per tar
+    return f"{head}; at most {total / 1e9:,.1f} GB for {rows:,} rows in {tars:,} tars"
