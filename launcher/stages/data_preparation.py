@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher import nemo_config, precache
+from launcher import nemo_config, precache, sizing
 from launcher.config import Runtime
 from launcher.errors import ConfigError
 from launcher.spec import Array, JobSpec
@@ -202,7 +202,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
             dp.reorganize_tar.enable,
             _reorganize_argv(ctx, dp),
             dp.reorganize_tar.resources,
-            Array(dp.reorganize_tar.num_tasks),
+            Array(sizing.reorganize_tasks(ctx.cfg)),
         ),
         (
             "generate_wdinfo",
@@ -253,7 +253,8 @@ def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
-    return (precache.storage_note(ctx.cfg),) if precache.enabled(ctx.cfg) else ()
+    encode = precache.enabled(ctx.cfg)
+    return (*sizing.notes(ctx.cfg, encode), *((precache.storage_note(ctx.cfg),) if encode else ()))
 
 
 STAGE = StageSpec(
