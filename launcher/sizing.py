@@ -87,18 +87,20 @@ class StepSize:
     step: str
     tasks: int
     basis: str  # where the count comes from: the config key, or why it is fixed
-    seconds_per_task: float | None
-    rate: str  # how the time was computed, labelled measured or estimate
+    timing: str  # "about <t> each at <rate> (measured|estimate ...)", or why there is no time
 
     def describe(self) -> str:
-        head = f"{self.step}: {self.tasks} task{'s' if self.tasks != 1 else ''} ({self.basis})"
-        if self.seconds_per_task is None:
-            return f"{head}; time unknown without planned rows"
-        return f"{head}, about {_duration(self.seconds_per_task)} each at {self.rate}"
+        return f"{self.step}: {self.tasks} task{'s' if self.tasks != 1 else ''} ({self.basis}), {self.timing}"
 
 
 def _basis(section: str, explicit: int | None) -> str:
     return f"set: {section}.num_tasks" if explicit is not None else f"derived: {section}.rows_per_task"
+
+
+def _timing(units: float | None, per_s: float, rate: str) -> str:
+    if units is None:
+        return "time unknown without planned rows"
+    return f"about {_duration(units / per_s)} each at {rate}"
 
 
 def step_sizes(cfg: Any, gpus_per_node: int, encode: bool) -> list[StepSize]:
@@ -107,36 +109,41 @@ def step_sizes(cfg: Any, gpus_per_node: int, encode: bool) -> list[StepSize]:
     out: list[StepSize] = []
     if dp.reorganize_tar.enable:
         n = reorganize_tasks(cfg)
+        rate = f"{REORGANIZE_SAMPLES_PER_S:,} samples/s per task (measured, 2-core dev machine, page cache)"
         out.append(
             StepSize(
                 "reorganize_tar",
                 n,
                 _basis("data_preparation.reorganize_tar", dp.reorganize_tar.num_tasks),
-                None if rows is None else rows / n / REORGANIZE_SAMPLES_PER_S,
-                f"{REORGANIZE_SAMPLES_PER_S:,} samples/s per task (measured, 2-core dev machine, page cache)",
+                _timing(None if rows is None else rows / n, REORGANIZE_SAMPLES_PER_S, rate),
             )
         )
     if dp.generate_wdinfo.enable:
+        rate = f"{WDINFO_TARS_PER_S:,} tars/s (measured, 2-core dev machine)"
+        tars = None if rows is None else _tars(cfg, rows)
         out.append(
             StepSize(
                 "generate_wdinfo",
                 1,
                 "one job: it reads one count record per tar",
-                None if rows is None else _tars(cfg, rows) / WDINFO_TARS_PER_S,
-                f"{WDINFO_TARS_PER_S:,} tars/s (measured, 2-core dev machine)",
+                _timing(tars, WDINFO_TARS_PER_S, rate),
             )
         )
     if encode:
-        n, gpus = encode_tasks(cfg), max(gpus_per_node, 1)
-        out.append(
-            StepSize(
-                "encode_latents",
-                n,
-                _basis("data_preparation.precache", dp.precache.num_tasks),
-                None if rows is None else rows / n / (ENCODE_IMAGES_PER_S_PER_GPU * gpus),
-                f"{ENCODE_IMAGES_PER_S_PER_GPU:,} images/s per GPU x {gpus} (estimate, not measured)",
+        n = encode_tasks(cfg)
+        basis = _basis("data_preparation.precache", dp.precache.num_tasks)
+        if gpus_per_node < 1:
+            out.append(StepSize("encode_latents", n, basis, "on CPUs: no time estimate"))
+        else:
+            per_node = ENCODE_IMAGES_PER_S_PER_GPU * gpus_per_node
+            rate = (
+                f"{ENCODE_IMAGES_PER_S_PER_GPU:,} images/s per GPU x {gpus_per_node} (estimate, not measured)"
             )
-        )
+            out.append(
+                StepSize(
+                    "encode_latents", n, basis, _timing(None if rows is None else rows / n, per_node, rate)
+                )
+            )
     return out
 
 
