@@ -15,7 +15,9 @@ Per size N (rows of metadata; no images are downloaded, no step here needs them)
   where that cluster cannot start (not root, packages missing).
 Each step runs once per size (the machine is shared: `uptime` is printed beside the table). The
 table gives each cost per unit (row, tar or task) as a ratio to the smallest size's, and the growth
-exponent b of time ~ N^b from the smallest to the largest size; 10^9 rows is extrapolated linearly
+exponent b of time ~ N^b from the smallest to the largest size; every power of ten above the largest
+size up to 10^9 rows is extrapolated linearly from the two largest sizes and labelled so. A status
+array refused by the cluster (MaxJobCount) is reported as n/a with the reason.
 from the two largest sizes and labelled so. Ends with `RESULT fastest_growing=<step> ...`.
 """
 
@@ -35,6 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROWS_PER_PARTITION = 10_000  # download partitions and status's array tasks: N / this
 ROWS_PER_TAR = 1_000  # tar_chunk_size
 ROWS_PER_FILE = 5_000_000
-EXTRAPOLATED = 10**9
+EXTRAPOLATE_TO = 10**9
 # Columns of the table: (key, header); the CI test checks every one is present.
 # Wall seconds, and CPU seconds (user + system of the command and its children): on a shared machine
 # the CPU time is the steadier figure, so the ratios and the growth use it.
@@ -155,7 +158,8 @@ def generate_wdinfo(tars: int, work: Path) -> tuple[float, float]:
 class StatusProbe:
     """A private Slurm test cluster that holds arrays PENDING for `launcher status` to read."""
 
-    cluster: object
+    cluster: Any
+    refusal: str = ""
 
     @classmethod
     def start(cls, max_tasks: int) -> StatusProbe | None:
@@ -175,7 +179,14 @@ class StatusProbe:
         from launcher import manifest
 
         cluster = self.cluster
-        job_id = cluster.sbatch("#!/bin/sh\ntrue\n", "--hold", f"--array=0-{tasks - 1}", "--output=/dev/null")
+        try:
+            job_id = cluster.sbatch(
+                "#!/bin/sh\ntrue\n", "--hold", f"--array=0-{tasks - 1}", "--output=/dev/null"
+            )
+        except (subprocess.TimeoutExpired, RuntimeError) as error:
+            # sbatch retries "Resource temporarily unavailable" (e.g. MaxJobCount reached) until killed.
+            self.refusal = str(error).splitlines()[0][:300]
+            return math.nan, math.nan
         run_dir = work / f"status-{tasks}"
         run_dir.mkdir(parents=True, exist_ok=True)
         record = manifest.JobRecord(
@@ -214,6 +225,11 @@ def measure(sizes: list[int], work: Path) -> list[dict[str, float]]:
             )
             row["generate_wdinfo_s"], row["generate_wdinfo_cpu_s"] = generate_wdinfo(int(row["tars"]), work)
             status = probe.time_status(int(row["array_tasks"]), work) if probe else (math.nan, math.nan)
+            if math.isnan(status[0]) and probe:
+                print(
+                    f"status: the {row['array_tasks']:,.0f}-task array was refused: {probe.refusal}",
+                    flush=True,
+                )
             row["status_s"], row["status_cpu_s"] = status
             print(" ".join(f"{k}={v:.3g}" for k, v in row.items()), flush=True)
             rows_out.append(row)
@@ -228,11 +244,21 @@ def extrapolate(rows: list[dict[str, float]], target: int) -> dict[str, float]:
     a, b = rows[-2], rows[-1]
     out = {"rows": target, "tars": target // ROWS_PER_TAR, "array_tasks": target // ROWS_PER_PARTITION}
     out["load"] = math.nan
+    # Peak memory follows the largest source file (ROWS_PER_FILE rows at every size past it), not N.
+    out["download_parquet_peak_mib"] = b["download_parquet_peak_mib"]
     for key, _ in COLUMNS:
         if key not in out:
             slope = (b[key] - a[key]) / (b["rows"] - a["rows"])
             out[key] = max(b[key] + slope * (target - b["rows"]), b[key])
     return out
+
+
+def extrapolations(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Every power of ten above the largest measured size, up to EXTRAPOLATE_TO (needs two sizes)."""
+    if len(rows) < 2:
+        return []
+    targets = [10**k for k in range(1, 10) if rows[-1]["rows"] < 10**k <= EXTRAPOLATE_TO]
+    return [extrapolate(rows, target) for target in targets]
 
 
 def growth(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -255,11 +281,11 @@ def _cell(key: str, value: float) -> str:
     return f"{value:,.2f}"
 
 
-def markdown(rows: list[dict[str, float]], guess: dict[str, float] | None) -> str:
-    """The curve as a markdown table: measured rows, then the extrapolated one, then per-unit ratios."""
+def markdown(rows: list[dict[str, float]], guesses: list[dict[str, float]]) -> str:
+    """The curve as a markdown table: measured rows, then the extrapolated ones, then per-unit ratios."""
     head = [header for _, header in COLUMNS] + ["kind"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for row, label in [(r, "measured") for r in rows] + ([(guess, "extrapolated")] if guess else []):
+    for row, label in [(r, "measured") for r in rows] + [(g, "**extrapolated**") for g in guesses]:
         lines.append("| " + " | ".join(_cell(k, row[k]) for k, _ in COLUMNS) + f" | {label} |")
     lines += ["", "| CPU time per unit vs the smallest size | " + " | ".join(STEPS) + " |"]
     lines.append("|" + " --- |" * (len(STEPS) + 1))
@@ -273,7 +299,7 @@ def markdown(rows: list[dict[str, float]], guess: dict[str, float] | None) -> st
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, float]], guess: dict[str, float] | None, path: Path) -> None:
+def plot(rows: list[dict[str, float]], guesses: list[dict[str, float]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -284,8 +310,9 @@ def plot(rows: list[dict[str, float]], guess: dict[str, float] | None, path: Pat
         xs = [r["rows"] for r in rows if not math.isnan(r[key])]
         ys = [r[key] for r in rows if not math.isnan(r[key])]
         (line,) = ax.plot(xs, ys, marker="o", label=step)
-        if guess and ys:
-            ax.plot([xs[-1], guess["rows"]], [ys[-1], guess[key]], linestyle="--", color=line.get_color())
+        if guesses and ys:
+            gx, gy = [xs[-1]] + [g["rows"] for g in guesses], [ys[-1]] + [g[key] for g in guesses]
+            ax.plot(gx, gy, linestyle="--", marker="x", color=line.get_color())
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("source rows (dashed: extrapolated)")
@@ -326,8 +353,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     else:
         with tempfile.TemporaryDirectory(prefix="cost-curve-") as tmp:
             rows = measure(sizes, Path(tmp))
-    guess = extrapolate(rows, EXTRAPOLATED) if len(rows) >= 2 and rows[-1]["rows"] < EXTRAPOLATED else None
-    table = markdown(rows, guess)
+    guesses = extrapolations(rows)
+    table = markdown(rows, guesses)
     rates = growth(rows)
     known = {step: b for step, b in rates.items() if not math.isnan(b)}
     fastest = max(known, key=known.__getitem__) if known else "n/a"
@@ -338,11 +365,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if args.markdown:
         args.markdown.write_text(table)
     if args.plot:
-        plot(rows, guess, args.plot)
+        plot(rows, guesses, args.plot)
     print(f"RESULT fastest_growing={fastest.replace(' ', '_')} sizes={','.join(map(str, sizes))}")
     return {
         "rows": rows,
-        "extrapolated": guess,
+        "extrapolated": guesses,
         "growth": rates,
         "fastest": fastest,
         "table": table,

@@ -26,9 +26,10 @@ from typing import Any
 # member copy, page cache): 41,609 samples in 1.07 s (docs/scale.md, benchmarks/bench_reorganize.py).
 # A shared file system is usually slower: read it as a lower bound on the time.
 REORGANIZE_SAMPLES_PER_S = 38_900
-# generate_wdinfo reads one count record per tar (no rescan): measured by benchmarks/bench_cost_curve.py
-# on the same machine (docs/scale.md). It is one job: the work is a listing, not worth an array.
-WDINFO_TARS_PER_S = 9_000
+# generate_wdinfo reads one count record per tar (no rescan): 26,000 tars per CPU second from 10^3 to
+# 10^4 tars (benchmarks/bench_cost_curve.py, same machine, docs/scale.md). One job: the work is a
+# listing, not worth an array; a shared file system's metadata latency can make it slower.
+WDINFO_TARS_PER_S = 26_000
 # Not measured (no GPU here): an estimate of NeMo's VAE + CLIP encode on one H100 at 256 px, from the
 # FLOP count (286 GFLOP per image, docs/latents.md) at about 30% of the GPU's bf16 peak.
 ENCODE_IMAGES_PER_S_PER_GPU = 1_000
@@ -119,7 +120,7 @@ def step_sizes(cfg: Any, gpus_per_node: int, encode: bool) -> list[StepSize]:
             )
         )
     if dp.generate_wdinfo.enable:
-        rate = f"{WDINFO_TARS_PER_S:,} tars/s (measured, 2-core dev machine)"
+        rate = f"{WDINFO_TARS_PER_S:,} tars/s (measured CPU rate, 2-core dev machine)"
         tars = None if rows is None else _tars(cfg, rows)
         out.append(
             StepSize(

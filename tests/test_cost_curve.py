@@ -50,5 +50,5 @@ def test_cost_curve_smallest_size_has_every_column_and_sane_values(tmp_path: Pat
     for _, header in bench.COLUMNS:
         assert f" {header} |" in text
     assert "| 1,000,000 | " in text and "CPU time per unit vs the smallest size" in text
-    assert result["extrapolated"] is None  # one size: nothing to extrapolate from
+    assert result["extrapolated"] == []  # one size: nothing to extrapolate from
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
