@@ -12,13 +12,14 @@ from data_prep.source import DataPrepError
 
 Filters = dict[str, float]  # filter option name (a FILTERS key) -> threshold
 
-# option name -> (column names tried in order, comparison keeping a row)
+# option name -> (column names tried in order, comparison keeping a row): LAION's names, then
+# COYO-700M's (nsfw_score_opennsfw2 and watermark_score are probabilities like punsafe/pwatermark).
 FILTERS: dict[str, tuple[tuple[str, ...], str]] = {
     "min_width": (("WIDTH",), ">="),
     "min_height": (("HEIGHT",), ">="),
-    "max_punsafe": (("punsafe",), "<="),
-    "max_pwatermark": (("pwatermark",), "<="),
-    "min_aesthetic": (("aesthetic", "AESTHETIC_SCORE"), ">="),
+    "max_punsafe": (("punsafe", "nsfw_score_opennsfw2"), "<="),
+    "max_pwatermark": (("pwatermark", "watermark_score"), "<="),
+    "min_aesthetic": (("aesthetic", "AESTHETIC_SCORE", "aesthetic_score_laion_v2"), ">="),
 }
 
 

@@ -40,7 +40,7 @@ def pd12m_revision() -> str:
     return str(OmegaConf.load(REPO / "conf/data_preparation/pd12m.yaml").download_parquet.revision)
 
 
-def _rows(demo_dir: Path, base_url: str) -> list[dict[str, Any]]:
+def demo_rows(demo_dir: Path, base_url: str) -> list[dict[str, Any]]:
     demo = pq.read_table(demo_dir / "source").to_pylist()
     rows = []
     for i, row in enumerate(demo):
@@ -64,7 +64,7 @@ def _rows(demo_dir: Path, base_url: str) -> list[dict[str, Any]]:
 
 def write_repo(root: Path, demo_dir: Path, base_url: str, files: int = 3) -> list[dict[str, Any]]:
     """Write the stand-in repo under `root`; returns its metadata rows in file order."""
-    rows = _rows(demo_dir, base_url)
+    rows = demo_rows(demo_dir, base_url)
     (root / "metadata").mkdir(parents=True)
     (root / "embeddings").mkdir()
     per_file = -(-len(rows) // files)

@@ -92,6 +92,29 @@ def test_laion_art_stays_a_preset_for_a_copy() -> None:
     assert (flags["--url-col"], flags["--caption-col"], flags["--pattern"]) == ("URL", "TEXT", "*.parquet")
 
 
+def test_coyo700m_plans_its_pinned_commit_filters_and_sized_arrays() -> None:
+    """A source past PD12M: 747M rows at a pinned commit, COYO's column names, no token (not gated),
+    a download array below Slurm's default MaxArraySize and re-chunking sized by its rows."""
+    coyo = OmegaConf.load(REPO / "conf/data_preparation/coyo700m.yaml")
+    assert len(coyo.download_parquet.revision) == 40 and int(coyo.download_parquet.revision, 16) >= 0
+    jobs = _jobs("cluster=slurm", "data_preparation=coyo700m")
+    flags = _flags(jobs["download_parquet"])
+    assert (flags["--source"], flags["--revision"]) == (
+        "kakaobrain/coyo-700m",
+        coyo.download_parquet.revision,
+    )
+    assert (flags["--pattern"], flags["--url-col"], flags["--caption-col"]) == (
+        "data/*.parquet",
+        "url",
+        "text",
+    )
+    assert (flags["--min-width"], flags["--min-height"]) == ("256", "256")
+    assert (flags["--max-punsafe"], flags["--max-pwatermark"]) == ("0.1", "0.5")
+    assert "--min-aesthetic" not in flags and "--hf-token-file" not in flags
+    assert jobs["download_images"].array is not None and jobs["download_images"].array.size == 1000
+    assert jobs["reorganize_tar"].array is not None and jobs["reorganize_tar"].array.size == 187
+
+
 def test_own_tars_skip_the_downloads() -> None:
     jobs = _jobs("data_preparation=webdataset_tars", "data_preparation.tars.source=s3://bucket/my-tars/")
     assert list(jobs) == ["fetch_tars", "reorganize_tar", "generate_wdinfo"]

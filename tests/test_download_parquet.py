@@ -13,6 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from coyo_standin import COYO_REPO, coyo_revision
+from coyo_standin import write_repo as write_coyo_repo
 from hf_fake_hub import FakeHub
 from omegaconf import OmegaConf
 from pd12m_standin import PD12M_REPO, pd12m_revision, write_repo
@@ -341,6 +343,59 @@ def test_pd12m_at_its_pinned_revision_with_the_presets_options(
     revisions_read = {m[1] for p in paths if (m := re.search(r"/(?:tree|resolve)/([^/?]+)", p))}
     assert revisions_read == {revision}  # never main
     assert wrong.returncode == 2 and "cannot list" in wrong.stderr and "1" * 40 in wrong.stderr
+
+
+def _preset_args(name: str) -> list[str]:
+    """download_parquet's options as the preset sets them (filters that are null left out)."""
+    preset = OmegaConf.load(REPO_ROOT / f"conf/data_preparation/{name}.yaml").download_parquet
+    args = ["--source", preset.source, "--revision", preset.revision, "--pattern", preset.pattern]
+    args += ["--url-col", preset.url_col, "--caption-col", preset.caption_col]
+    for key in ("min_width", "min_height", "max_punsafe", "max_pwatermark", "min_aesthetic"):
+        if preset.get(key) is not None:
+            args += ["--" + key.replace("_", "-"), str(preset[key])]
+    return args
+
+
+def test_coyo700m_at_its_pinned_revision_with_the_presets_filters(tmp_path: Path) -> None:
+    """The preset's source, commit, pattern, columns and its size, NSFW and watermark filters on
+    COYO's own column names, through a COYO-shaped fake Hub (the real huggingface_hub client)."""
+    demo.generate(tmp_path / "demo", num_images=120, seed=11)
+    rows = write_coyo_repo(tmp_path / "coyo", tmp_path / "demo", "http://127.0.0.1:9", files=3)
+    revision, out = coyo_revision(), tmp_path / "parquet"
+    with FakeHub({COYO_REPO: tmp_path / "coyo"}, revisions={COYO_REPO: revision}) as hub:
+        result = run_cli(
+            *_preset_args("coyo700m"),
+            "--output-dir",
+            str(out),
+            "--num-partitions",
+            "4",
+            env={"HF_ENDPOINT": hub.url, "HF_TOKEN": ""},
+        )
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"]["source"] == f"hf://datasets/{COYO_REPO}@{revision}"
+    assert [f["path"].rsplit("/", 1)[-1] for f in manifest["inputs"]["files"]] == [
+        f"part-{n:05d}-17da4908-939c-46e5-91d0-15f256041956-c000.snappy.parquet" for n in range(3)
+    ]  # data/_SUCCESS left out
+
+    def passes(r: dict[str, Any]) -> bool:
+        nsfw = r["nsfw_score_opennsfw2"]
+        return (
+            r["width"] >= 256
+            and r["height"] >= 256
+            and nsfw is not None
+            and nsfw <= 0.1
+            and r["watermark_score"] <= 0.5
+        )
+
+    kept = [r for r in rows if passes(r)]
+    assert 0 < len(kept) < len(rows) / 2
+    merged = pa.concat_tables(read_parts(out))
+    assert merged.column("url").to_pylist() == [r["url"] for r in kept]
+    assert merged.column("caption").to_pylist() == [r["text"] for r in kept]
+    dropped = manifest["rows_dropped"]
+    assert set(dropped) == {"min_width", "min_height", "max_punsafe", "max_pwatermark"}
+    assert sum(dropped.values()) == len(rows) - len(kept) and dropped["max_punsafe"] > 0
 
 
 def test_revision_is_refused_for_a_source_without_revisions(source: Path, tmp_path: Path) -> None:

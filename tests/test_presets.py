@@ -37,7 +37,7 @@ FACTS = Facts(python="/opt/venv/bin/python", code_dir="/fsx/launcher", nemo_pyth
 def test_the_presets_are_the_documented_ones() -> None:
     """The matrix below covers every preset there is (a new one joins it by being a file)."""
     assert set(CLUSTERS) == {"local", "slurm", "aws_p5", "aws_p4de"}
-    assert set(DATASETS) == {"pd12m", "demo", "webdataset_tars", "laion_art"}
+    assert set(DATASETS) == {"pd12m", "coyo700m", "demo", "webdataset_tars", "laion_art"}
     assert set(CLUSTERS) > LATENTS_ON
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher import latents, nemo_config
+from launcher import latents, nemo_config, sizing
 from launcher.config import Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
@@ -205,7 +205,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
             dp.reorganize_tar.enable,
             _reorganize_argv(ctx, dp),
             dp.reorganize_tar.resources,
-            Array(dp.reorganize_tar.num_tasks),
+            Array(sizing.reorganize_tasks(ctx.cfg)),
         ),
         (
             "generate_wdinfo",
@@ -279,7 +279,8 @@ def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
-    return (precache.storage_note(ctx.cfg),) if latents.enabled(ctx.cfg) else ()
+    encode = latents.enabled(ctx.cfg)
+    return (*sizing.notes(ctx.cfg, encode), *((precache.storage_note(ctx.cfg),) if encode else ()))
 
 
 STAGE = StageSpec(

@@ -40,17 +40,20 @@ class DownloadParquetConfig(StepConfig):
     max_punsafe: float | None = ruled(
         Range(0, 1, integer=False),
         None,
-        help="Drop rows whose punsafe probability (LAION's column) is above this; null = no filter.",
+        help="Drop rows whose NSFW probability (column punsafe, or COYO's nsfw_score_opennsfw2) is above this; "
+        "null = no filter.",
     )
     max_pwatermark: float | None = ruled(
         Range(0, 1, integer=False),
         None,
-        help="Drop rows whose pwatermark probability (LAION's column) is above this; null = no filter.",
+        help="Drop rows whose watermark probability (column pwatermark, or COYO's watermark_score) is above "
+        "this; null = no filter.",
     )
     min_aesthetic: float | None = ruled(
         Range(0, 10, integer=False),
         None,
-        help="Drop rows whose aesthetic score (0 to 10, LAION's column) is below this; null = no filter.",
+        help="Drop rows whose aesthetic score (0 to 10: column aesthetic, or COYO's aesthetic_score_laion_v2) "
+        "is below this; null = no filter.",
     )
     hf_token_file: str | None = ruled(
         ABS_PATH,
@@ -109,7 +112,15 @@ EXTENSION = Pattern(r"[A-Za-z0-9][A-Za-z0-9_.]*", "a file extension such as jpg 
 
 @dataclass
 class ReorganizeTarConfig(StepConfig):
-    num_tasks: int = ruled(Range(1), 1, help="Array tasks re-chunking the downloaded tars.")
+    num_tasks: int | None = ruled(
+        Range(1),
+        None,
+        help="Array tasks re-chunking the downloaded tars; null = the planned rows / rows_per_task "
+        "(launcher/sizing.py).",
+    )
+    rows_per_task: int = ruled(
+        Range(1), 4_000_000, help="Rows one re-chunking task is sized for when num_tasks is null."
+    )
     tar_chunk_size: int = ruled(Range(1), 1000, help="Samples in each training tar.")
     extensions: list[str] = ruled(
         Each(EXTENSION, min_items=1),
@@ -170,17 +181,18 @@ class PrecacheConfig:
         help="Encode every image once after the wdinfo (GPU array job) and train from the latents; "
         "false trains from the images.",
     )
-    num_tasks: int = ruled(
-        Range(1), 1, help="Array tasks of the encode job, each a GPU node running one process per GPU."
+    num_tasks: int | None = ruled(
+        Range(1),
+        None,
+        help="Array tasks of the encode job, each a GPU node running one process per GPU; null = the "
+        "planned rows / rows_per_task (launcher/sizing.py).",
+    )
+    rows_per_task: int = ruled(
+        Range(1), 6_500_000, help="Rows one encode task (one GPU node) is sized for when num_tasks is null."
     )
     batch_size: int = ruled(Range(1), 64, help="Images per VAE call in one encode process.")
     device: str | None = ruled(
         Choice(("cuda", "cpu")), None, help="Where the encoders run; null = cuda with GPUs, cpu without."
-    )
-    rows_estimate: int | None = ruled(
-        Range(1),
-        None,
-        help="Rows the source holds, for the storage estimate when download_parquet.max_rows is null.",
     )
     python: str | None = ruled(
         Text(),
@@ -197,6 +209,12 @@ class PrecacheConfig:
 @dataclass
 class DataPreparationConfig:
     num_partitions: int = ruled(Range(1), 64, help="Parquet partitions, one download array task each.")
+    rows_estimate: int | None = ruled(
+        Range(1),
+        None,
+        help="Rows the source holds after its filters: sizes the task counts and the storage estimates "
+        "when download_parquet.max_rows is null (demo: demo.num_images); null = unknown.",
+    )
     demo: DemoConfig = field(default_factory=DemoConfig)
     download_parquet: DownloadParquetConfig = field(default_factory=DownloadParquetConfig)
     download_images: DownloadImagesConfig = field(default_factory=DownloadImagesConfig)

@@ -17,6 +17,7 @@ from launcher import latents
 from launcher.config import BackendName, JobResources, Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
+from launcher.sizing import encode_tasks, planned_rows
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stages.common import after, after_stage, cpu_resources, make_job
 
@@ -88,7 +89,7 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
             device,
         ),
         resources=_encode_resources(ctx),
-        array=Array(pre.num_tasks),
+        array=Array(encode_tasks(ctx.cfg)),
         depends_on=(*after(*[last_job] if last_job else []), after_stage("assets")),
         env=env,
     )
@@ -103,13 +104,6 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
     return encode, wdinfo
 
 
-def planned_rows(cfg: Any) -> int | None:
-    dp = cfg.data_preparation
-    if dp.demo.enable:
-        return int(dp.demo.num_images)
-    return dp.download_parquet.max_rows or dp.precache.rows_estimate
-
-
 def storage_note(cfg: Any) -> str:
     """Bytes per sample and for the planned rows, printed before anything runs."""
     moments, text = fmt.sample_shapes(cfg.training.model)
@@ -120,7 +114,8 @@ def storage_note(cfg: Any) -> str:
     )
     rows = planned_rows(cfg)
     if rows is None:
-        return f"{head}; {per_sample * 1_000_000 / 1e12:.2f} TB per million rows (rows unknown: set max_rows)"
+        per_million = per_sample * 1_000_000 / 1e12
+        return f"{head}; {per_million:.2f} TB per million rows (rows unknown: set data_preparation.rows_estimate)"
     tars = math.ceil(rows / cfg.data_preparation.reorganize_tar.tar_chunk_size)
     total = rows * per_sample + tars * 10240  # at most one 10 KiB closing record per tar
     return f"{head}; at most {total / 1e9:,.1f} GB for {rows:,} rows in {tars:,} tars"
