@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import nemo_config
+from launcher import cost, nemo_config
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, described, ruled
@@ -66,8 +66,27 @@ class TrainingRunConfig:
 
 
 @dataclass
+class TrainingDataConfig:
+    """What data preparation must give this preset (launcher.resolution)."""
+
+    folder: str = ruled(
+        PATH_COMPONENT,
+        "data",
+        help="The preset's data folder under cluster.shared_dir (the default data_dir): each resolution and "
+        "source filter has its own, so preparing one never overwrites another's tars or latents.",
+    )
+    min_larger_side: int | None = ruled(
+        Range(1),
+        None,
+        help="Originals whose larger side is below this are not downloaded (NVIDIA's resolution filter, "
+        "method larger; sets data_preparation.download_parquet.min_larger_side); null = no filter.",
+    )
+
+
+@dataclass
 class TrainingConfig:
     run: TrainingRunConfig = field(default_factory=TrainingRunConfig)
+    data: TrainingDataConfig = field(default_factory=TrainingDataConfig)
     trainer: dict[str, Any] = ruled(
         Nested(TRAINER_RULES),
         factory=dict,
@@ -191,6 +210,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
         f"training: {s.nodes} node(s) x {s.gpus_per_node} GPUs = {s.world_size} ranks, "
         f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
         f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step",
+        *cost.notes(ctx.cfg),
     )
 
 
