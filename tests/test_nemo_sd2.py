@@ -57,7 +57,10 @@ def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
 
 
 def _trains_two_steps(shared: Path, nemo_python: str, run: str, *overrides: str) -> str:
-    config = render_training(shared, run, *SD2_OVERRIDES, *SMALL, "training.trainer.max_steps=2", *overrides)
+    rendered = render_training(
+        shared, run, *SD2_OVERRIDES, *SMALL, "training.trainer.max_steps=2", *overrides
+    )
+    config = rendered.parent / CONFIG_NAME
     text = config.read_text()
     assert f"version: {shared}/models/{OPEN_CLIP_FILE}" in text and "layer: penultimate" in text
     proc = run_sd_train(nemo_python, config, shared / f"{run}.log")
