@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import render_training, run_sd_train, write_tiny_assets
+from nemo_cpu.harness import render_training, run_data_check, run_sd_train, write_tiny_assets
 from nemo_cpu.tiny import OPEN_CLIP_ARCH, OPEN_CLIP_FILE, OPEN_CLIP_WIDTH, SD2_OVERRIDES, TINY_OVERRIDES
 
 from launcher.cli import launch
@@ -91,3 +91,13 @@ def test_sd2_trains_from_images(shared: Path, nemo_python: str) -> None:
 def test_sd2_trains_from_latents(shared: Path, nemo_python: str) -> None:
     text = _trains_two_steps(shared, nemo_python, "sd2_latents", "data_preparation.precache.enable=true")
     assert f"{shared}/{DATA}/tarfiles_latents" in text and "first_stage_key: image_encoded" in text
+
+
+def test_model_check_builds_openclip_from_the_staged_file(shared: Path, nemo_python: str) -> None:
+    """data_check's model check (before any GPU time) on the SD 2.0 config: a file, not a folder."""
+    config = render_training(shared, "sd2_check", *SD2_OVERRIDES, *SMALL).parent / CONFIG_NAME
+    code, report = run_data_check(
+        nemo_python, config, config.parent / "report.json", "--model-check", "--batches", "1"
+    )
+    assert code == 0, report["errors"]
+    assert report["models"]["text_encoder"]["embedding_shape"] == [1, 77, OPEN_CLIP_WIDTH]
