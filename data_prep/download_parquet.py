@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
 from data_prep.atomic import write_json_atomic
-from data_prep.parquet_filters import FILTERS, FilePlan, keep_mask, resolve_columns
+from data_prep.parquet_filters import FILTERS, INT_FILTERS, FilePlan, keep_mask, resolve_columns
 from data_prep.parquet_partitions import (
     OUTPUT_SCHEMA,
     PartitionWriter,
@@ -118,7 +118,7 @@ def count_pass(
         names, _ = schema_names(fs, plan.path)
         plan = resolve_columns(plan, names, opts.url_col, opts.caption_col, opts.filters)
         resolved.append(plan)
-        columns = list(dict.fromkeys([plan.url, *(column for _, column in plan.filter_cols)]))
+        columns = list(dict.fromkeys([plan.url, *plan.filter_columns]))
         for batch in iter_batches(fs, plan, columns):
             rows_read += batch.num_rows
             rows_kept += pc.sum(row_mask(batch, plan, opts, dropped, refused)).as_py() or 0
@@ -151,7 +151,7 @@ def write_pass(fs: AbstractFileSystem, plans: list[FilePlan], opts: Options, tot
     progress = Progress(STEP, "rows")
     try:
         for i, plan in enumerate(plans, start=1):
-            columns = list(dict.fromkeys([plan.url, plan.caption, *(c for _, c in plan.filter_cols)]))
+            columns = list(dict.fromkeys([plan.url, plan.caption, *plan.filter_columns]))
             for batch in iter_batches(fs, plan, columns):
                 table = to_output(batch, plan, row_mask(batch, plan, opts, None, None))
                 if opts.max_rows is not None:  # the first max_rows kept rows, as pass 1 counted them
@@ -220,7 +220,11 @@ def run(opts: Options) -> dict[str, Any]:
     seconds = time.monotonic() - started
     manifest = {
         "inputs": inputs,
-        "columns": {"url": plans[0].url, "caption": plans[0].caption, "filters": dict(plans[0].filter_cols)},
+        "columns": {
+            "url": plans[0].url,
+            "caption": plans[0].caption,
+            "filters": {name: ",".join(columns) for name, columns in plans[0].filter_cols},
+        },
         "rows_read": rows_read,
         "rows_kept": rows_kept,
         "rows_dropped": dict(dropped),
@@ -250,9 +254,10 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--url-col", default="URL", help="source URL column (case-insensitive)")
     parser.add_argument("--caption-col", default="TEXT", help="source caption column (case-insensitive)")
     for name, (columns, op) in FILTERS.items():
-        kind = int if name in ("min_width", "min_height") else float
+        kind = int if name in INT_FILTERS else float
+        value = columns[0][0] if len(columns) == 1 else f"max({', '.join(c[0] for c in columns)})"
         parser.add_argument(
-            "--" + name.replace("_", "-"), type=kind, help=f"keep rows with {columns[0]} {op} this"
+            "--" + name.replace("_", "-"), type=kind, help=f"keep rows with {value} {op} this"
         )
     parser.add_argument("--hf-token-file", help="file holding an HF token (default: env HF_TOKEN)")
     parser.add_argument("--max-rows", type=int, help="keep only the first N rows that pass the filters")

@@ -5,7 +5,8 @@ stable_diffusion_dataset.py) reads each sample's `<key>.pickle` member, which we
 maps two fixed keys to tensors with `torch.tensor(...)`:
 - `autoencoderkl_image`: the VAE's moments (mean and log-variance), [2 x embed_dim, H/8, W/8]; training
   wraps them in DiagonalGaussianDistribution and draws a fresh sample every step (ldm/ddpm.py get_input).
-- `clip-vit-large-patch14_text`: FrozenCLIPEmbedder's output, [77 padded to 80, width]; passed as is.
+- `clip-vit-large-patch14_text`: the text encoder's output, passed as is: FrozenCLIPEmbedder's (SD 1.x)
+  [77 padded to 80, 768], or FrozenOpenCLIPEmbedder's (SD 2.0) [77, 1024] under the same hard-coded name.
 The training keys must then end in `encoded` (not `clip_encoded`, another builder): NeMo's docs
 (docs/source/multimodal/text2img/sd.rst) use image_encoded / captions_encoded.
 
@@ -38,8 +39,11 @@ FIRST_STAGE_KEY = "image_encoded"
 COND_STAGE_KEY = "captions_encoded"
 LATENT_KEY_SUFFIXES = ("encoded", "moments")
 PICKLE_PROTOCOL = 4
-# FrozenCLIPEmbedder pads max_length tokens up to a multiple of 8.
+# FrozenCLIPEmbedder pads max_length tokens up to a multiple of 8; FrozenOpenCLIPEmbedder tokenizes with
+# open_clip.tokenize, whose context length is 77 whatever max_length says (NeMo v2.0.0 encoders/modules.py).
 TEXT_PAD = 8
+OPEN_CLIP_CLASS = "FrozenOpenCLIPEmbedder"
+OPEN_CLIP_TOKENS = 77
 _TAR_BLOCK = 512
 # What a sample's pickle holds besides the arrays' bytes (keys, global, shapes, dtype, frame headers):
 # 130-155 bytes for the shapes training uses; tests/test_precache_config.py checks the bound.
@@ -73,7 +77,17 @@ def is_latent_key(key: str) -> bool:
     return str(key).endswith(LATENT_KEY_SUFFIXES)
 
 
-def text_tokens(max_length: int) -> int:
+def uses_open_clip(model: Any) -> bool:
+    """The config's text encoder is NeMo's OpenCLIP one (SD 2.0; its weights are the open_clip asset)."""
+    target = str((model.get("cond_stage_config") or {}).get("_target_", ""))
+    return target.rsplit(".", 1)[-1] == OPEN_CLIP_CLASS
+
+
+def text_tokens(model: Any) -> int:
+    """Tokens per caption in the text embedding the config's encoder returns."""
+    if uses_open_clip(model):
+        return OPEN_CLIP_TOKENS
+    max_length = int((model.get("cond_stage_config") or {}).get("max_length", 77))
     return (max_length + TEXT_PAD - 1) // TEXT_PAD * TEXT_PAD
 
 
@@ -112,9 +126,5 @@ def sample_shapes(model: Any) -> tuple[tuple[int, int, int], tuple[int, int]]:
     height, width = crop_size(model) or (0, 0)
     embed_dim = int(model.get("first_stage_config", {}).get("embed_dim", 4))
     moments = moments_shape(embed_dim, height, width, downsampling(model))
-    cond = model.get("cond_stage_config", {})
-    text = (
-        text_tokens(int(cond.get("max_length", 77))),
-        int(model.get("unet_config", {}).get("context_dim", 768)),
-    )
+    text = (text_tokens(model), int(model.get("unet_config", {}).get("context_dim", 768)))
     return moments, text

@@ -16,6 +16,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from data_prep.latent_format import uses_open_clip
+
 CAPTION = "a photograph of an astronaut riding a horse"
 
 
@@ -89,9 +91,11 @@ def check_vae(model: DictConfig) -> dict[str, Any]:
 def check_text_encoder(model: DictConfig) -> dict[str, Any]:
     key = "cond_stage_config.version"
     folder = model.cond_stage_config.get("version")
-    if not folder or not Path(folder).is_dir():
+    # OpenCLIP (SD 2.0) reads one weights file; Hugging Face CLIP a folder.
+    kind, exists = ("file", Path.is_file) if uses_open_clip(model) else ("folder", Path.is_dir)
+    if not folder or not exists(Path(folder)):
         raise ModelCheckError(
-            f"model.{key}={folder!r}: no such folder; run the pretrained_assets job or fix it"
+            f"model.{key}={folder!r}: no such {kind}; run the pretrained_assets job or fix it"
         )
     encoder = _instantiate(model.cond_stage_config, "cond_stage_config", device="cpu")
     embedding = encoder.encode([CAPTION])

@@ -12,15 +12,19 @@ from data_prep.source import DataPrepError
 
 Filters = dict[str, float]  # filter option name (a FILTERS key) -> threshold
 
-# option name -> (column names tried in order, comparison keeping a row): LAION's names, then
-# COYO-700M's (nsfw_score_opennsfw2 and watermark_score are probabilities like punsafe/pwatermark).
-FILTERS: dict[str, tuple[tuple[str, ...], str]] = {
-    "min_width": (("WIDTH",), ">="),
-    "min_height": (("HEIGHT",), ">="),
-    "max_punsafe": (("punsafe", "nsfw_score_opennsfw2"), "<="),
-    "max_pwatermark": (("pwatermark", "watermark_score"), "<="),
-    "min_aesthetic": (("aesthetic", "AESTHETIC_SCORE", "aesthetic_score_laion_v2"), ">="),
+# option name -> (for each compared column, the column names tried in order; comparison keeping a row):
+# LAION's names, then COYO-700M's (nsfw_score_opennsfw2 and watermark_score are probabilities like
+# punsafe/pwatermark). Two columns compare their larger value: NVIDIA's resolution filter (`method: larger`)
+# on the source's width/height, applied before download instead of on every sample at training time.
+FILTERS: dict[str, tuple[tuple[tuple[str, ...], ...], str]] = {
+    "min_width": ((("WIDTH",),), ">="),
+    "min_height": ((("HEIGHT",),), ">="),
+    "min_larger_side": ((("WIDTH",), ("HEIGHT",)), ">="),
+    "max_punsafe": ((("punsafe", "nsfw_score_opennsfw2"),), "<="),
+    "max_pwatermark": ((("pwatermark", "watermark_score"),), "<="),
+    "min_aesthetic": ((("aesthetic", "AESTHETIC_SCORE", "aesthetic_score_laion_v2"),), ">="),
 }
+INT_FILTERS = ("min_width", "min_height", "min_larger_side")
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,11 @@ class FilePlan:
     size: int
     url: str = ""
     caption: str = ""
-    filter_cols: tuple[tuple[str, str], ...] = ()  # (filter name, column)
+    filter_cols: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (filter name, its columns)
+
+    @property
+    def filter_columns(self) -> list[str]:
+        return [column for _, columns in self.filter_cols for column in columns]
 
 
 def match_column(names: list[str], wanted: tuple[str, ...], option: str, path: str) -> str:
@@ -49,7 +57,13 @@ def resolve_columns(
 ) -> FilePlan:
     """`plan` with its url, caption and filter columns found among `names` (case-insensitively)."""
     filter_cols = tuple(
-        (name, match_column(names, FILTERS[name][0], "--" + name.replace("_", "-"), plan.path))
+        (
+            name,
+            tuple(
+                match_column(names, wanted, "--" + name.replace("_", "-"), plan.path)
+                for wanted in FILTERS[name][0]
+            ),
+        )
         for name in filters
     )
     return FilePlan(
@@ -66,9 +80,11 @@ def keep_mask(
 ) -> pa.BooleanArray:
     """Rows passing every filter; `dropped` credits each removed row to the first filter failing it."""
     alive = pa.array([True] * batch.num_rows)
-    for name, column in plan.filter_cols:
+    for name, columns in plan.filter_cols:
         value = filters[name]
-        values = batch.column(column)
+        values = batch.column(columns[0])
+        for column in columns[1:]:  # the larger of the two sides; a null side drops the row
+            values = pc.max_element_wise(values, batch.column(column), skip_nulls=False)
         passed = pc.greater_equal(values, value) if FILTERS[name][1] == ">=" else pc.less_equal(values, value)
         passed = pc.fill_null(passed, False)
         if dropped is not None:

@@ -105,9 +105,10 @@ def _check_pretrained(cfg: Any) -> None:
     if not version.startswith("/"):
         raise ConfigError(
             "training.model.cond_stage_config.version",
-            f"{version!r} is not a local folder: ranks run with HF_HUB_OFFLINE=1 and cannot download it. "
+            f"{version!r} is not a local path: ranks run with HF_HUB_OFFLINE=1 and cannot download it. "
             "Allowed: an absolute folder holding the tokenizer and text model (default "
-            "${assets.text_encoder.local_dir}, staged by the pretrained_assets job)",
+            "${assets.text_encoder.local_dir}, staged by the pretrained_assets job), or for OpenCLIP (SD 2.0) "
+            "its weights file (${assets.open_clip.local_dir}/open_clip_pytorch_model.bin)",
         )
 
 

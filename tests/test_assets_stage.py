@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -28,6 +29,8 @@ CLIP_FILES = [
     "pytorch_model.bin",
 ]
 VAE_FILES = ["config.json", "diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin"]
+OPEN_CLIP_FILES = ["open_clip_pytorch_model.bin", "open_clip_model.safetensors", "config.json"]
+SD2 = "training=stable_diffusion/860m_res_256_v2_0_pretrain"
 
 
 def _dry_run(tmp_path: Path, *overrides: str) -> dict[str, list[str]]:
@@ -114,7 +117,7 @@ def hub_and_token() -> Iterator[tuple[FakeHub, Path]]:
         os.chmod(tmp, 0o755)
         root = Path(tmp)
         repos = {}
-        for name, files in (("text_encoder", CLIP_FILES), ("vae", VAE_FILES)):
+        for name, files in (("text_encoder", CLIP_FILES), ("vae", VAE_FILES), ("open_clip", OPEN_CLIP_FILES)):
             folder = root / "hub" / name
             folder.mkdir(parents=True)
             for file in files:
@@ -161,6 +164,28 @@ def test_assets_job_on_the_local_backend(hub_and_token: tuple[FakeHub, Path]) ->
     run = _launch_assets(root, hub)
     log = next((run / "assets/logs").glob("pretrained_assets_*.out")).read_text()
     _check_staged(root, hub, log)
+
+
+def test_openclip_is_staged_only_for_a_preset_whose_text_encoder_it_is(
+    hub_and_token: tuple[FakeHub, Path],
+) -> None:
+    hub, root = hub_and_token
+    staged = root / "models/CLIP-ViT-H-14-laion2B-s32B-b79K"
+    _launch_assets(root, hub, "run_name=sd1")
+    assert not staged.exists()
+    run = _launch_assets(root, hub, SD2, "run_name=sd2")
+    log = next((run / "assets/logs").glob("pretrained_assets_*.out")).read_text()
+    record = json.loads((staged / ".complete.json").read_text())
+    weights = root / "hub/open_clip/open_clip_pytorch_model.bin"
+    assert record["revision"] == compose_config([]).assets.open_clip.revision
+    assert record["files"] == {
+        "open_clip_pytorch_model.bin": {
+            "size": weights.stat().st_size,
+            "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        }
+    }
+    assert (staged / "open_clip_pytorch_model.bin").read_bytes() == weights.read_bytes()
+    assert "open_clip (laion/CLIP-ViT-H-14-laion2B-s32B-b79K@" in log
 
 
 @pytest.mark.slow

@@ -230,6 +230,8 @@ LATENT_CASES = [
             f"{AUG}.resize_smallest_side=512",
             f"{AUG}.center_crop_h_w='512, 512'",
             "training.model.unet_config.image_size=64",
+            # PD12M's image_size follows the preset's resolution unless set otherwise, as here.
+            "data_preparation.download_images.image_size=256",
         ],
         f"{AUG}.resize_smallest_side",
         "data_preparation.download_images.image_size is 256",

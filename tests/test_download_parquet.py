@@ -16,11 +16,11 @@ import pytest
 from coyo_standin import COYO_REPO, coyo_revision
 from coyo_standin import write_repo as write_coyo_repo
 from hf_fake_hub import FakeHub
-from omegaconf import OmegaConf
 from pd12m_standin import PD12M_REPO, pd12m_revision, write_repo
 
 from data_prep import demo
 from data_prep import download_parquet as dp
+from launcher.cli import compose_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FILE_ROWS = (500, 333, 71)  # uneven on purpose
@@ -120,6 +120,28 @@ def test_filters_drop_rows_and_count_them_per_filter(source: Path, tmp_path: Pat
         - min(p["rows"] for p in manifest["partitions"])
         <= 1
     )
+
+
+def test_min_larger_side_keeps_rows_whose_width_or_height_reaches_it(source: Path, tmp_path: Path) -> None:
+    """NVIDIA's resolution filter (method larger) on the source's columns, through the CLI as jobs run it."""
+    out = tmp_path / "parquet"
+    args = ["--source", str(source), "--output-dir", str(out), "--num-partitions", "2"]
+    result = run_cli(*args, "--min-larger-side", "300")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    src = all_rows(source).to_pylist()
+    kept = [
+        r
+        for r in src
+        if r["WIDTH"] is not None and r["HEIGHT"] is not None and max(r["WIDTH"], r["HEIGHT"]) >= 300
+    ]
+    assert 0 < len(kept) < len(src)
+    assert any(r["WIDTH"] < 300 for r in kept) and any(
+        r["HEIGHT"] < 300 for r in kept
+    )  # either side may be it
+    assert pa.concat_tables(read_parts(out)).column("url").to_pylist() == [r["URL"] for r in kept]
+    assert manifest["rows_dropped"] == {"min_larger_side": len(src) - len(kept)}
+    assert manifest["columns"]["filters"] == {"min_larger_side": "WIDTH,HEIGHT"}
 
 
 def test_column_names_match_case_insensitively(tmp_path: Path) -> None:
@@ -285,7 +307,8 @@ def test_pd12m_at_its_pinned_revision_with_the_presets_options(
     pd12m_repo: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     """The preset's source, revision, pattern, columns and size filter, through a PD12M-shaped fake Hub."""
-    preset = OmegaConf.load(REPO_ROOT / "conf/data_preparation/pd12m.yaml").download_parquet
+    # Composed as a launch composes it: the size filters follow the training preset's resolution.
+    preset = compose_config(["cluster=aws_p5", "cluster.shared_dir=/fsx"]).data_preparation.download_parquet
     folder, rows = pd12m_repo
     revision = pd12m_revision()
     out = tmp_path / "parquet"
@@ -346,11 +369,19 @@ def test_pd12m_at_its_pinned_revision_with_the_presets_options(
 
 
 def _preset_args(name: str) -> list[str]:
-    """download_parquet's options as the preset sets them (filters that are null left out)."""
-    preset = OmegaConf.load(REPO_ROOT / f"conf/data_preparation/{name}.yaml").download_parquet
+    """download_parquet's options as a launch composes the preset (filters that are null left out)."""
+    overrides = ["cluster=aws_p5", "cluster.shared_dir=/fsx", f"data_preparation={name}"]
+    preset = compose_config(overrides).data_preparation.download_parquet
     args = ["--source", preset.source, "--revision", preset.revision, "--pattern", preset.pattern]
     args += ["--url-col", preset.url_col, "--caption-col", preset.caption_col]
-    for key in ("min_width", "min_height", "max_punsafe", "max_pwatermark", "min_aesthetic"):
+    for key in (
+        "min_width",
+        "min_height",
+        "min_larger_side",
+        "max_punsafe",
+        "max_pwatermark",
+        "min_aesthetic",
+    ):
         if preset.get(key) is not None:
             args += ["--" + key.replace("_", "-"), str(preset[key])]
     return args

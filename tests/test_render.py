@@ -67,6 +67,31 @@ CASES = {
         "evaluation.coco_root=/fsx/coco2014",
         "evaluation.guidance_scales=[2,5,8]",
     ],
+    "aws_p5_512_v1_1": [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        "training=stable_diffusion/860m_res_512_v1_1",
+    ],
+    "aws_p5_512_v1_2": [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        "training=stable_diffusion/860m_res_512_v1_2",
+    ],
+    "aws_p5_512_v1_5": [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        "training=stable_diffusion/860m_res_512_v1_5",
+    ],
+    "aws_p5_256_v2_0_pretrain": [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        "training=stable_diffusion/860m_res_256_v2_0_pretrain",
+    ],
+    "aws_p5_512_v2_0_base": [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        "training=stable_diffusion/860m_res_512_v2_0_base",
+    ],
     "aws_p5_benchmark": [
         "cluster=aws_p5",
         "stages=[benchmark]",

@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from data_prep.latent_format import uses_open_clip
 from launcher.config import JobResources, Runtime
 from launcher.context import Context
 from launcher.rules import ABS_PATH, Each, Pattern, described, ruled
@@ -75,14 +76,19 @@ class AssetsConfig:
     )
     text_encoder: AssetConfig = field(default_factory=AssetConfig)
     vae: AssetConfig = field(default_factory=AssetConfig)
+    # Staged only when the training preset's text encoder is OpenCLIP (the SD 2.0 presets).
+    open_clip: AssetConfig = field(default_factory=AssetConfig)
     # Staged only when a planned stage needs it (StageSpec.assets: evaluation's FID network).
     inception: FileAssetConfig = field(default_factory=FileAssetConfig)
     resources: JobResources = field(default_factory=JobResources)
 
 
 def by_name(cfg: Any) -> dict[str, AssetConfig]:
-    """Every asset under the name its config key has (and the job's log uses)."""
-    return {"text_encoder": cfg.assets.text_encoder, "vae": cfg.assets.vae}
+    """Every asset the planned stages read, under the name its config key has (and the job's log uses)."""
+    assets = {"text_encoder": cfg.assets.text_encoder, "vae": cfg.assets.vae}
+    if uses_open_clip(cfg.training.model):
+        assets["open_clip"] = cfg.assets.open_clip
+    return assets
 
 
 def _asset_args(name: str, asset: AssetConfig, extra: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -56,6 +56,7 @@ def _download_parquet_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str
                 "max-rows": step.max_rows,
                 "min-width": step.min_width,
                 "min-height": step.min_height,
+                "min-larger-side": step.min_larger_side,
                 "max-punsafe": step.max_punsafe,
                 "max-pwatermark": step.max_pwatermark,
                 "min-aesthetic": step.min_aesthetic,

@@ -37,6 +37,12 @@ class DownloadParquetConfig(StepConfig):
     min_height: int | None = ruled(
         Range(0), None, help="Drop rows whose height column is below this; null = no filter."
     )
+    min_larger_side: int | None = ruled(
+        Range(0),
+        None,
+        help="Drop rows whose larger side (width or height column) is below this: NVIDIA's resolution filter "
+        "of the 512 px presets, here before any download; null = no filter.",
+    )
     max_punsafe: float | None = ruled(
         Range(0, 1, integer=False),
         None,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import nemo_config
+from launcher import cost, nemo_config
 from launcher.config import JobResources
 from launcher.context import Context, Facts
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
@@ -69,6 +69,24 @@ class TrainingRunConfig:
 
 
 @dataclass
+class TrainingDataConfig:
+    """What data preparation must give this preset (launcher.resolution)."""
+
+    folder: str = ruled(
+        PATH_COMPONENT,
+        "data",
+        help="The preset's data folder under cluster.shared_dir (the default data_dir): each resolution and "
+        "source filter has its own, so preparing one never overwrites another's tars or latents.",
+    )
+    min_larger_side: int | None = ruled(
+        Range(1),
+        None,
+        help="Originals whose larger side is below this are not downloaded (NVIDIA's resolution filter, "
+        "method larger; sets data_preparation.download_parquet.min_larger_side); null = no filter.",
+    )
+
+
+@dataclass
 class TrainingConfig:
     run: TrainingRunConfig = field(default_factory=TrainingRunConfig)
     init_from: str | None = ruled(
@@ -83,6 +101,7 @@ class TrainingConfig:
     init_resources: JobResources = field(
         default_factory=lambda: JobResources(cpus_per_task=2, mem="16G", time="00:30:00")
     )
+    data: TrainingDataConfig = field(default_factory=TrainingDataConfig)
     trainer: dict[str, Any] = ruled(
         Nested(TRAINER_RULES),
         factory=dict,
@@ -217,7 +236,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
         f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
         f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step"
     )
-    return (*training_init.notes(ctx), shape)
+    return (*training_init.notes(ctx), shape, *cost.notes(ctx.cfg))
 
 
 STAGE = StageSpec(

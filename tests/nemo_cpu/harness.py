@@ -20,10 +20,11 @@ def prepare_demo_data(shared_dir: Path) -> None:
     launch(compose_config([f"cluster.shared_dir={shared_dir}"]))
 
 
-def write_tiny_assets(nemo_python: str, shared_dir: Path) -> None:
-    """Tiny CLIP + VAE where the assets job puts the real ones (<shared_dir>/models/...)."""
+def write_tiny_assets(nemo_python: str, shared_dir: Path, open_clip: bool = False) -> None:
+    """Tiny CLIP + VAE (+ OpenCLIP) where the assets job puts the real ones (<shared_dir>/models/...)."""
+    tiny = [nemo_python, str(Path(__file__).resolve().parent / "tiny.py"), str(shared_dir / "models")]
     subprocess.run(
-        [nemo_python, str(Path(__file__).resolve().parent / "tiny.py"), str(shared_dir / "models")],
+        [*tiny, *(["--open-clip"] if open_clip else [])],
         check=True,
         capture_output=True,
         timeout=600,

@@ -6,7 +6,7 @@ The assets are laid out exactly as the pretrained_assets job lays out the real o
 NeMo loads them through the same code paths: `FrozenCLIPEmbedder(version=<folder>)` and
 `AutoencoderKL(from_pretrained=<file>)` with its diffusers -> NeMo key renaming.
 
-    <nemo python> tests/nemo_cpu/tiny.py ASSETS_DIR     # writes the tiny assets
+    <nemo python> tests/nemo_cpu/tiny.py ASSETS_DIR [--open-clip]    # writes the tiny assets
 
 Importable without torch (the overrides are plain strings); building the assets needs NeMo's venv.
 """
@@ -43,6 +43,18 @@ TINY_OVERRIDES = [
     "training.model.cond_stage_config.device=cpu",
 ]
 
+# SD 2.0's text encoder at CPU size: NeMo's FrozenOpenCLIPEmbedder builds this built-in open_clip arch
+# (43M parameters, text width 256, 77 tokens) from a file where the assets job stages ViT-H-14's weights.
+OPEN_CLIP_ARCH = "ViT-S-32-alt"
+OPEN_CLIP_WIDTH = 256
+OPEN_CLIP_FILE = "CLIP-ViT-H-14-laion2B-s32B-b79K/open_clip_pytorch_model.bin"
+SD2_OVERRIDES = [
+    "training=stable_diffusion/860m_res_256_v2_0_pretrain",
+    "training.model.unet_config.model_channels=64",  # num_head_channels 64: one head needs 64 channels
+    "training.model.unet_config.num_heads=-1",  # the preset's: heads follow num_head_channels
+    f"training.model.unet_config.context_dim={OPEN_CLIP_WIDTH}",
+    f"training.model.cond_stage_config.arch={OPEN_CLIP_ARCH}",
+]
 CLIP_DIR = "clip-vit-large-patch14"
 VAE_FILE = "sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
 _SPECIAL = ("<|startoftext|>", "<|endoftext|>")
@@ -131,13 +143,26 @@ def write_vae(path: Path) -> None:
     save_file({diffusers_key(k, levels): v.contiguous() for k, v in state.items()}, str(path))
 
 
-def write_assets(assets_dir: Path) -> None:
+def write_open_clip(path: Path) -> None:
+    """A whole open_clip model (text and image tower) with random weights, saved as open_clip's
+    `open_clip_pytorch_model.bin` is (a plain state dict read with torch.load, loaded strictly)."""
+    import open_clip
+    import torch
+
+    torch.manual_seed(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(open_clip.create_model(OPEN_CLIP_ARCH).state_dict(), path)
+
+
+def write_assets(assets_dir: Path, open_clip: bool = False) -> None:
     write_clip(assets_dir / CLIP_DIR)
     write_vae(assets_dir / VAE_FILE)
+    if open_clip:
+        write_open_clip(assets_dir / OPEN_CLIP_FILE)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import data_prep.nemo_compat  # noqa: F401  (NeMo's SD modules need a GroupNorm without apex)
 
-    write_assets(Path(sys.argv[1]))
+    write_assets(Path(sys.argv[1]), open_clip="--open-clip" in sys.argv[2:])
