@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 
 from data_prep.atomic import write_json_atomic
 from data_prep.download_images_options import THREADS_PER_PROCESS, ImageOptions, RunOptions, parse_options
-from data_prep.faults import environment_fault, naming, step_main
+from data_prep.faults import environment_fault, fault_of, naming, step_main
 from data_prep.progress import log, read_json, task_cpus
 from data_prep.url_policy import describe, web_mask
 from data_prep.worker_output import captured, os_error
@@ -61,6 +61,7 @@ from data_prep.worker_output import captured, os_error
 STEP = "download_images"
 PLACEHOLDER = r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}"  # RE2 syntax, for pyarrow
 TOP_ERRORS = 5
+PROBE_BYTES = 1 << 16  # room for a few images at least
 
 
 class DownloadError(Exception):
@@ -136,6 +137,8 @@ def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: i
     except SystemExit as exc:
         raise DownloadError(f"img2dataset stopped early (exit {exc.code}); rerun to resume") from None
     except Exception as exc:  # img2dataset raises anything; report it and let a rerun resume
+        if fault_of(exc) is not None:  # a full disk...: the step's one line names it
+            raise
         raise DownloadError(f"img2dataset failed: {type(exc).__name__}: {exc}; rerun to resume") from exc
 
 
@@ -212,7 +215,7 @@ def check_outcome(partition: int, folder: Path, missing: list[str], errors: list
         return
     shards = ", ".join(missing[:10])
     with naming(folder):
-        probe_write(folder)
+        probe_write(folder, 16 * PROBE_BYTES)
     if errors:
         raise DownloadError(
             f"partition {partition}: img2dataset gave up on shard(s) {shards} in {folder}: {errors[-1]}; "
@@ -224,7 +227,7 @@ def check_outcome(partition: int, folder: Path, missing: list[str], errors: list
     )
 
 
-def probe_write(folder: Path, size: int = 1 << 20) -> None:
+def probe_write(folder: Path, size: int) -> None:
     """Writes and removes `size` bytes in `folder`: raises what a shard's writer would meet (a full disk,
     a quota, a read-only or vanished folder), which img2dataset's workers only print."""
     with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-") as probe:
@@ -266,7 +269,9 @@ def run(opts: RunOptions) -> dict[str, Any]:
         started = time.monotonic()
         errors: list[str] = []
         if len(done_before) < num_shards:
-            with captured(errors):
+            with naming(opts.output_dir):  # before img2dataset's minutes of retries on a full disk
+                probe_write(opts.output_dir, PROBE_BYTES)
+            with captured(errors), naming(folder):
                 run_img2dataset(url_list, folder, opts, processes, threads)
     seconds = time.monotonic() - started
     stats, missing = shard_stats(folder, num_shards)

@@ -7,6 +7,7 @@ met the fault."""
 from __future__ import annotations
 
 import errno
+import importlib
 import io
 import os
 import shutil
@@ -15,14 +16,19 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from conftest import REPO, compose_config
+from omegaconf import OmegaConf
 
 from data_prep.faults import environment_fault
 from launcher.cli import launch
 from launcher.errors import LauncherError
+from launcher.pipeline import build_plan
+from launcher.stages.common import Facts
+from launcher.validate import to_schema
 
 CHUNK = 5
 IMAGE_BYTES = 30_000  # per sample: 2 shards x 40 samples is ~2.4 MB against a 1 MB tmpfs
@@ -35,6 +41,12 @@ def _required() -> bool:
 @pytest.fixture
 def tmpfs() -> Iterator[Path]:
     """A 1 MB tmpfs (mount needs root: CI runs as root, so there it is required, never skipped)."""
+    with small_tmpfs() as tmp:
+        yield tmp
+
+
+@contextmanager
+def small_tmpfs() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="tmpfs-", dir="/tmp") as tmp:
         mounted = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", tmp], capture_output=True, text=True
@@ -244,3 +256,52 @@ def test_preflight_warns_when_the_data_folder_has_less_free_space_than_planned(
     )
     launch(compose_config([*common, "run_name=roomy"]))  # data under tmp_path: room enough
     assert "preflight warning" not in capsys.readouterr().err
+
+
+def test_a_missing_own_tars_folder_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Exit 2 naming the key, from the launcher's command line, not a failed fetch_tars job."""
+    missing = tmp_path / "no-such-tars"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "launcher/main.py",
+            f"cluster.shared_dir={tmp_path}/shared",
+            "data_preparation=webdataset_tars",
+            f"data_preparation.tars.source={missing}",
+            "dry_run=true",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"data_preparation.tars.source: {missing}: no such folder on this host" in done.stderr, done.stderr
+    assert not (tmp_path / "shared").exists()
+
+
+@pytest.mark.parametrize("source", ["s3://bucket/my-tars/", "hf://datasets/me/tars"])
+def test_own_tars_at_a_url_are_left_to_the_job(tmp_path: Path, source: str) -> None:
+    overrides = [f"cluster.shared_dir={tmp_path}", "data_preparation=webdataset_tars", "dry_run=true"]
+    launch(compose_config([*overrides, f"data_preparation.tars.source={source}"]))
+
+
+@pytest.mark.parametrize("module", ["download_parquet", "fetch_tars", "reorganize_tar", "generate_wdinfo"])
+def test_each_config_key_a_message_names_is_the_one_the_planner_passes_as_that_flag(
+    tmp_path: Path, module: str
+) -> None:
+    """data_prep.faults.with_keys names `<key> (--flag)`: the key must exist and hold the flag's value."""
+    keys = importlib.import_module(f"data_prep.{module}").CONFIG_KEYS
+    dataset = "data_preparation=webdataset_tars" if module == "fetch_tars" else "data_preparation=pd12m"
+    source = [f"data_preparation.tars.source={tmp_path}"] if module == "fetch_tars" else []
+    composed = compose_config([f"cluster.shared_dir={tmp_path}", dataset, *source])
+    facts = Facts(python=sys.executable, code_dir=str(REPO))
+    argv = next(list(job.argv) for job in build_plan(to_schema(composed), facts).jobs if job.name == module)
+    for flag, key in keys.items():
+        value = OmegaConf.select(composed, key, throw_on_missing=True)
+        if isinstance(value, bool) or value is None:  # a switch, or an optional flag left out
+            assert (flag in argv) == bool(value), (flag, key)
+            continue
+        shown = ",".join(map(str, value)) if OmegaConf.is_list(value) else str(value)
+        assert argv[argv.index(flag) + 1] == shown, (flag, key, argv)
