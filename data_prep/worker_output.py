@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 ERROR_LINE = re.compile(r"^(?:shard \S+ failed with error|Sample \S+ failed to download:) (?P<error>.*)$")
 ERRNO = re.compile(r"\[Errno (?P<code>\d+)\] (?P<text>[^:]+)(?:: '(?P<path>[^']*)')?")
+TRACEBACK = "Traceback (most recent call last):"
 JOIN_S = 5.0  # a child still holding the pipe (img2dataset's logger) must not hold up the step
 
 
@@ -40,8 +41,11 @@ def _copy(read_fd: int, out_fd: int, errors: list[str]) -> None:
     with os.fdopen(read_fd, "rb") as pipe:
         for raw in pipe:
             line = raw.decode(errors="replace").rstrip("\n")
-            if line.startswith("Traceback (most recent call last):"):
+            if TRACEBACK in line:  # maybe after a progress bar's text, which has no newline
                 in_traceback = True
+                raw = line[: line.index(TRACEBACK)].encode()
+                if raw:
+                    os.write(out_fd, raw + b"\n")
                 continue
             if in_traceback:  # frames are indented; the exception's own line ends the block
                 in_traceback = line[:1].isspace()

@@ -305,3 +305,89 @@ def test_each_config_key_a_message_names_is_the_one_the_planner_passes_as_that_f
             continue
         shown = ",".join(map(str, value)) if OmegaConf.is_list(value) else str(value)
         assert argv[argv.index(flag) + 1] == shown, (flag, key, argv)
+
+
+@pytest.mark.parametrize("where", ["folder", "memory://"])
+@pytest.mark.parametrize("max_rows", [None, 7])
+def test_download_parquet_leaves_no_parquet_reader_open_and_none_on_arrows_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, max_rows: int | None
+) -> None:
+    """What the exit-134 fix rests on (apache/arrow#34314): every reader is closed and gone when the step
+    returns, read to the end or left early (max_rows), and a Python file object (an fsspec source that is
+    not a local folder) is read with arrow's threads off. It cannot show the abort itself, a race at
+    interpreter exit seen about once in 130 runs under load."""
+    import weakref
+
+    import fsspec
+    import pyarrow.parquet as pq
+
+    from data_prep import demo
+    from data_prep import download_parquet as dp
+
+    demo.generate(tmp_path / "demo", num_images=40, seed=0)
+    source = str(tmp_path / "demo/source")
+    if where == "memory://":
+        memory = fsspec.filesystem("memory")
+        for path in (tmp_path / "demo/source").iterdir():
+            memory.pipe(f"/{tmp_path.name}/{path.name}", path.read_bytes())
+        source = f"memory://{tmp_path.name}"
+    opened: list[weakref.ref[pq.ParquetFile]] = []
+    threads: list[bool] = []
+
+    class Tracked(pq.ParquetFile):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            opened.append(weakref.ref(self))
+
+        def iter_batches(self, *args: object, use_threads: bool = True, **kwargs: object):  # type: ignore[override]
+            threads.append(use_threads)
+            return super().iter_batches(*args, use_threads=use_threads, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pq, "ParquetFile", Tracked)
+    argv = ["--source", source, "--output-dir", str(tmp_path / "out"), "--num-partitions", "2"]
+    rows = ["--max-rows", str(max_rows)] if max_rows else []
+    assert dp.main([*argv, "--url-col", "URL", "--caption-col", "TEXT", *rows]) == 0
+    assert opened and all(ref() is None for ref in opened)
+    assert set(threads) == ({True} if where == "folder" else {False})
+
+
+@pytest.mark.slow
+def test_a_local_demo_launch_on_a_full_disk_ends_with_the_line_of_its_first_step(
+    tmp_path: Path, tmpfs: Path
+) -> None:
+    """The demo's first job meets the full disk: the launch's error carries its one line, no traceback."""
+    overrides = [
+        f"cluster.shared_dir={tmp_path}",
+        f"data_dir={tmpfs}/data",
+        f"container.python={sys.executable}",
+    ]
+    with pytest.raises(LauncherError) as failed:
+        launch(compose_config(overrides))
+    assert f"make_demo_source: demo: error: {tmpfs}/data/" in str(failed.value), failed.value
+    assert str(failed.value).rstrip().endswith("no space left on the device (ENOSPC)"), failed.value
+    logs = "".join(p.read_text() for p in (tmp_path / "results").rglob("*make_demo_source*.out"))
+    assert "Traceback" not in logs and logs.strip().splitlines()[-1].startswith("demo: error:"), logs[-2000:]
+
+
+def test_worker_output_drops_tracebacks_and_keeps_the_errors(capfd: pytest.CaptureFixture[str]) -> None:
+    """What img2dataset's spawned workers print reaches the log without its tracebacks (even one glued to
+    a progress bar), and the error lines are collected."""
+    from data_prep.worker_output import captured, os_error
+
+    printed = (
+        'shard 0: 10it\rTraceback (most recent call last):\n  File "w.py", line 1, in write\n'
+        "OSError: [Errno 28] No space left on device\nshard 0 failed with error [Errno 28] No space left on device\n"
+        "Sample 7 failed to download: [Errno 13] Permission denied: '/fsx/raw/00007.tar'\nall done\n"
+    )
+    errors: list[str] = []
+    with captured(errors):
+        subprocess.run([sys.executable, "-c", f"import sys; sys.stderr.write({printed!r})"], check=True)
+    out = capfd.readouterr().out
+    assert "Traceback" not in out and "File " not in out and "OSError" not in out, out
+    assert "shard 0: 10it" in out and "all done" in out
+    assert errors == [
+        "[Errno 28] No space left on device",
+        "[Errno 13] Permission denied: '/fsx/raw/00007.tar'",
+    ]
+    fault = os_error(errors[1])
+    assert fault is not None and (fault.errno, fault.filename) == (13, "/fsx/raw/00007.tar")
