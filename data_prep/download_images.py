@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -204,12 +205,17 @@ def prepare_url_list(source: Path, work_dir: Path) -> tuple[Path, int, int, dict
     return resolved, table.num_rows, expanded.num_rows, dict(refused)
 
 
-def check_outcome(partition: int, folder: Path, missing: list[str], errors: list[str]) -> None:
+def check_outcome(
+    partition: int, folder: Path, missing: list[str], errors: list[str], done_before: Iterable[str]
+) -> None:
     """Raises what kept img2dataset from completing the partition: a fault of the environment one of its
-    workers met (a full disk: it prints the error and goes on, so a shard may even look complete), else
-    one the output folder meets now, else the error its workers gave up with."""
+    workers met, else one the output folder meets now, else the error its workers gave up with. After a
+    sample's write failed img2dataset goes on, so a shard may even look complete: the stats files of this
+    run's shards are removed then, and a rerun downloads them again."""
     for fault in filter(None, map(os_error, errors)):
         if environment_fault(fault):
+            for stats in set(folder.glob("*_stats.json")) - {folder / f"{s}_stats.json" for s in done_before}:
+                stats.unlink()
             raise fault if fault.filename else OSError(fault.errno, fault.strerror, str(folder))
     if not missing:
         return
@@ -275,7 +281,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
                 run_img2dataset(url_list, folder, opts, processes, threads)
     seconds = time.monotonic() - started
     stats, missing = shard_stats(folder, num_shards)
-    check_outcome(opts.partition, folder, missing, errors)
+    check_outcome(opts.partition, folder, missing, errors, done_before)
     summary = summarize(opts.partition, rows, stats, opts.image)
     summary["urls_refused"] = refused
     if rows and summary["successes"] == 0:
