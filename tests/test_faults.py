@@ -391,3 +391,50 @@ def test_worker_output_drops_tracebacks_and_keeps_the_errors(capfd: pytest.Captu
     ]
     fault = os_error(errors[1])
     assert fault is not None and (fault.errno, fault.filename) == (13, "/fsx/raw/00007.tar")
+
+
+JOB_MODULES = [
+    *(f"data_prep.{name}" for name in ("demo", "download_parquet", "download_images", "reorganize_tar")),
+    *(f"data_prep.{name}" for name in ("generate_wdinfo", "fetch_tars", "encode_latents", "data_check")),
+    "data_prep.download_assets",
+    "data_prep.serve",
+    "launcher.sampling.job",
+    *(f"launcher.evaluation.{name}" for name in ("captions", "generate", "score")),
+    "launcher.bench.task",
+    "launcher.bench.report",
+]
+
+
+@pytest.mark.parametrize("module", JOB_MODULES)
+def test_every_job_entry_point_reports_faults_through_step_main(module: str) -> None:
+    main = importlib.import_module(module).main
+    assert getattr(main, "__wrapped__", None) is not None and main.__code__.co_filename.endswith("faults.py")
+
+
+def test_step_main_one_line_for_a_fault_even_wrapped_the_traceback_for_a_bug(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from data_prep.faults import step_main
+
+    class StepError(Exception):
+        pass
+
+    @step_main("s", StepError, status=3, config_keys={"--chunk-size": "data_preparation.x.chunk"})
+    def main(exc: BaseException) -> int:
+        raise exc
+
+    full = OSError(errno.EDQUOT, "Disk quota exceeded", "/fsx/q")
+    try:
+        raise full
+    except OSError as inner:
+        wrapped = RuntimeError("a library's own error")
+        wrapped.__context__ = inner
+    assert main(full) == 3 and main(wrapped) == 3
+    assert main(StepError("--chunk-size 9 too big")) == 3
+    assert capsys.readouterr().err.splitlines() == [
+        "s: error: /fsx/q: disk quota exceeded (EDQUOT)",
+        "s: error: /fsx/q: disk quota exceeded (EDQUOT)",
+        "s: error: data_preparation.x.chunk (--chunk-size) 9 too big",
+    ]
+    with pytest.raises(KeyError):
+        main(KeyError("a bug"))
