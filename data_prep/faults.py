@@ -22,7 +22,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -117,8 +117,9 @@ def step_main(
             finally:
                 gc.collect()
             if exit_at_once and main.__module__ == "__main__":
-                sys.stdout.flush()
-                sys.stderr.flush()
+                for stream in (sys.stdout, sys.stderr):
+                    with suppress(OSError):  # a log on the full disk: the exit status still tells
+                        stream.flush()
                 os._exit(code)
             return code
 
