@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import write_atomic
+from data_prep.faults import step_main
 from data_prep.tar_checks import DataCheckError, load_model_config, planned_world_size, precheck
 from data_prep.wdinfo import WdinfoError
 
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+@step_main("data_check")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)

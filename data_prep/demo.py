@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
+from data_prep.faults import step_main
 from data_prep.progress import Progress, log, read_json
 from data_prep.serve import ENV_NAME, HTML_PREFIX
 
@@ -157,6 +158,7 @@ def generate(output_dir: Path, num_images: int, seed: int) -> dict[str, Any]:
     return record
 
 
+@step_main(STEP)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m data_prep.demo",

@@ -40,6 +40,7 @@ from typing import Any
 
 from data_prep.atomic import write_json_atomic
 from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
+from data_prep.faults import step_main
 from data_prep.progress import log, read_json
 
 STEP = "download_assets"
@@ -190,6 +191,7 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+@step_main(STEP, (AssetError, FileAssetError), status=2)
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m data_prep.download_assets",
@@ -222,14 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     disable_progress_bars()  # a Slurm log gets one line per file, not a redrawn bar
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     log(STEP, "token: " + ("HF_TOKEN is set" if os.environ.get("HF_TOKEN") else "none (public repos only)"))
-    try:
-        for asset in [parse_asset(words) for words in args.asset]:
-            stage(asset)
-        for name, url, sha256, path in args.file:
-            stage_file(FileAsset(name, url, sha256, Path(path)))
-    except (AssetError, FileAssetError) as exc:
-        print(f"{STEP}: error: {exc}", file=sys.stderr)
-        return 2
+    for asset in [parse_asset(words) for words in args.asset]:
+        stage(asset)
+    for name, url, sha256, path in args.file:
+        stage_file(FileAsset(name, url, sha256, Path(path)))
     return 0
 
 

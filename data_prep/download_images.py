@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -53,12 +54,15 @@ import pyarrow.parquet as pq
 
 from data_prep.atomic import write_json_atomic
 from data_prep.download_images_options import THREADS_PER_PROCESS, ImageOptions, RunOptions, parse_options
-from data_prep.progress import exit_status, log, read_json, task_cpus
+from data_prep.faults import environment_fault, fault_of, naming, step_main
+from data_prep.progress import log, read_json, task_cpus
 from data_prep.url_policy import describe, web_mask
+from data_prep.worker_output import captured, os_error
 
 STEP = "download_images"
 PLACEHOLDER = r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}"  # RE2 syntax, for pyarrow
 TOP_ERRORS = 5
+PROBE_BYTES = 1 << 16  # room for a few images at least
 
 
 class DownloadError(Exception):
@@ -134,6 +138,8 @@ def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: i
     except SystemExit as exc:
         raise DownloadError(f"img2dataset stopped early (exit {exc.code}); rerun to resume") from None
     except Exception as exc:  # img2dataset raises anything; report it and let a rerun resume
+        if fault_of(exc) is not None:  # a full disk...: the step's one line names it
+            raise
         raise DownloadError(f"img2dataset failed: {type(exc).__name__}: {exc}; rerun to resume") from exc
 
 
@@ -177,7 +183,8 @@ def prepare_url_list(source: Path, work_dir: Path) -> tuple[Path, int, int, dict
     """The partition as img2dataset should read it: placeholders expanded, non-web URLs dropped (a
     parquet written by another tool never went through download_parquet's URL policy). Returns its
     path, the partition's row count, the rows handed to img2dataset and the refused ones by reason."""
-    table = pq.read_table(source, columns=["url", "caption"])
+    with pq.ParquetFile(source) as parquet:  # a path: arrow's own file, closed here (no dataset scanner)
+        table = parquet.read(columns=["url", "caption"])
     expanded, names = expand_placeholders(table)
     refused: Counter[str] = Counter()
     web = web_mask(expanded.column("url"), refused)
@@ -196,6 +203,43 @@ def prepare_url_list(source: Path, work_dir: Path) -> tuple[Path, int, int, dict
             "expanded " + ", ".join("${" + name + "}" for name in names) + " in URLs from the environment",
         )
     return resolved, table.num_rows, expanded.num_rows, dict(refused)
+
+
+def check_outcome(
+    partition: int, folder: Path, missing: list[str], errors: list[str], done_before: Iterable[str]
+) -> None:
+    """Raises what kept img2dataset from completing the partition: a fault of the environment one of its
+    workers met, else one the output folder meets now, else the error its workers gave up with. After a
+    sample's write failed img2dataset goes on, so a shard may even look complete: the stats files of this
+    run's shards are removed then, and a rerun downloads them again."""
+    for fault in filter(None, map(os_error, errors)):
+        if environment_fault(fault):
+            for stats in set(folder.glob("*_stats.json")) - {folder / f"{s}_stats.json" for s in done_before}:
+                stats.unlink()
+            raise fault if fault.filename else OSError(fault.errno, fault.strerror, str(folder))
+    if not missing:
+        return
+    shards = ", ".join(missing[:10])
+    with naming(folder):
+        probe_write(folder, 16 * PROBE_BYTES)
+    if errors:
+        raise DownloadError(
+            f"partition {partition}: img2dataset gave up on shard(s) {shards} in {folder}: {errors[-1]}; "
+            "rerun to resume the missing shards"
+        )
+    raise DownloadError(
+        f"partition {partition}: img2dataset left shard(s) {shards} without a stats file in {folder} and "
+        "reported no error (a worker crashed or was killed); rerun to resume the missing shards"
+    )
+
+
+def probe_write(folder: Path, size: int) -> None:
+    """Writes and removes `size` bytes in `folder`: raises what a shard's writer would meet (a full disk,
+    a quota, a read-only or vanished folder), which img2dataset's workers only print."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-") as probe:
+        probe.write(bytes(size))
+        probe.flush()
+        os.fsync(probe.fileno())
 
 
 def run(opts: RunOptions) -> dict[str, Any]:
@@ -229,15 +273,15 @@ def run(opts: RunOptions) -> dict[str, Any]:
             f"{opts.image.resize_mode} {opts.image.image_size}",
         )
         started = time.monotonic()
+        errors: list[str] = []
         if len(done_before) < num_shards:
-            run_img2dataset(url_list, folder, opts, processes, threads)
+            with naming(opts.output_dir):  # before img2dataset's minutes of retries on a full disk
+                probe_write(opts.output_dir, PROBE_BYTES)
+            with captured(errors), naming(folder):
+                run_img2dataset(url_list, folder, opts, processes, threads)
     seconds = time.monotonic() - started
     stats, missing = shard_stats(folder, num_shards)
-    if missing:
-        raise DownloadError(
-            f"partition {opts.partition}: img2dataset left shard(s) {', '.join(missing[:10])} without a "
-            f"stats file in {folder} (crashed or killed); rerun to resume the missing shards"
-        )
+    check_outcome(opts.partition, folder, missing, errors, done_before)
     summary = summarize(opts.partition, rows, stats, opts.image)
     summary["urls_refused"] = refused
     if rows and summary["successes"] == 0:
@@ -263,8 +307,10 @@ def parse_args(argv: list[str] | None = None) -> RunOptions:
     return parse_options(argv, description=__doc__)
 
 
+@step_main(STEP, DownloadError, exit_at_once=True)
 def main(argv: list[str] | None = None) -> int:
-    return exit_status(STEP, lambda: run(parse_args(argv)), DownloadError, 1)
+    run(parse_args(argv))
+    return 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
 from data_prep.atomic import write_json_atomic
+from data_prep.faults import step_main
 from data_prep.parquet_filters import FILTERS, INT_FILTERS, FilePlan, keep_mask, resolve_columns
 from data_prep.parquet_partitions import (
     OUTPUT_SCHEMA,
@@ -51,7 +54,7 @@ from data_prep.parquet_partitions import (
     part_name,
     partition_sizes,
 )
-from data_prep.progress import Progress, exit_status, log, read_json
+from data_prep.progress import Progress, log, read_json
 from data_prep.source import DataPrepError, list_files, open_source, read_token, source_url
 from data_prep.url_policy import URL_POLICY, describe, web_mask
 
@@ -77,14 +80,31 @@ def list_parquet(fs: AbstractFileSystem, root: str, pattern: str) -> list[FilePl
     return [FilePlan(path=f.path, size=f.size) for f in list_files(fs, root, pattern)]
 
 
-def iter_batches(fs: AbstractFileSystem, plan: FilePlan, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    with fs.open(plan.path, "rb") as f:
-        yield from pq.ParquetFile(f).iter_batches(batch_size=BATCH_ROWS, columns=columns)
+@contextmanager
+def parquet_file(fs: AbstractFileSystem, path: str) -> Iterator[tuple[pq.ParquetFile, bool]]:
+    """The file, and whether arrow's threads may read it. A local file is opened by arrow itself: its
+    threads then touch no Python object. Any other is an fsspec file, a Python object, read in this
+    thread only: an arrow pool thread reading it (pre_buffer, use_threads) could still hold it at
+    interpreter exit and abort the process, exit 134 after complete output (data_prep.faults.step_main).
+    Closed when the block ends, read to the end or not."""
+    if isinstance(fs, LocalFileSystem):
+        with pq.ParquetFile(path) as parquet:
+            yield parquet, True
+    else:
+        with fs.open(path, "rb") as f, pq.ParquetFile(f, pre_buffer=False) as parquet:
+            yield parquet, False
+
+
+@contextmanager
+def batches(fs: AbstractFileSystem, plan: FilePlan, columns: list[str]) -> Iterator[Iterator[pa.RecordBatch]]:
+    with parquet_file(fs, plan.path) as (parquet, threads):
+        reader = parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=threads)
+        with closing(reader):
+            yield reader
 
 
 def schema_names(fs: AbstractFileSystem, path: str) -> tuple[list[str], int]:
-    with fs.open(path, "rb") as f:
-        parquet = pq.ParquetFile(f)
+    with parquet_file(fs, path) as (parquet, _):
         return parquet.schema_arrow.names, parquet.metadata.num_rows
 
 
@@ -119,12 +139,13 @@ def count_pass(
         plan = resolve_columns(plan, names, opts.url_col, opts.caption_col, opts.filters)
         resolved.append(plan)
         columns = list(dict.fromkeys([plan.url, *plan.filter_columns]))
-        for batch in iter_batches(fs, plan, columns):
-            rows_read += batch.num_rows
-            rows_kept += pc.sum(row_mask(batch, plan, opts, dropped, refused)).as_py() or 0
-            progress.add(batch.num_rows, f"counting, file {i}/{len(plans)}")
-            if rows_kept >= limit:
-                break
+        with batches(fs, plan, columns) as reader:
+            for batch in reader:
+                rows_read += batch.num_rows
+                rows_kept += pc.sum(row_mask(batch, plan, opts, dropped, refused)).as_py() or 0
+                progress.add(batch.num_rows, f"counting, file {i}/{len(plans)}")
+                if rows_kept >= limit:
+                    break
     log(STEP, progress.summary("pass 1/2 (count)"))
     if opts.max_rows is not None and rows_kept >= limit:
         log(
@@ -152,14 +173,16 @@ def write_pass(fs: AbstractFileSystem, plans: list[FilePlan], opts: Options, tot
     try:
         for i, plan in enumerate(plans, start=1):
             columns = list(dict.fromkeys([plan.url, plan.caption, *plan.filter_columns]))
-            for batch in iter_batches(fs, plan, columns):
-                table = to_output(batch, plan, row_mask(batch, plan, opts, None, None))
-                if opts.max_rows is not None:  # the first max_rows kept rows, as pass 1 counted them
-                    table = table.slice(0, writer.remaining)
-                writer.write(table)
-                progress.add(batch.num_rows, f"writing partition {writer.index + 1}/{len(sizes)}, file {i}")
-                if opts.max_rows is not None and writer.remaining == 0:
-                    break
+            with batches(fs, plan, columns) as reader:
+                for batch in reader:
+                    table = to_output(batch, plan, row_mask(batch, plan, opts, None, None))
+                    if opts.max_rows is not None:  # the first max_rows kept rows, as pass 1 counted them
+                        table = table.slice(0, writer.remaining)
+                    writer.write(table)
+                    where = f"writing partition {writer.index + 1}/{len(sizes)}, file {i}"
+                    progress.add(batch.num_rows, where)
+                    if opts.max_rows is not None and writer.remaining == 0:
+                        break
     except BaseException:
         writer.abort()
         raise
@@ -281,8 +304,21 @@ def parse_args(argv: list[str] | None = None) -> Options:
     return Options(filters=filters, **{name: getattr(args, name) for name in plain})
 
 
+# The launcher's config keys behind the flags its messages name (data_prep.faults.with_keys).
+CONFIG_KEYS = {
+    "--num-partitions": "data_preparation.num_partitions",
+    **{
+        f"--{flag}": f"data_preparation.{STEP}.{flag.replace('-', '_')}"
+        for flag in ("source", "revision", "pattern", "url-col", "caption-col", "max-rows", "hf-token-file")
+    },
+    **{"--" + name.replace("_", "-"): f"data_preparation.{STEP}.{name}" for name in FILTERS},
+}
+
+
+@step_main(STEP, DataPrepError, status=2, config_keys=CONFIG_KEYS)
 def main(argv: list[str] | None = None) -> int:
-    return exit_status(STEP, lambda: run(parse_args(argv)), DataPrepError, 2)
+    run(parse_args(argv))
+    return 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
+from data_prep.faults import step_main
 from data_prep.progress import log, read_json
 from data_prep.tar_writer import build_header, end_of_archive
 from data_prep.tario import BLOCK, ZEROS, index_samples, padded, scan_members
@@ -279,15 +280,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@step_main(STEP, (EncodeError, WdinfoError))
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        if args.command == "encode":
-            return run_encode(args)
-        info = build_latent_wdinfo(args.input_wdinfo, args.output_dir, args.verify)
-    except (EncodeError, WdinfoError) as err:
-        print(f"{STEP}: error: {err}", file=sys.stderr)
-        return 1
+    if args.command == "encode":
+        return run_encode(args)
+    info = build_latent_wdinfo(args.input_wdinfo, args.output_dir, args.verify)
     write_wdinfo(args.output_dir / "wdinfo.pkl", info)
     log(
         STEP,

@@ -25,7 +25,8 @@ from typing import Any
 from fsspec.spec import AbstractFileSystem
 
 from data_prep.atomic import atomic_path, temp_path_beside, write_json_atomic
-from data_prep.progress import exit_status, log, read_json, task_cpus
+from data_prep.faults import step_main
+from data_prep.progress import log, read_json, task_cpus
 from data_prep.source import DataPrepError, SourceFile, list_files, open_source, read_token, source_url
 
 STEP = "fetch_tars"
@@ -129,14 +130,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# The launcher's config keys behind the flags its messages name (data_prep.faults.with_keys).
+CONFIG_KEYS = {
+    f"--{flag}": f"data_preparation.tars.{flag.replace('-', '_')}"
+    for flag in ("source", "pattern", "hf-token-file")
+}
+
+
+@step_main(STEP, DataPrepError, status=2, config_keys=CONFIG_KEYS)
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return exit_status(
-        STEP,
-        lambda: run(args.source, args.output_dir, args.pattern, args.hf_token_file, args.threads),
-        DataPrepError,
-        2,
-    )
+    run(args.source, args.output_dir, args.pattern, args.hf_token_file, args.threads)
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from data_prep.progress import exit_status, log, read_json
+from data_prep.faults import step_main
+from data_prep.progress import log, read_json
 from data_prep.reorganize_tar import COUNTS_DIR
 from data_prep.tario import scan_members, split_key
 from data_prep.wdinfo import Wdinfo, WdinfoError, write_wdinfo
@@ -111,9 +112,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+# The launcher's config keys behind the flags its messages name (data_prep.faults.with_keys).
+CONFIG_KEYS = {
+    "--chunk-size": "data_preparation.reorganize_tar.tar_chunk_size",
+    "--verify": "data_preparation.generate_wdinfo.verify",
+}
+
+
+@step_main(STEP, WdinfoError, config_keys=CONFIG_KEYS)
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return exit_status(STEP, lambda: run(args), WdinfoError, 1)
+    run(parse_args(argv))
+    return 0
 
 
 def run(args: argparse.Namespace) -> None:

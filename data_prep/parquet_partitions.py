@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_prep.atomic import TEMP_SUFFIX, temp_path_beside
+from data_prep.faults import naming
 from data_prep.source import DataPrepError
 
 OUTPUT_SCHEMA = pa.schema([("url", pa.string()), ("caption", pa.string())])
@@ -48,10 +49,12 @@ class PartitionWriter:
                 raise DataPrepError("--source changed while reading: more rows than counted in pass 1")
             if self._writer is None:
                 self._tmp = temp_path_beside(self.out_dir / part_name(self.index))
-                # URLs and captions are nearly all distinct: dictionary encoding only costs time.
-                self._writer = pq.ParquetWriter(self._tmp, OUTPUT_SCHEMA, use_dictionary=False)
+                with naming(self._tmp):  # arrow's write errors name no file
+                    # URLs and captions are nearly all distinct: dictionary encoding only costs time.
+                    self._writer = pq.ParquetWriter(self._tmp, OUTPUT_SCHEMA, use_dictionary=False)
             take = min(self.sizes[self.index] - self.filled, table.num_rows - offset)
-            self._writer.write_table(table.slice(offset, take))
+            with naming(self._tmp):
+                self._writer.write_table(table.slice(offset, take))
             offset += take
             self.filled += take
             if self.filled == self.sizes[self.index]:
@@ -59,15 +62,20 @@ class PartitionWriter:
 
     def _finish_current(self) -> None:
         assert self._writer is not None and self._tmp is not None
-        self._writer.close()
+        with naming(self._tmp):
+            self._writer.close()
         os.replace(self._tmp, self.out_dir / part_name(self.index))
         self._writer, self._tmp = None, None
         self.index += 1
         self.filled = 0
 
     def abort(self) -> None:
-        if self._writer is not None and self._tmp is not None:
-            self._writer.close()
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        except OSError:  # a full disk: the temporary file goes anyway, the first error is reported
+            pass
+        if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
 
 

@@ -1,7 +1,6 @@
-"""Shared by the data-prep steps: rate-limited progress lines, atomic file writes, the task's CPUs,
-and the exit of a step's command line.
+"""Shared by the data-prep steps: rate-limited progress lines, the task's CPUs, reading a record.
 
-Both live here because every step needs them and a job log is the only place a person follows
+They live here because every step needs them and a job log is the only place a person follows
 a Slurm task: one line every few seconds with a count and a rate, never a redrawn bar.
 
 Example:
@@ -16,11 +15,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from data_prep.faults import environment_fault
 
 
 def log(step: str, message: str) -> None:
@@ -62,26 +58,6 @@ class Progress:
         return (
             f"{what}: {self.count:,} {self.unit} in {self.elapsed_s:.1f} s ({self.rate:,.0f} {self.unit}/s)"
         )
-
-
-def exit_status(
-    step: str, work: Callable[[], object], errors: type[Exception] | tuple[type[Exception], ...], status: int
-) -> int:
-    """Run a step; its expected errors, and faults of the environment (data_prep.faults: a full disk, a
-    permission...), are one line on stderr naming the path and the cause and exit `status`, never a
-    traceback."""
-    try:
-        work()
-    except errors as exc:
-        print(f"{step}: error: {exc}", file=sys.stderr, flush=True)
-        return status
-    except OSError as exc:
-        fault = environment_fault(exc)
-        if fault is None:
-            raise
-        print(f"{step}: error: {fault}", file=sys.stderr, flush=True)
-        return status
-    return 0
 
 
 def task_cpus() -> int:

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
-from data_prep.progress import exit_status, log, read_json
+from data_prep.faults import step_main
+from data_prep.progress import log, read_json
 from data_prep.reorganize_plan import STEP, Plan, ReorganizeError, discover_shards, make_plan
 from data_prep.shard_index import Shard, load_extents, load_or_build_index
 from data_prep.tar_writer import TarAppender
@@ -317,9 +318,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# The launcher's config keys behind the flags its messages name (data_prep.faults.with_keys).
+CONFIG_KEYS = {
+    f"--{flag}": f"data_preparation.reorganize_tar.{key}"
+    for flag, key in (
+        ("chunk-size", "tar_chunk_size"),
+        ("keep-remainder", "keep_remainder"),
+        ("extensions", "extensions"),
+    )
+}
+
+
+@step_main(STEP, (ReorganizeError, TarFormatError), config_keys=CONFIG_KEYS)
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return exit_status(STEP, lambda: run_task(args), (ReorganizeError, TarFormatError), 1)
+    run_task(parse_args(argv))
+    return 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from data_prep.faults import step_main
+
 ENV_NAME = "DEMO_BASE_URL"
 HTML_PREFIX = "/as-html/"
 HTML_BODY = b"<!doctype html><html><body>Not an image: a login page, say.</body></html>\n"
@@ -77,6 +79,7 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+@step_main("serve")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m data_prep.serve",

@@ -155,8 +155,14 @@ def test_column_names_match_case_insensitively(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--min-aesthetic", "5", "--max-pwatermark", "0.5"], "--max-pwatermark: no column pwatermark"),
-        (["--caption-col", "caption_text"], "--caption-col: no column caption_text"),
+        (
+            ["--min-aesthetic", "5", "--max-pwatermark", "0.5"],
+            "data_preparation.download_parquet.max_pwatermark (--max-pwatermark): no column pwatermark",
+        ),
+        (
+            ["--caption-col", "caption_text"],
+            "data_preparation.download_parquet.caption_col (--caption-col): no column caption_text",
+        ),
     ],
 )
 def test_missing_column_is_a_clear_error(source: Path, tmp_path: Path, args: list[str], message: str) -> None:
@@ -179,11 +185,16 @@ def test_bad_inputs_name_the_option(source: Path, tmp_path: Path) -> None:
         "--min-width",
         "790",
     )
-    assert few.returncode == 2 and "--num-partitions 5000: only" in few.stderr
+    assert (
+        few.returncode == 2 and "data_preparation.num_partitions (--num-partitions) 5000: only" in few.stderr
+    )
     bad_source = run_cli(
         "--source", "not a repo", "--output-dir", str(tmp_path / "o"), "--num-partitions", "1"
     )
-    assert bad_source.returncode == 2 and "--source 'not a repo'" in bad_source.stderr
+    assert (
+        bad_source.returncode == 2
+        and "data_preparation.download_parquet.source (--source) 'not a repo'" in bad_source.stderr
+    )
     nothing = run_cli(
         "--source",
         str(source),
@@ -194,7 +205,10 @@ def test_bad_inputs_name_the_option(source: Path, tmp_path: Path) -> None:
         "--pattern",
         "*.csv",
     )
-    assert nothing.returncode == 2 and "no file matches --pattern '*.csv'" in nothing.stderr
+    assert (
+        nothing.returncode == 2
+        and "no file matches data_preparation.download_parquet.pattern (--pattern) '*.csv'" in nothing.stderr
+    )
 
 
 def test_rerun_skips_and_changed_args_rewrite(source: Path, tmp_path: Path) -> None:
@@ -441,4 +455,7 @@ def test_revision_is_refused_for_a_source_without_revisions(source: Path, tmp_pa
         "1",
     )
     assert result.returncode == 2
-    assert "--revision abc: only a Hugging Face dataset" in result.stderr
+    assert (
+        "data_preparation.download_parquet.revision (--revision) abc: only a Hugging Face dataset"
+        in result.stderr
+    )

@@ -78,4 +78,7 @@ def test_url_is_copied_and_a_copy_of_the_right_size_is_kept(
 def test_no_tar_matches_is_a_clear_error(tmp_path: Path) -> None:
     src = _tars(tmp_path / "src", {"a.tar.gz": 3})
     done = cli("--source", str(src), "--output-dir", str(tmp_path / "out"))
-    assert done.returncode == 2 and "no file matches --pattern '*.tar'" in done.stderr
+    assert (
+        done.returncode == 2
+        and "no file matches data_preparation.tars.pattern (--pattern) '*.tar'" in done.stderr
+    )

@@ -61,7 +61,10 @@ def test_chunk_size_must_match(tmp_path: Path, capsys: pytest.CaptureFixture[str
     make_raw(tmp_path / "raw")
     run(tmp_path / "raw", tmp_path / "out", 5)
     assert wdinfo(tmp_path / "out", 6) == 1
-    assert "--chunk-size 6 differs from the 5" in capsys.readouterr().err
+    assert (
+        "data_preparation.reorganize_tar.tar_chunk_size (--chunk-size) 6 differs from the 5"
+        in capsys.readouterr().err
+    )
 
 
 def test_verify_catches_a_wrong_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -242,3 +242,20 @@ def test_kill_9_mid_tar_then_rerun_gives_the_bytes_of_an_uninterrupted_run(
     assert "1 already encoded" in out and (output / "_counts/000000.json").stat().st_mtime_ns == kept
     assert not list(output.glob(".*.tmp"))
     assert _tars(output) == _tars(shared / "data/tarfiles_latents")  # the launcher's uninterrupted run
+
+
+def test_encode_latents_on_a_full_disk_ends_in_one_line(shared: Path, nemo_python: str) -> None:
+    """The latent tars' folder on a full tmpfs: one line naming it, no traceback (tests/test_full_disk.py
+    does the same for the other data steps)."""
+    from test_faults import small_tmpfs
+    from test_full_disk import fill
+
+    with small_tmpfs() as disk:
+        fill(disk, 0)
+        encode = _encode(nemo_python, shared, disk / "latents")
+        out, _ = encode.communicate(timeout=600)
+    assert encode.returncode == 1 and "Traceback" not in out, out[-2000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"encode_latents: error: {disk}/latents") and last.endswith("(ENOSPC)"), out[
+        -2000:
+    ]

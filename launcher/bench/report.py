@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from data_prep.faults import step_main
 from launcher.bench.cases import Sweep, bench_dir
 from launcher.bench.results import Result, collect
 from launcher.manifest import write_atomic
@@ -234,6 +235,7 @@ def progress_lines(run_dir: Path) -> list[str]:
     return lines
 
 
+@step_main("benchmark")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.bench.report",

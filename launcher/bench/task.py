@@ -28,6 +28,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # started by path (the job keeps NeMo's PYTHONPATH): find this repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from data_prep.faults import step_main
 from launcher.bench.cases import Sweep, config_path, node_file
 from launcher.manifest import write_atomic
 
@@ -116,6 +117,7 @@ def run_sampled(command: list[str], path: Path, every_s: float) -> int:
     return record.exit_code
 
 
+@step_main("benchmark")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="launcher/bench/task.py",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import write_json_atomic
+from data_prep.faults import step_main
 
 CAPTIONS_JSON = "annotations/captions_val2014.json"
 
@@ -54,6 +55,7 @@ def write_captions(out: Path, rows: list[dict[str, Any]]) -> None:
     write_json_atomic(out / "captions.json", rows)
 
 
+@step_main("evaluation")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.evaluation.captions", description=__doc__)
     parser.add_argument("--coco-root", type=Path, required=True)
@@ -63,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     coco = json.loads((args.coco_root / CAPTIONS_JSON).read_text())
     if args.num > len(coco["annotations"]):
-        print(f"error: {args.num} captions asked, the file has {len(coco['annotations'])}", file=sys.stderr)
+        print(
+            f"evaluation: error: {args.num} captions asked, the file has {len(coco['annotations'])}",
+            file=sys.stderr,
+        )
         return 2
     rows = sample_captions(coco, args.num, args.seed)
     write_captions(args.out, rows)

@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # started by path: find this repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data_prep.atomic import write_atomic
+from data_prep.faults import step_main
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.sampling.checkpoints import hparams_of
 from launcher.sampling.job import infer_section, nemo_env, trainer_and_model
@@ -60,6 +61,7 @@ def task_env(local: int) -> dict[str, str]:
     return env
 
 
+@step_main("evaluation")
 def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 

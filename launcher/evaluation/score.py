@@ -27,6 +27,7 @@ if __package__ in (None, ""):  # started by path: find this repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data_prep.atomic import write_atomic
+from data_prep.faults import step_main
 from launcher.evaluation.settings import EvaluationSettings
 
 COLUMNS = ("guidance_scale", "fid", "clip_score", "images")
@@ -141,6 +142,7 @@ def table(rows: list[dict[str, Any]]) -> tuple[str, str]:
     return buffer.getvalue(), "\n".join(lines) + "\n"
 
 
+@step_main("evaluation")
 def main(argv: list[str]) -> int:
     import json
 

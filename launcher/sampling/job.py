@@ -26,6 +26,7 @@ if __package__ in (None, ""):  # started by path: find this repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
+from data_prep.faults import step_main
 from launcher.sampling.checkpoints import ema_twin, hparams_of, is_ema, newest, step_of
 from launcher.sampling.grid import grid_image
 from launcher.sampling.resolution import trained_size
@@ -166,6 +167,7 @@ def write_plot(s: SamplingSettings) -> None:
     print(f"samples: training plot: {(done.stdout + done.stderr).strip()}", flush=True)
 
 
+@step_main("samples")
 def main(argv: list[str]) -> int:
     s = SamplingSettings.from_json(Path(argv[0]).read_text())
     checkpoint = checkpoint_to_sample(s)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import latents, nemo_config, sizing
-from launcher.config import Runtime
+from launcher.config import BackendName, Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.space import free_space_warning
@@ -247,6 +247,24 @@ def _check_all(cfg: Any, planned: frozenset[str]) -> None:
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     if NAME in planned:
         precache.host_check(cfg, facts)
+        _require_tars_source(cfg)
+
+
+def _require_tars_source(cfg: Any) -> None:
+    """A local tars.source that this host would see is refused when missing, not in fetch_tars' log: the
+    local backend's jobs run here, and a cluster's shared file system (/fsx) is seen when its top folder
+    is. URLs (hf://, s3://) are left to the job."""
+    tars = cfg.data_preparation.tars
+    if not tars.enable or not tars.source or "://" in tars.source:
+        return
+    source = Path(tars.source)
+    seen = cfg.cluster.backend is BackendName.local or Path(*source.parts[:2]).is_dir()
+    if seen and not source.exists():
+        raise ConfigError(
+            "data_preparation.tars.source",
+            f"{source}: no such folder on this host; allowed: an existing absolute folder of tars, or an "
+            "fsspec URL such as s3://bucket/tars/ or hf://datasets/<repo>/",
+        )
 
 
 def _gone_from_hub(cfg: Any) -> str | None:

@@ -132,7 +132,7 @@ def status(run_dir: Path) -> list[JobStatus]:
 
 
 # The one line a data step ends its log with on an error it expected or a fault of the environment
-# (data_prep.progress.exit_status, data_prep.faults): `<step>: error: <path>: <cause>`.
+# (data_prep.faults.step_main): `<step>: error: <path>: <cause>`.
 _ERROR_LINE = re.compile(rb"^[\w.-]+: error: .*$", re.MULTILINE)
 _TAIL_BYTES = 16_384
 
