@@ -23,8 +23,7 @@ from typing import Any
 
 from data_prep.atomic import write_json_atomic
 from data_prep.faults import step_main
-
-CAPTIONS_JSON = "annotations/captions_val2014.json"
+from launcher.evaluation.settings import CAPTIONS_JSON
 
 
 def sample_captions(coco: dict[str, Any], num: int, seed: int) -> list[dict[str, Any]]:

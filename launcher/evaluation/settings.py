@@ -10,6 +10,9 @@ from typing import Any
 
 from launcher.outputs import EvaluationOutputs, SamplesOutputs
 
+# COCO-2014's captions file under evaluation.coco_root.
+CAPTIONS_JSON = "annotations/captions_val2014.json"
+
 
 @dataclass(frozen=True)
 class EvaluationSettings:

@@ -30,10 +30,7 @@ from data_prep.faults import step_main
 from launcher.sampling.checkpoints import ema_twin, hparams_of, is_ema, newest, step_of
 from launcher.sampling.grid import grid_image
 from launcher.sampling.resolution import trained_size
-from launcher.sampling.settings import SamplingSettings
-
-# NeMo's inference images are named after the prompt's first characters (pipeline.py, save_to_file).
-NAME_CHARS = 50
+from launcher.sampling.settings import NAME_CHARS, SamplingSettings
 
 
 def checkpoint_to_sample(s: SamplingSettings) -> Path:

@@ -10,6 +10,9 @@ from typing import Any
 
 from launcher.outputs import SamplesOutputs
 
+# NeMo's inference images are named after the prompt's first characters (pipeline.py, save_to_file).
+NAME_CHARS = 50
+
 
 @dataclass(frozen=True)
 class SamplingSettings:

@@ -17,7 +17,6 @@ from omegaconf import OmegaConf
 
 from launcher import latents, nemo_config
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
-from launcher.bench.report import progress_lines
 from launcher.config import BackendName, JobResources
 from launcher.context import Context
 from launcher.errors import ConfigError
@@ -269,6 +268,13 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         nemo_config.check(_case_cfg(cfg, case))
 
 
+def _progress_lines(run_dir: Path) -> list[str]:
+    """`status`'s sweep progress (the report job's module, imported only when a status asks)."""
+    from launcher.bench.report import progress_lines
+
+    return progress_lines(run_dir)
+
+
 STAGE = StageSpec(
     name=NAME,
     config=BenchmarkConfig,
@@ -277,5 +283,5 @@ STAGE = StageSpec(
     check=_check,
     files=files,
     notes=_notes,
-    status=progress_lines,
+    status=_progress_lines,
 )

@@ -18,8 +18,7 @@ from launcher import nemo_config
 from launcher.config import JobResources, Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
-from launcher.evaluation.captions import CAPTIONS_JSON
-from launcher.evaluation.settings import EvaluationSettings
+from launcher.evaluation.settings import CAPTIONS_JSON, EvaluationSettings
 from launcher.outputs import EvaluationOutputs, SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled

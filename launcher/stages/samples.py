@@ -21,9 +21,8 @@ from launcher.outputs import SamplesOutputs, TrainingOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Pattern, Range, SlurmTime, Text, ruled
 from launcher.sampling import checkpoints
-from launcher.sampling.job import NAME_CHARS
 from launcher.sampling.resolution import trained_size
-from launcher.sampling.settings import SamplingSettings
+from launcher.sampling.settings import NAME_CHARS, SamplingSettings
 from launcher.spec import JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages.common import make_job, require_mounted
