@@ -29,6 +29,9 @@ class SlurmLimits:
     # Jobs the controller holds at once, every array task counted (a pending array included).
     max_job_count: int = DEFAULT_MAX_JOB_COUNT
     source: str = "Slurm's defaults"
+    # True when max_job_count is Slurm's default, not this cluster's (a dry run without the key): a plan
+    # above it is then a warning, since the cluster may well allow more.
+    assumed: bool = False
 
 
 def parse_config(text: str, source: str = "scontrol show config") -> SlurmLimits:
@@ -50,32 +53,34 @@ def _key(job: JobSpec) -> str:
     return key or f"the task count of {job.stage}/{job.name}"
 
 
-def check_job_count(plan: Plan, limits: SlurmLimits) -> None:
-    """Refuse a plan whose jobs, every array task counted, exceed MaxJobCount: sbatch would refuse (after
-    retrying for a while) every job past the limit, leaving the chain half-submitted."""
+def job_count_problem(plan: Plan, limits: SlurmLimits) -> str | None:
+    """Why the plan's jobs, every array task counted, exceed MaxJobCount, naming the key to change; None
+    when they fit. sbatch would refuse (after retrying for a while) every job past the limit."""
     total = sum(_tasks(job) for job in plan.jobs)
     if total <= limits.max_job_count:
-        return
+        return None
     largest = max(plan.jobs, key=_tasks)
-    rest = total - _tasks(largest)
-    room = limits.max_job_count - rest
+    room = limits.max_job_count - (total - _tasks(largest))
     change = (
         f"lower {_key(largest)} to at most {room} (now {_tasks(largest)})"
         if room >= 1
         else "plan fewer stages per launch"
     )
-    raise LauncherError(
+    return (
         f"the plan holds {total} Slurm jobs counting every array task ({largest.stage}/{largest.name}: "
-        f"{_tasks(largest)}), more than MaxJobCount {limits.max_job_count} ({limits.source}); nothing was "
-        f"submitted: {change}, or set cluster.max_job_count if your cluster allows more"
+        f"{_tasks(largest)}), more than MaxJobCount {limits.max_job_count} ({limits.source}): {change}, "
+        "or set cluster.max_job_count if your cluster allows more"
     )
 
 
 def fit(plan: Plan, limits: SlurmLimits) -> Plan:
     """The plan with every array larger than MaxArraySize marked for submission in parts; refused when
-    the cluster cannot hold it at all (check_job_count)."""
-    check_job_count(plan, limits)
-    jobs, notes = [], []
+    the cluster cannot hold it at all (job_count_problem; only a warning when the limit is assumed)."""
+    problem = job_count_problem(plan, limits)
+    if problem and not limits.assumed:
+        raise LauncherError(f"{problem}. Nothing was submitted.")
+    notes = [f"warning: {problem}"] if problem else []
+    jobs = []
     for job in plan.jobs:
         if job.array and job.array.size > limits.max_array_size:
             job = dataclasses.replace(

@@ -18,9 +18,9 @@ from toy_pipeline import toy_plan
 
 from launcher import manifest
 from launcher.backends import prepare, records
-from launcher.backends.slurm import limits_for
+from launcher.backends.slurm import limits_for, read_limits
 from launcher.errors import LauncherError
-from launcher.limits import SlurmLimits, check_job_count, fit, parse_config
+from launcher.limits import SlurmLimits, fit, parse_config
 from launcher.pipeline import build_plan
 from launcher.render import array_part_lines, render, submit_argv, submit_argvs
 from launcher.spec import Array
@@ -56,6 +56,17 @@ def test_limits_come_from_the_config_else_slurms_defaults_in_a_dry_run() -> None
     assert (dry.max_array_size, dry.max_job_count) == (1001, 50)
 
 
+def test_a_cluster_that_does_not_answer_leaves_slurms_defaults_and_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(LauncherError, match="scontrol not found"):
+        read_limits(str(tmp_path / "scontrol"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
+    limits = limits_for(None, None, ask=True)
+    assert (limits.max_array_size, limits.max_job_count, limits.assumed) == (1001, 10000, True)
+    assert "warning: scontrol not found" in capsys.readouterr().err
+
+
 @given(st.integers(1, 5000), st.integers(1, 1100))
 def test_parts_cover_every_task_once_in_order(size: int, part_size: int) -> None:
     parts = Array(size, part_size=part_size).parts()
@@ -83,11 +94,17 @@ def test_too_many_jobs_is_refused_naming_the_key_and_the_most_that_fits(tmp_path
         job.array.size for job in plan.jobs if job.array and job.name != "download_images"
     )
     with pytest.raises(LauncherError) as error:
-        check_job_count(plan, SlurmLimits(64, 100))
+        fit(plan, SlurmLimits(64, 100))
     message = str(error.value)
     assert f"the plan holds {150 + others} Slurm jobs" in message and "MaxJobCount 100" in message
     assert f"lower data_preparation.num_partitions to at most {100 - others} (now 150)" in message
-    check_job_count(plan, SlurmLimits(64, 150 + others))  # exactly at the limit: fits
+    fit(plan, SlurmLimits(64, 150 + others))  # exactly at the limit: fits
+    # A dry run that only assumes Slurm's default MaxJobCount warns instead: the cluster may allow more.
+    dry = fit(plan, limits_for(None, None, ask=False))
+    assert fit(plan, SlurmLimits(64, 100, assumed=True)).notes[-2].startswith("warning: the plan holds")
+    assert dry.jobs == plan.jobs
+    with pytest.raises(LauncherError, match="MaxJobCount 100 "):
+        fit(plan, limits_for(None, 100, ask=False))
 
 
 def test_split_script_computes_the_global_task_index(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 
 from launcher import manifest
@@ -56,7 +57,11 @@ class SlurmBackend:
 def read_limits(scontrol: str = "scontrol") -> SlurmLimits:
     """The cluster's MaxArraySize and MaxJobCount, asked once per launch."""
     try:
-        done = subprocess.run([scontrol, "show", "config"], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [scontrol, "show", "config"], capture_output=True, text=True, check=False, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        raise LauncherError(f"`{scontrol} show config` did not answer within 60 s") from None
     except FileNotFoundError:
         raise LauncherError(
             f"{scontrol} not found: cannot read the cluster's MaxArraySize and MaxJobCount; run on a "
@@ -75,9 +80,17 @@ def limits_for(max_array_size: int | None, max_job_count: int | None, ask: bool)
     cluster's when `ask` (a submission), else Slurm's defaults (a dry run asks nothing)."""
     if max_array_size and max_job_count:
         return SlurmLimits(max_array_size, max_job_count, "cluster.max_array_size/max_job_count")
-    base = read_limits() if ask else SlurmLimits()
+    base = SlurmLimits(assumed=True)
+    if ask:
+        try:
+            base = read_limits()
+        except LauncherError as error:  # sbatch will say more if the cluster is really unreachable
+            print(f"warning: {error}; assuming Slurm's defaults", file=sys.stderr)
     return SlurmLimits(
-        max_array_size or base.max_array_size, max_job_count or base.max_job_count, base.source
+        max_array_size or base.max_array_size,
+        max_job_count or base.max_job_count,
+        base.source,
+        assumed=base.assumed and max_job_count is None,
     )
 
 
