@@ -104,7 +104,8 @@ def test_demo_with_150_partitions_is_split_completes_and_matches_2_partitions(
     ]
     assert download_status.states == Counter({"COMPLETED": 150})
     shown = _cli("status", str(split / "results/sd_pretrain"))
-    row = [line for line in shown.stdout.splitlines() if "download_images" in line]
+    ids = ",".join(download.part_ids)  # the job table's row: every part's id, the tasks together
+    row = [line for line in shown.stdout.splitlines() if line.startswith("download_images") and ids in line]
     assert shown.returncode == 0 and len(row) == 1 and "COMPLETED 150" in row[0], shown.stdout + shown.stderr
     # Every partition was downloaded once (task ids global across the parts), and the output is exact.
     markers = sorted(p.name for p in (split / "data/tarfiles_raw").glob("*.done.json"))
