@@ -34,6 +34,7 @@ from launcher import (
 from launcher.config import ClusterConfig, ContainerConfig, Resubmit
 from launcher.context import Facts
 from launcher.errors import LauncherError
+from launcher.limits import fit
 from launcher.pipeline import build_plan
 from launcher.stages import training_init
 from launcher.validate import check_facts, to_schema
@@ -74,6 +75,11 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     _preflight(cfg)
     plan = build_plan(cfg, facts)
     backend_name = cfg.cluster.backend.value
+    if backend_name == "slurm":  # arrays above MaxArraySize go in parts; too many jobs are refused here
+        from launcher.backends.slurm import limits_for
+
+        limits = limits_for(cfg.cluster.max_array_size, cfg.cluster.max_job_count, ask=not cfg.dry_run)
+        plan = fit(plan, limits)
     # One launch of a run folder at a time, and never while its jobs are live (launcher.relaunch); one
     # writer per data folder (launcher.data_owner). The local backend runs its jobs inside both locks.
     with (

@@ -99,6 +99,18 @@ class ClusterConfig:
     local_parallelism: int | None = ruled(
         Range(1), None, help="Local backend: array tasks run at once; null = the cores of this machine."
     )
+    max_array_size: int | None = ruled(
+        Range(1),
+        None,
+        help="Slurm's MaxArraySize (larger arrays are submitted in parts); null = ask the cluster at submit "
+        "(scontrol show config), a dry run assumes Slurm's default 1001.",
+    )
+    max_job_count: int | None = ruled(
+        Range(1),
+        None,
+        help="Slurm's MaxJobCount (a plan with more jobs, every array task counted, is refused); null = ask "
+        "the cluster at submit, a dry run assumes Slurm's default 10000.",
+    )
 
 
 @dataclass

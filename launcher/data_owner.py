@@ -95,7 +95,8 @@ def _refuse_live_slurm(data_dir: Path, run_dir: Path, this_role: str) -> None:
         for w in writers(data_dir)
         if w.get("backend") == "slurm" and w.get("run_dir") != str(run_dir.absolute())
     ]
-    ids = [job_id for w in others for job_id in w.get("jobs", {}).values() if job_id]
+    # An array split into parts (launcher.limits) is recorded with every part's id, `12:13:14`.
+    ids = [i for w in others for joined in w.get("jobs", {}).values() if joined for i in joined.split(":")]
     if not ids:
         return
     try:
@@ -103,10 +104,12 @@ def _refuse_live_slurm(data_dir: Path, run_dir: Path, this_role: str) -> None:
     except OSError:  # no Slurm commands on this host: nothing there can be live
         return
     for w in others:
+        parts = {name: joined.split(":") for name, joined in w["jobs"].items() if joined}
+        seen = {name: {s for i in ids for s, _ in states.get(i, ())} for name, ids in parts.items()}
         live = [
-            f"{name} (job {job_id}: {'/'.join(sorted({s for s, _ in states[job_id]}))})"
-            for name, job_id in w["jobs"].items()
-            if any(s in ACTIVE_STATES for s, _ in states.get(job_id, ()))
+            f"{name} (job {w['jobs'][name]}: {'/'.join(sorted(found))})"
+            for name, found in seen.items()
+            if found & set(ACTIVE_STATES)
         ]
         if live:
             raise LauncherError(
@@ -119,7 +122,7 @@ def _record(data_dir: Path, run_dir: Path, backend: str) -> None:
     """This run wrote the folder: its data jobs' names and ids, from the manifest its launch wrote."""
     if not (run_dir / manifest.MANIFEST).exists():
         return
-    jobs = {r.name: r.job_id for r in manifest.load(run_dir) if r.stage in WRITER_STAGES and r.job_id}
+    jobs = {r.name: ":".join(r.ids) for r in manifest.load(run_dir) if r.stage in WRITER_STAGES and r.ids}
     if not jobs:
         return
     record = {

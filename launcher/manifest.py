@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from data_prep.atomic import write_atomic  # launcher callers use manifest.write_atomic
@@ -21,6 +21,14 @@ class JobRecord:
     log_pattern: str
     depends_on: list[str]
     backend: str
+    # An array above the cluster's MaxArraySize is submitted in parts (launcher.limits): every part's
+    # id, the first being `job_id`; empty for a job submitted whole (and in manifests written before).
+    part_ids: list[str] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[str]:
+        """Every Slurm id of the job: its parts', or its one id."""
+        return self.part_ids or ([self.job_id] if self.job_id else [])
 
 
 def save(run_dir: Path, records: list[JobRecord], preview_of: Path | None = None) -> Path:

@@ -81,7 +81,8 @@ def outcomes(run_dir: Path) -> tuple[dict[str, str], dict[str, str], dict[str, s
         record = st.record
         states[record.name] = set(st.states)
         if record.job_id and record.backend != "dry_run":
-            ids[record.name], backend = record.job_id, record.backend
+            # A split array's parts as `12:13` (afterok's form): dependants wait on every part.
+            ids[record.name], backend = ":".join(record.ids), record.backend
         if st.active:
             found[record.name] = LIVE
         elif set(st.states) == {"COMPLETED"}:

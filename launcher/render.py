@@ -44,8 +44,8 @@ def sbatch_directives(plan: Plan, job: JobSpec) -> list[str]:
         flags.append(flag("exclusive"))
     if res.partition:
         flags.append(flag("partition", res.partition))
-    if job.array:
-        flags.append(flag("array", job.array.spec()))
+    if job.array:  # a split array's script names its first part; sbatch gets each part's own --array
+        flags.append(flag("array", job.array.spec(job.array.part_size)))
     return sorted(flags + [flag(name, value) for name, value in job.sbatch_args])
 
 
@@ -68,22 +68,60 @@ def container_flags(container: Container | None) -> list[str]:
     return [flag(name, value) for name, value in container_options(container)]
 
 
-def dependency_flags(plan: Plan, job: JobSpec, job_ids: dict[str, str]) -> list[str]:
-    """sbatch flags for the job's edges; unknown ids show as `<name>` placeholders."""
-    if not job.depends_on and not job.after_external and not job.singleton:
+def dependency_flags(
+    plan: Plan, job: JobSpec, job_ids: dict[str, str], previous_part: str | None = None
+) -> list[str]:
+    """sbatch flags for the job's edges; unknown ids show as `<name>` placeholders. A job split into
+    parts has every part's id (`12:13`); a throttled part waits (afterany) on the previous part."""
+    if not job.depends_on and not job.after_external and not job.singleton and not previous_part:
         return []
     by_kind: dict[str, list[str]] = {}
     for dep in job.depends_on:
         by_kind.setdefault(dep.kind.value, []).append(job_ids.get(dep.job, f"<{dep.job}>"))
     for outside in job.after_external:
         by_kind.setdefault(outside.kind.value, []).append(outside.job_id)
+    if previous_part:
+        by_kind.setdefault("afterany", []).append(previous_part)
     parts = [f"{kind}:{':'.join(ids)}" for kind, ids in by_kind.items()]
     value = ",".join(parts + (["singleton"] if job.singleton else []))
     return [flag("dependency", value), flag("kill-on-invalid-dep", "yes")]
 
 
-def submit_argv(plan: Plan, job: JobSpec, job_ids: dict[str, str]) -> list[str]:
-    return ["sbatch", "--parsable", *dependency_flags(plan, job, job_ids), str(plan.script_path(job))]
+def submit_argv(
+    plan: Plan, job: JobSpec, job_ids: dict[str, str], part: int = 0, previous: str | None = None
+) -> list[str]:
+    """The sbatch command of the job, or of its `part` when the array is split (launcher.limits): that
+    part's --array and its first task's index as the script's argument. Parts of a throttled array run
+    one after another (each waits on `previous`, the part before) so that the throttle holds overall."""
+    script = str(plan.script_path(job))
+    if not (job.array and job.array.part_size):
+        return ["sbatch", "--parsable", *dependency_flags(plan, job, job_ids), script]
+    first, count = job.array.parts()[part]
+    chain = (previous or f"<{job.name} part {part}>") if part and job.array.throttle else None
+    deps = dependency_flags(plan, job, job_ids, chain)
+    return ["sbatch", "--parsable", flag("array", job.array.spec(count)), *deps, script, str(first)]
+
+
+def submit_argvs(plan: Plan, job: JobSpec, job_ids: dict[str, str]) -> list[list[str]]:
+    """Every sbatch command of the job (one per part), ids not known yet as placeholders."""
+    return [
+        submit_argv(plan, job, job_ids, part) for part in range(len(job.array.parts() if job.array else [0]))
+    ]
+
+
+def array_part_lines(job: JobSpec) -> list[str]:
+    """For an array split into parts: the lines that make every step see its task's index in the whole
+    array (the programs read SLURM_ARRAY_TASK_ID, _MIN and _COUNT)."""
+    if not (job.array and job.array.part_size):
+        return []
+    size = job.array.size
+    return [
+        f"# {size} tasks, submitted in parts of at most {job.array.part_size} (the cluster's MaxArraySize);",
+        "# sbatch gives each part its first task's index, so every step sees its index in the whole array.",
+        'first_task="${1:?give the first task index of this part, as in the sbatch lines above}"',
+        "export SLURM_ARRAY_TASK_ID=$((SLURM_ARRAY_TASK_ID + first_task))",
+        f"export SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TASK_MAX={size - 1} SLURM_ARRAY_TASK_COUNT={size}",
+    ]
 
 
 def format_command(argv: tuple[str, ...]) -> str:
@@ -101,11 +139,12 @@ def render(plan: Plan, job: JobSpec) -> str:
     # task may be bound to one core while it runs its loader workers or img2dataset processes.
     cpus = flag("cpus-per-task", job.resources.cpus_per_task)
     srun_args = [cpus, *(q(arg) for arg in job.srun_args), *container_flags(job.container)]
-    resubmit = ["sbatch", *dependency_flags(plan, job, {}), str(plan.script_path(job))]
+    resubmit = [" ".join(w for w in argv if w != "--parsable") for argv in submit_argvs(plan, job, {})]
     return _template().render(
         directives=sbatch_directives(plan, job),
         description=f"stage {job.stage}, job {job.name}",
-        resubmit=" ".join(resubmit),
+        resubmit=resubmit,
+        array_part=array_part_lines(job),
         env=[(name, q(value)) for name, value in job.env],
         secret_files=[(name, q(path)) for name, path in job.secret_files],
         workdir=q(job.workdir) if job.workdir else None,
@@ -115,4 +154,4 @@ def render(plan: Plan, job: JobSpec) -> str:
     )
 
 
-__all__ = ["Raw", "dependency_flags", "render", "sbatch_directives", "submit_argv"]
+__all__ = ["Raw", "dependency_flags", "render", "sbatch_directives", "submit_argv", "submit_argvs"]

@@ -66,11 +66,21 @@ class Container:
 class Array:
     size: int
     throttle: int | None = None
+    # The config key that sets `size`, named when the cluster cannot hold the plan (launcher.limits).
+    key: str | None = None
+    # Set by launcher.limits when `size` exceeds the cluster's MaxArraySize: the array is submitted as
+    # parts of at most this many tasks, each with its first task's index (docs/relaunch.md).
+    part_size: int | None = None
 
-    def spec(self) -> str:
-        """`0-3%2` style value of `--array`."""
-        span = f"0-{self.size - 1}"
+    def spec(self, size: int | None = None) -> str:
+        """`0-3%2` style value of `--array` (for `size` tasks: a part's)."""
+        span = f"0-{(size or self.size) - 1}"
         return f"{span}%{self.throttle}" if self.throttle else span
+
+    def parts(self) -> tuple[tuple[int, int], ...]:
+        """(first task, task count) of each part the array is submitted as; one when not split."""
+        step = self.part_size or self.size
+        return tuple((first, min(step, self.size - first)) for first in range(0, self.size, step))
 
 
 @dataclass(frozen=True)

@@ -30,20 +30,26 @@ def slurm_required() -> bool:
     return os.environ.get("REQUIRE_SLURM", "") not in ("", "0")
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    """A running two-node cluster (n1, n2; 16 CPUs, 8 fake GPUs each); pass `.env` to subprocesses."""
+def running_cluster(extra_conf: dict[str, object] | None = None) -> Iterator[SlurmCluster]:
+    """For a fixture: a cluster brought up (with `extra_conf` slurm.conf settings), then torn down;
+    skipped, or failed under REQUIRE_SLURM, where this machine cannot run one."""
     reason = unavailable_reason()
     if reason is not None:
         if slurm_required():
             pytest.fail(f"REQUIRE_SLURM is set but {reason}", pytrace=False)
         pytest.skip(reason)
-    cluster = SlurmCluster.in_new_tmp_dir()
+    cluster = SlurmCluster.in_new_tmp_dir(extra_conf)
     try:
         cluster.up()
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A running two-node cluster (n1, n2; 16 CPUs, 8 fake GPUs each); pass `.env` to subprocesses."""
+    yield from running_cluster()
 
 
 @pytest.fixture

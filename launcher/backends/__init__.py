@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from launcher import manifest
-from launcher.render import render, submit_argv
+from launcher.render import render, submit_argvs
 from launcher.spec import JobSpec, Plan
 
 
@@ -28,8 +28,9 @@ class Request:
     def materialize(self, job_ids: dict[str, str] | None = None) -> str:
         parts = []
         for job, text in self.scripts:
-            command = " ".join(submit_argv(self.plan, job, {**dict(self.live_ids), **(job_ids or {})}))
-            parts.append(f"# ---- {job.stage}/{job.name}\n# $ {command}\n{text}")
+            argvs = submit_argvs(self.plan, job, {**dict(self.live_ids), **(job_ids or {})})
+            commands = "".join(f"# $ {' '.join(argv)}\n" for argv in argvs)
+            parts.append(f"# ---- {job.stage}/{job.name}\n{commands}{text}")
         return "\n".join(parts)
 
     def __str__(self) -> str:
@@ -61,6 +62,11 @@ def write_files(request: Request, into: Path | None = None) -> None:
             plan.log_pattern(job).parent.mkdir(parents=True, exist_ok=True)
 
 
+def _ids(job: JobSpec, job_ids: dict[str, str]) -> list[str]:
+    """A job's submitted ids; an array split into parts has them joined, `12:13:14` (afterok's form)."""
+    return job_ids[job.name].split(":") if job_ids.get(job.name) else []
+
+
 def records(
     request: Request, job_ids: dict[str, str], backend: str, into: Path | None = None
 ) -> list[manifest.JobRecord]:
@@ -69,13 +75,14 @@ def records(
         manifest.JobRecord(
             stage=job.stage,
             name=job.name,
-            job_id=job_ids.get(job.name),
+            job_id=next(iter(_ids(job, job_ids)), None),
             array=job.array.spec() if job.array else None,
             script=str(moved(plan.script_path(job), plan.run_dir, into)),
             log_pattern=str(plan.log_pattern(job)),
             depends_on=[f"{d.kind.value}:{d.job}" for d in job.depends_on]
             + [f"{d.kind.value}:{d.job_id} ({d.why})" for d in job.after_external],
             backend=backend,
+            part_ids=_ids(job, job_ids) if job.array and job.array.part_size else [],
         )
         for job in plan.jobs
     ]

@@ -1,14 +1,17 @@
-"""Slurm backend: `sbatch --parsable`, dependencies as afterok edges, a manifest after each job."""
+"""Slurm backend: `sbatch --parsable`, dependencies as afterok edges, a manifest after each job; an
+array split into parts (launcher.limits) is submitted part by part and recorded as one job."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 
 from launcher import manifest
 from launcher.backends import Request, records, write_files
-from launcher.errors import SubmitError
+from launcher.errors import LauncherError, SubmitError
+from launcher.limits import SlurmLimits, parse_config
 from launcher.render import submit_argv
 
 JOB_ID = re.compile(r"^(\d+)(;\S+)?$")
@@ -32,19 +35,63 @@ class SlurmBackend:
         write_files(request)
         job_ids = dict(request.live_ids)  # resubmit=missing: the live jobs new ones wait on
         for job, _ in request.scripts:
-            argv = [self.sbatch, *submit_argv(request.plan, job, job_ids)[1:]]
-            done = subprocess.run(argv, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                submitted = {name: i for name, i in job_ids.items() if name not in dict(request.live_ids)}
+            parts: list[str] = []
+            for part in range(len(job.array.parts()) if job.array else 1):
+                previous = parts[-1] if parts else None
+                argv = [self.sbatch, *submit_argv(request.plan, job, job_ids, part, previous)[1:]]
+                done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    submitted = {name: i for name, i in job_ids.items() if name not in dict(request.live_ids)}
+                    manifest.save(request.plan.run_dir, records(request, job_ids, self.name))
+                    raise SubmitError(
+                        f"sbatch refused {job.stage}/{job.name}{f' part {part + 1}' if parts else ''} "
+                        f"(exit {done.returncode}): {(done.stderr or done.stdout).strip()}\n"
+                        f"Nothing after it was submitted; already submitted: {submitted or 'none'}"
+                    )
+                parts.append(parse_job_id(done.stdout))
+                job_ids[job.name] = ":".join(parts)  # dependants wait afterok on every part
                 manifest.save(request.plan.run_dir, records(request, job_ids, self.name))
-                raise SubmitError(
-                    f"sbatch refused {job.stage}/{job.name} (exit {done.returncode}): "
-                    f"{(done.stderr or done.stdout).strip()}\n"
-                    f"Nothing after it was submitted; already submitted: {submitted or 'none'}"
-                )
-            job_ids[job.name] = parse_job_id(done.stdout)
-            manifest.save(request.plan.run_dir, records(request, job_ids, self.name))
         return job_ids
+
+
+def read_limits(scontrol: str = "scontrol") -> SlurmLimits:
+    """The cluster's MaxArraySize and MaxJobCount, asked once per launch."""
+    try:
+        done = subprocess.run(
+            [scontrol, "show", "config"], capture_output=True, text=True, check=False, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        raise LauncherError(f"`{scontrol} show config` did not answer within 60 s") from None
+    except FileNotFoundError:
+        raise LauncherError(
+            f"{scontrol} not found: cannot read the cluster's MaxArraySize and MaxJobCount; run on a "
+            "node of the cluster, or set cluster.max_array_size and cluster.max_job_count"
+        ) from None
+    if done.returncode != 0 or "MaxArraySize" not in done.stdout:
+        raise LauncherError(
+            f"`{scontrol} show config` failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()}; "
+            "set cluster.max_array_size and cluster.max_job_count to submit without asking the cluster"
+        )
+    return parse_config(done.stdout, "the cluster's, from scontrol show config")
+
+
+def limits_for(max_array_size: int | None, max_job_count: int | None, ask: bool) -> SlurmLimits:
+    """The limits a plan must fit: the config's (cluster.max_array_size / max_job_count), else the
+    cluster's when `ask` (a submission), else Slurm's defaults (a dry run asks nothing)."""
+    if max_array_size and max_job_count:
+        return SlurmLimits(max_array_size, max_job_count, "cluster.max_array_size/max_job_count")
+    base = SlurmLimits(assumed=True)
+    if ask:
+        try:
+            base = read_limits()
+        except LauncherError as error:  # sbatch will say more if the cluster is really unreachable
+            print(f"warning: {error}; assuming Slurm's defaults", file=sys.stderr)
+    return SlurmLimits(
+        max_array_size or base.max_array_size,
+        max_job_count or base.max_job_count,
+        base.source,
+        assumed=base.assumed and max_job_count is None,
+    )
 
 
 def create() -> SlurmBackend:

@@ -198,7 +198,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
             dp.download_images.enable,
             _download_images_argv(ctx, dp),
             dp.download_images.resources,
-            Array(dp.num_partitions, dp.download_images.array_throttle),
+            Array(dp.num_partitions, dp.download_images.array_throttle, key=f"{NAME}.num_partitions"),
         ),
         ("fetch_tars", dp.tars.enable, _fetch_tars_argv(ctx, dp), dp.tars.resources, None),
         (

@@ -37,7 +37,7 @@ def _logs(run_dir: Path, job: str, follow: bool, lines: int) -> int:
 
 def _cancel(run_dir: Path) -> int:
     records = manifest.load(run_dir)
-    ids = [r.job_id for r in records if r.job_id and r.backend == "slurm"]
+    ids = [i for r in records if r.backend == "slurm" for i in r.ids]  # every part of a split array
     if not ids:
         print("nothing to cancel: no Slurm jobs in this run (local runs finish before the launcher exits)")
         return 0

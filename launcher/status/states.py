@@ -117,7 +117,7 @@ def local_states(run_dir: Path, record: JobRecord) -> list[tuple[str, str]]:
 
 def status(run_dir: Path) -> list[JobStatus]:
     records = manifest.load(run_dir)
-    ids = [r.job_id for r in records if r.job_id and r.backend == "slurm"]
+    ids = [i for r in records if r.backend == "slurm" for i in r.ids]
     from_slurm = slurm_states(ids) if ids else {}
     out = []
     for record in records:
@@ -126,7 +126,8 @@ def status(run_dir: Path) -> list[JobStatus]:
         elif record.backend == "local":
             rows = local_states(run_dir, record)
         else:
-            rows = from_slurm.get(record.job_id) or [("UNKNOWN", "?")]
+            # An array split into parts is one job: its parts' tasks together.
+            rows = [row for i in record.ids for row in from_slurm.get(i, [])] or [("UNKNOWN", "?")]
         out.append(JobStatus(record, Counter(s for s, _ in rows), Counter(c for _, c in rows)))
     return out
 

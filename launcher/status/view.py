@@ -26,7 +26,7 @@ def jobs_table(run_dir: Path, statuses: list[JobStatus], width: int) -> Any:
     rows = [
         [
             st.record.name,
-            st.record.job_id or "-",
+            ",".join(st.record.ids) or "-",  # a split array: every part's id
             st.summary(),
             _exit_codes(st),
             relative_to_run(log, run_dir) if (log := newest_log(st.record.log_pattern)) else "-",

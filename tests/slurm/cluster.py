@@ -9,7 +9,7 @@ Each node advertises 16 CPUs, 64000 MB and 8 fake GPUs (gres files are symlinks 
 loads the SPANK stand-in for pyxis (spank_pyxis_standin_no_container.c), which accepts pyxis's
 --container-* options, runs NO container and exports the values as PYXIS_STANDIN_* task variables.
 
-CLI: python tests/slurm/cluster.py up|down --state-dir DIR
+CLI: python tests/slurm/cluster.py up|down --state-dir DIR [--set MaxArraySize=64 ...]
 """
 
 from __future__ import annotations
@@ -91,15 +91,17 @@ def _stop(pid_file: Path, timeout: float) -> None:
 class SlurmCluster:
     """A Slurm cluster whose every file lives in `state_dir`; `up()` starts it, `down()` removes it."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, extra_conf: dict[str, object] | None = None) -> None:
         self.layout = Layout(state_dir.resolve())
+        # slurm.conf settings added to (or replacing) the defaults, e.g. {"MaxArraySize": 64}.
+        self.extra_conf = dict(extra_conf or {})
         self.state_dir = self.layout.state_dir
         self.conf = self.layout.conf
 
     @classmethod
-    def in_new_tmp_dir(cls) -> SlurmCluster:
+    def in_new_tmp_dir(cls, extra_conf: dict[str, object] | None = None) -> SlurmCluster:
         # Under /tmp itself: pytest's tmp dirs are 0700, which user munge cannot traverse.
-        return cls(Path(tempfile.mkdtemp(prefix="slurm-test-", dir="/tmp")))
+        return cls(Path(tempfile.mkdtemp(prefix="slurm-test-", dir="/tmp")), extra_conf)
 
     @property
     def env(self) -> dict[str, str]:
@@ -122,7 +124,10 @@ class SlurmCluster:
         self._prepare_dirs()
         self._compile_plugin()
         write_configs(
-            self.layout, cluster_name=f"test{secrets.token_hex(4)}", ports=free_ports(1 + len(NODES))
+            self.layout,
+            cluster_name=f"test{secrets.token_hex(4)}",
+            ports=free_ports(1 + len(NODES)),
+            extra=self.extra_conf,
         )
         self._start_munged()
         self._start("slurmctld", ["slurmctld", "-c", "-i", "-f", str(self.conf)])
@@ -282,8 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         required=True,
         help="holds all of the cluster's files (up creates, down removes)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a slurm.conf setting, e.g. MaxArraySize=64",
+    )
     args = parser.parse_args(argv)
-    cluster = SlurmCluster(args.state_dir)
+    cluster = SlurmCluster(args.state_dir, dict(item.split("=", 1) for item in args.set))
     try:
         if args.action == "up":
             cluster.up()

@@ -74,12 +74,15 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_configs(layout: Layout, cluster_name: str, ports: list[int]) -> None:
-    """slurm.conf, gres.conf and plugstack.conf (which loads only the pyxis stand-in)."""
+def write_configs(
+    layout: Layout, cluster_name: str, ports: list[int], extra: dict[str, object] | None = None
+) -> None:
+    """slurm.conf (with `extra` settings over the defaults), gres.conf and plugstack.conf (which loads
+    only the pyxis stand-in)."""
     write_atomically(layout.state_dir / "plugstack.conf", f"required {layout.plugin}\n")
     gpus = f"{layout.state_dir}/gpu/gpu[0-{GPUS_PER_NODE - 1}]"
     write_atomically(layout.state_dir / "gres.conf", f"NodeName=n[1-{len(NODES)}] Name=gpu File={gpus}\n")
-    write_atomically(layout.conf, slurm_conf(layout, cluster_name, ports))
+    write_atomically(layout.conf, slurm_conf(layout, cluster_name, ports, extra))
 
 
 def _daemon_settings(layout: Layout, cluster_name: str, ctld_port: int) -> dict[str, object]:
@@ -131,9 +134,12 @@ _SCHEDULING = {
 }
 
 
-def slurm_conf(layout: Layout, cluster_name: str, ports: list[int]) -> str:
-    """slurm.conf text; `ports` are the controller's, then one per node."""
-    settings = {**_daemon_settings(layout, cluster_name, ports[0]), **_SCHEDULING}
+def slurm_conf(
+    layout: Layout, cluster_name: str, ports: list[int], extra: dict[str, object] | None = None
+) -> str:
+    """slurm.conf text; `ports` are the controller's, then one per node; `extra` adds or replaces settings
+    (e.g. MaxArraySize=64 to try Slurm's limits)."""
+    settings = {**_daemon_settings(layout, cluster_name, ports[0]), **_SCHEDULING, **(extra or {})}
     shape = (
         f"CPUs={CPUS_PER_NODE} Sockets=2 CoresPerSocket={CPUS_PER_NODE // 2} ThreadsPerCore=1 "
         f"RealMemory={MEMORY_MB_PER_NODE} Gres=gpu:{GPUS_PER_NODE}"
