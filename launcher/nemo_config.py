@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf._utils import get_omega_conf_dumper
 
 from launcher import latents
 from launcher.context import Context
@@ -208,7 +210,10 @@ def build(ctx: Context) -> dict[str, Any]:
 
 
 def to_yaml(config: dict[str, Any]) -> str:
-    return OmegaConf.to_yaml(OmegaConf.create(config))
+    """OmegaConf.to_yaml's own dump of the plain dict, without building a DictConfig from it first."""
+    return yaml.dump(
+        config, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=get_omega_conf_dumper()
+    )
 
 
 def config_file(ctx: Context) -> tuple[Path, str]:
