@@ -98,7 +98,9 @@ def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_n
     if not request.scripts and request.kept:
         print(f"nothing to submit: every job of {run_dir} completed or is still queued or running")
         return
-    config_yaml = OmegaConf.to_yaml(composed, resolve=True)
+    # OmegaConf.to_yaml(composed, resolve=True)'s text, emitted by libyaml (nemo_config.to_yaml)
+    resolved = OmegaConf.to_container(composed, resolve=True, enum_to_str=True)
+    config_yaml = nemo_config.to_yaml(resolved)  # type: ignore[arg-type]
     if cfg.dry_run:  # never touches what status, cancel, logs and resubmit read (launcher.preview)
         summary.dry_run(request, preview.write(request, config_yaml))
         return
