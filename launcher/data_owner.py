@@ -27,7 +27,6 @@ from pathlib import Path
 from launcher import manifest
 from launcher.errors import LauncherError
 from launcher.spec import Plan
-from launcher.status.states import ACTIVE_STATES, slurm_states
 
 LOCK = ".writers.lock"
 RECORDS = ".writers"
@@ -99,6 +98,8 @@ def _refuse_live_slurm(data_dir: Path, run_dir: Path, this_role: str) -> None:
     ids = [i for w in others for joined in w.get("jobs", {}).values() if joined for i in joined.split(":")]
     if not ids:
         return
+    from launcher.status.states import ACTIVE_STATES, slurm_states  # only with another run's records
+
     try:
         states = slurm_states(ids)
     except OSError:  # no Slurm commands on this host: nothing there can be live

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf._utils import get_omega_conf_dumper
 
 from launcher import latents
 from launcher.context import Context
@@ -207,8 +209,16 @@ def build(ctx: Context) -> dict[str, Any]:
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
 
+class _Dumper(getattr(yaml, "CDumper", yaml.Dumper)):  # type: ignore[misc]
+    """OmegaConf's YAML dumper (its quoting of strings) on libyaml's C emitter where PyYAML has it."""
+
+
+_Dumper.add_representer(str, get_omega_conf_dumper().str_representer)
+
+
 def to_yaml(config: dict[str, Any]) -> str:
-    return OmegaConf.to_yaml(OmegaConf.create(config))
+    """What OmegaConf.to_yaml writes for a plain dict, without building a DictConfig from it first."""
+    return yaml.dump(config, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=_Dumper)
 
 
 def config_file(ctx: Context) -> tuple[Path, str]:

@@ -6,13 +6,11 @@ that does not see /fsx). Notes say what the planned world does with the data.
 
 from __future__ import annotations
 
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from data_prep.latent_format import MEMBER_EXT
-from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
 from launcher import latents
 from launcher.config import Runtime
 from launcher.layout import DataLayout
@@ -28,6 +26,8 @@ class Findings:
 
 def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
     """A latent config on image tars or the reverse, told by the first tar's first member."""
+    import tarfile  # here and below: imported only when a data folder is checked (not in most dry runs)
+
     try:
         with tarfile.open(first_tar, "r:") as tar:
             member = tar.next()
@@ -82,6 +82,8 @@ def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
     if not wdinfo.exists():
         found.problems.append(_no_wdinfo(cfg, wdinfo))
         return found
+    from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
+
     try:
         names = read_wdinfo(wdinfo).tar_files
     except WdinfoError as error:

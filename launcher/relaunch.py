@@ -26,7 +26,6 @@ from pathlib import Path
 from launcher import backends, manifest
 from launcher.errors import LauncherError
 from launcher.spec import DependencyKind, Plan
-from launcher.status.states import status
 
 LOCK_NAME = ".launch.lock"
 # Job outcomes as relaunching sees them.
@@ -73,6 +72,8 @@ def outcomes(run_dir: Path) -> tuple[dict[str, str], dict[str, str], dict[str, s
     and the backend of the earlier launch (None when nothing was submitted)."""
     if not (run_dir / manifest.MANIFEST).exists():
         return {}, {}, {}, None
+    from launcher.status.states import status  # the scheduler's view only when a manifest exists
+
     found: dict[str, str] = {}
     ids: dict[str, str] = {}
     states: dict[str, set[str]] = {}

@@ -120,7 +120,8 @@ def to_schema(composed: DictConfig, stages: Sequence[StageSpec] = STAGES) -> Any
     """Merge the composed YAML onto the typed schema (unknown keys, types, enums), then `check` it."""
     root = root_config_type(stages)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(root), composed)
+        merged = OmegaConf.structured(root)
+        merged.merge_with(composed)  # in place: OmegaConf.merge would first deep-copy the fresh schema
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise ConfigError(missing[0], "a value is required (set it in conf/ or on the command line)")
