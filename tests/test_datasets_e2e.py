@@ -153,6 +153,7 @@ def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
     data = _launch(
         slurm_shared,
         "cluster=slurm",
+        "data_preparation.precache.enable=false",  # the slurm preset's latents: not this test's
         "container=none",
         "cluster.gpus_per_node=0",
         *_pd12m(

@@ -88,7 +88,13 @@ def test_demo_with_150_partitions_is_split_completes_and_matches_2_partitions(
     split, whole = shared / "split", shared / "whole"
     # 917 demo rows: 6 per partition, so that no partition holds only the demo's few bad rows (a task
     # that downloads nothing fails by design), and 900 good ones, whole tars of 20 (none dropped).
-    demo = ("cluster=slurm", "container=none", "data_preparation.demo.num_images=917")
+    # The slurm preset caches latents whatever the dataset; the split array is the image download's.
+    demo = (
+        "cluster=slurm",
+        "data_preparation.precache.enable=false",
+        "container=none",
+        "data_preparation.demo.num_images=917",
+    )
     throttle = "data_preparation.download_images.array_throttle=8"
     _run(split, *demo, "data_preparation.num_partitions=150", throttle)
     _run(whole, *demo)
