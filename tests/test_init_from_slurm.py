@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_relaunch import drained, slurm_shared  # noqa: F401 (fixtures)
 
 from launcher import manifest
 from launcher.cli import compose_config, launch
@@ -58,8 +57,8 @@ def _dependency(slurm_cluster, job_id: str) -> str:
 
 def test_b_waits_for_a_pending_run_a_then_starts_from_its_final_checkpoint(
     slurm_cluster,
-    slurm_shared: Path,  # noqa: F811
-    drained: None,  # noqa: F811
+    slurm_shared: Path,
+    drained: None,
     nemo_python: str,
 ) -> None:
     a = _train(slurm_shared, "res256", nemo_python, "training.run.chain=2")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import REPO, render_training, run_data_check, run_sd_train, write_tiny_assets
+from nemo_cpu.harness import REPO, render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import TINY_OVERRIDES
 
 from launcher.cli import launch
@@ -78,10 +78,9 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
+def shared(new_shared, nemo_python: str) -> Path:
     """The demo through data preparation with the switch on (local backend, real jobs), tiny assets."""
-    shared_dir = tmp_path_factory.mktemp("latents")
-    write_tiny_assets(nemo_python, shared_dir)
+    shared_dir = new_shared("models")
     launch(
         compose_config(
             [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import write_tiny_assets
+from fixtures.nemo import copy_folders
 from nemo_cpu.tiny import TINY_OVERRIDES
 from test_data_check import make_dataset
 
@@ -35,7 +35,7 @@ SMALL = [
 
 
 @pytest.fixture
-def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch, nemo_python: str) -> Iterator[Path]:
+def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch, tiny_assets: Path) -> Iterator[Path]:
     """4 jpg/txt tars and their wdinfo where reorganize_tar leaves them, tiny assets where the assets job does."""
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
@@ -48,7 +48,7 @@ def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch, nemo_python: str) -> 
         for tar in (root / "made/shards").glob("*.tar"):
             tar.rename(tars / tar.name)
         (tars / "wdinfo.pkl").write_bytes(wdinfo.read_bytes())
-        write_tiny_assets(nemo_python, root)
+        copy_folders(tiny_assets, root, "models")
         yield root
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 from slurm.cluster import SlurmCluster
-from slurm_cluster import running_cluster
 from test_data_prep_e2e import _check_dataset, _run
 
 from launcher import manifest, relaunch
@@ -36,9 +35,10 @@ LIMITS = {"MaxArraySize": 64, "MaxJobCount": 1000, "MinJobAge": 3600}
 
 
 @pytest.fixture(scope="module")
-def small_cluster() -> Iterator[SlurmCluster]:
-    """A second cluster (the session's `slurm_cluster` keeps Slurm's defaults) with small limits."""
-    yield from running_cluster(LIMITS)
+def small_cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session's cluster with small limits for this module (its other users keep Slurm's defaults)."""
+    with slurm_cluster.limits(LIMITS):
+        yield slurm_cluster
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.nemo import copy_folders
 from hf_fake_hub import FakeHub
-from nemo_cpu.harness import write_tiny_assets
 from nemo_cpu.tiny import TINY_OVERRIDES
 from test_data_check import make_dataset
 
@@ -119,7 +119,7 @@ def test_failing_data_check_cancels_training(slurm_cluster, shared: Path) -> Non
 
 
 @pytest.fixture
-def real_data(shared: Path, nemo_python: str) -> Iterator[tuple[Path, FakeHub]]:
+def real_data(shared: Path, tiny_assets: Path) -> Iterator[tuple[Path, FakeHub]]:
     """16 real jpg/txt tars (one per rank), and the fake Hub serving tiny CLIP/VAE repos at the pinned
     commits, laid out like the real ones, for the pretrained_assets job to stage."""
     wdinfo = make_dataset(shared / "made", tars=16, per_tar=2)
@@ -127,7 +127,7 @@ def real_data(shared: Path, nemo_python: str) -> Iterator[tuple[Path, FakeHub]]:
     for tar in (shared / "made/shards").glob("*.tar"):
         tar.rename(tars / tar.name)
     (tars / "wdinfo.pkl").write_bytes(wdinfo.read_bytes())
-    write_tiny_assets(nemo_python, shared / "hub")
+    copy_folders(tiny_assets, shared / "hub", "models")
     (shared / "hub/models/sd-vae-ft-mse/config.json").write_text("{}")
     assets = compose_config([]).assets
     repos = {
