@@ -13,8 +13,11 @@ from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# The session fixtures: the Slurm cluster (fixtures/slurm.py), NeMo on CPU and its tiny model (fixtures/nemo.py).
-pytest_plugins = ["fixtures.nemo", "fixtures.slurm"]
+# The helpers in tests/fixtures/ assert too: their failures show the values, as in a test module.
+pytest.register_assert_rewrite("fixtures")
+# The fixtures: the Slurm cluster (fixtures/slurm.py), NeMo on CPU and its tiny model (fixtures/nemo.py),
+# a small tmpfs (fixtures/disk.py). Plain helpers are imported from fixtures/ by the tests that use them.
+pytest_plugins = ["fixtures.disk", "fixtures.nemo", "fixtures.slurm"]
 
 from launcher.cli import compose_config as _compose  # noqa: E402
 from launcher.context import Facts  # noqa: E402

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.disk import fill, small_tmpfs
 from nemo_cpu.harness import REPO, render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import TINY_OVERRIDES
 
@@ -246,9 +247,6 @@ def test_kill_9_mid_tar_then_rerun_gives_the_bytes_of_an_uninterrupted_run(
 def test_encode_latents_on_a_full_disk_ends_in_one_line(shared: Path, nemo_python: str) -> None:
     """The latent tars' folder on a full tmpfs: one line naming it, no traceback (tests/test_full_disk.py
     does the same for the other data steps)."""
-    from test_faults import small_tmpfs
-    from test_full_disk import fill
-
     with small_tmpfs() as disk:
         fill(disk, 0)
         encode = _encode(nemo_python, shared, disk / "latents")

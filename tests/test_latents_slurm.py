@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.data import make_dataset
 from fixtures.nemo import copy_folders
 from nemo_cpu.tiny import TINY_OVERRIDES
-from test_data_check import make_dataset
 
 from launcher import manifest
 from launcher.cli import launch

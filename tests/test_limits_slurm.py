@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import webdataset as wds
+from fixtures.data import check_demo_dataset, launch_demo_data
 from slurm.cluster import SlurmCluster
-from test_data_prep_e2e import _check_dataset, _run
 
 from launcher import manifest, relaunch
 from launcher.backends import prepare
@@ -96,8 +96,8 @@ def test_demo_with_150_partitions_is_split_completes_and_matches_2_partitions(
         "data_preparation.demo.num_images=917",
     )
     throttle = "data_preparation.download_images.array_throttle=8"
-    _run(split, *demo, "data_preparation.num_partitions=150", throttle)
-    _run(whole, *demo)
+    launch_demo_data(split, *demo, "data_preparation.num_partitions=150", throttle)
+    launch_demo_data(whole, *demo)
     records = manifest.load(split / "results/sd_pretrain")
     by_name = {r.name: r for r in records}
     download = by_name["download_images"]
@@ -116,7 +116,7 @@ def test_demo_with_150_partitions_is_split_completes_and_matches_2_partitions(
     # Every partition was downloaded once (task ids global across the parts), and the output is exact.
     markers = sorted(p.name for p in (split / "data/tarfiles_raw").glob("*.done.json"))
     assert len(markers) == 150, markers[:5]
-    _check_dataset(split / "data")
+    check_demo_dataset(split / "data")
     assert _samples(split / "data") == _samples(whole / "data")
     logs = _cli("logs", str(split / "results/sd_pretrain"), "download_images")
     assert logs.returncode == 0 and "download_images_" in logs.stdout, logs.stderr
@@ -179,7 +179,7 @@ def test_a_plan_above_max_job_count_is_refused_before_anything_is_submitted(
 ) -> None:
     before = small_cluster.run_command(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout
     with pytest.raises(LauncherError) as error:
-        _run(shared, "cluster=slurm", "container=none", "data_preparation.num_partitions=1000")
+        launch_demo_data(shared, "cluster=slurm", "container=none", "data_preparation.num_partitions=1000")
     assert "lower data_preparation.num_partitions to at most" in str(error.value)
     assert "MaxJobCount 1000" in str(error.value)
     assert small_cluster.run_command(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout == before

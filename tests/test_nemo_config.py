@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.tools import shellcheck_exe
 from omegaconf import OmegaConf
-from test_render import _shellcheck
 
 from launcher.cli import launch
 from launcher.errors import ConfigError, LauncherError
@@ -75,7 +75,7 @@ def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) ->
         assert "PYTHONPATH" not in script  # the image's own PYTHONPATH stays
     assert "singleton" in parts[1] and "afterany:" in parts[1]
     shellcheck = subprocess.run(
-        [_shellcheck(), *map(str, run.rglob("*.sbatch"))], capture_output=True, text=True
+        [shellcheck_exe(), *map(str, run.rglob("*.sbatch"))], capture_output=True, text=True
     )
     assert shellcheck.returncode == 0, shellcheck.stdout
 
