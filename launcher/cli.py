@@ -4,7 +4,7 @@
     sd-launch stages=[data_preparation,training] cluster=aws_p5 dry_run=true      (the same, installed)
 
 Arguments are Hydra overrides (key=value, group=option, +new.key=value). `--cfg` prints the
-composed config and exits; `--help` lists the config groups.
+composed config and exits; `--help` lists each config group's options and default.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from omegaconf import _utils as omegaconf_utils
 from launcher import (
     backends,
     data_owner,
+    groups,
+    hydra_errors,
     latents,
     manifest,
     nemo_config,
@@ -37,6 +39,7 @@ from launcher.config import ClusterConfig, ContainerConfig, Resubmit
 from launcher.context import Facts
 from launcher.errors import LauncherError
 from launcher.limits import fit
+from launcher.paths import output_width
 from launcher.pipeline import build_plan
 from launcher.stages import training_init
 from launcher.validate import check_facts, to_schema
@@ -111,7 +114,7 @@ def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_n
     summary.submitted(request, job_ids, backend_name, cfg.data_dir)
 
 
-CONF = REPO / "conf"
+CONF = groups.CONF
 # `${cwd:}` in conf/: the folder the launcher was started from.
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 
@@ -145,22 +148,22 @@ def _store_schema() -> None:
         store.store(group="schema", name=name, node=keys)
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The conf/ tree composed once (hydra.main would compose it twice per start)."""
+def compose_config(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """The conf/ tree composed once (hydra.main would compose it twice per start); `with_hydra` adds
+    Hydra's own section (hydra.runtime.choices: the preset each group got)."""
     _store_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+        return compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
 
 
 def _help() -> str:
-    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir())
-    lines = [__doc__ or "", "config groups (group=option):"]
-    for group in groups:
-        options = sorted(
-            str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml")
-        )
-        lines.append(f"  {group}: {', '.join(options)}")
-    return "\n".join(lines)
+    """The module's text, then each group's options and default (each cluster preset composed once)."""
+    default = compose_config([], with_hydra=True).hydra.runtime.choices
+    by_cluster = {
+        cluster: compose_config([f"cluster={cluster}"], with_hydra=True).hydra.runtime.choices
+        for cluster in groups.options("cluster")
+    }
+    return "\n".join([__doc__ or "", *groups.help_lines(by_cluster, default.cluster, output_width())])
 
 
 # `key=value` or `+key=value` / `++key=value` with a dotted key: the form whose value may be quoted.
@@ -199,6 +202,8 @@ def compose_overrides(argv: list[str]) -> DictConfig:
             return compose_config(overrides)
         except OverrideParseException as error:
             overrides[overrides.index(error.override)] = _quoted_for_hydra(error)
+        except HydraException as error:  # a preset or key that is not there: say what is
+            raise hydra_errors.translate(error, overrides, compose_config) or error from None
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,8 @@
 """Each config group holds one kind: conf/data_preparation/ only datasets, conf/container/ only container
 runtimes; a cluster preset names its own default dataset and runtime. Moving them there changed no
 composed value: every cluster x dataset and cluster x runtime composes to the text it composed to at
-843516b (stored in tests/data/composed_presets_843516b.json), and `--help` lists what each group offers.
+843516b (stored in tests/data/composed_presets_843516b.json), and `--help` lists each group's options
+and default.
 
 The stored file was written on 843516b, before the move, by the same function the test compares with:
     PYTHONPATH=. python tests/test_guard_groups.py --write
@@ -83,6 +84,86 @@ def test_every_cluster_dataset_and_runtime_composes_as_before_the_move(stored: d
     assert [key for key, _ in now] == [key for key, _ in before]  # the same keys in the same order
     for (key, text), (_, was) in zip(now, before, strict=True):
         assert text == was, f"{name}: {key} changed"
+
+
+def _choices(*overrides: str) -> dict[str, str | None]:
+    from launcher.cli import compose_config
+
+    return dict(compose_config(list(overrides), with_hydra=True).hydra.runtime.choices)
+
+
+def _options(group: str) -> list[str]:
+    folder = CONF / group
+    return sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
+
+
+def test_each_group_holds_one_kind() -> None:
+    """conf/data_preparation/: datasets (each one a source of images); conf/container/: runtimes (each
+    sets its own); no cluster preset's name in either; each cluster preset picks both itself."""
+    from omegaconf import OmegaConf
+
+    from launcher.cli import compose_config
+
+    assert set(_options("cluster")) == set(CLUSTERS)
+    assert _options("data_preparation") == sorted(DATASETS) and _options("container") == sorted(RUNTIMES)
+    for dataset in DATASETS:
+        data = compose_config([f"data_preparation={dataset}"]).data_preparation
+        assert [data.demo.enable, data.download_parquet.enable, data.tars.enable].count(True) >= 1, dataset
+    for runtime in RUNTIMES:
+        assert OmegaConf.load(CONF / f"container/{runtime}.yaml").runtime == runtime
+    for cluster in CLUSTERS:
+        chosen = _choices(f"cluster={cluster}")
+        assert chosen["data_preparation"] in DATASETS and chosen["container"] in RUNTIMES
+        assert chosen["latents"] == cluster  # optional: no conf/latents/local.yaml, so off on local
+
+
+def _help_entries() -> dict[str, str]:
+    """`python launcher/main.py --help` as a user runs it: each group's entry, its wrapped lines joined."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "launcher/main.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "COLUMNS": "100"},
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()
+    start = lines.index("config groups (group=option; the default in brackets):") + 1
+    assert max(len(line) for line in lines[start:]) <= 100
+    entries: dict[str, str] = {}
+    for line in lines[start:]:
+        if line.startswith("      "):
+            entries[next(reversed(entries))] += " " + line.strip()
+        elif line.startswith("  "):
+            group, _, rest = line.strip().partition(": ")
+            entries[group] = rest
+    return entries
+
+
+def test_help_lists_each_groups_options_and_default() -> None:
+    entries = _help_entries()
+    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+    assert sorted(entries) == groups
+    by_cluster = {cluster: _choices(f"cluster={cluster}") for cluster in CLUSTERS}
+    default = _choices()
+    for group in (g for g in groups if g != "latents"):
+        listed, _, bracket = entries[group].partition(" [")
+        assert listed.split(", ") == _options(group), group
+        bracket = bracket.removesuffix("]")
+        chosen = {choices[group] for choices in by_cluster.values()}
+        if group == "cluster":
+            assert bracket == default["cluster"] == "local"
+        elif len(chosen) == 1:
+            assert bracket == default[group] == chosen.pop(), group
+        else:  # "the cluster preset's: pd12m with cluster=aws_p4de, aws_p5, slurm; demo with cluster=local"
+            said = dict(
+                part.split(" with cluster=")
+                for part in bracket.removeprefix("the cluster preset's: ").split("; ")
+            )
+            for cluster, choices in by_cluster.items():
+                assert cluster in said[choices[group]].split(", "), (group, cluster)
+    assert entries["latents"].startswith("follows cluster= (conf/latents/<cluster>.yaml, for cluster=")
+    assert "aws_p4de, aws_p5, slurm)" in entries["latents"]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
