@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ def host_facts() -> Facts:
         code_dir=str(REPO),
         cpu_count=os.cpu_count() or 1,
         nemo_python=str(nemo) if nemo.exists() else None,
+        sbatch=shutil.which("sbatch"),
     )
 
 
