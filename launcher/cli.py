@@ -9,6 +9,7 @@ composed config and exits; `--help` lists each config group's options and defaul
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -87,18 +88,22 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
 
         limits = limits_for(cfg.cluster.max_array_size, cfg.cluster.max_job_count, ask=not cfg.dry_run)
         plan = fit(plan, limits)
+    # A dry run creates no top-level folder (/fsx on a host without it): then it writes nothing (launcher.preview).
+    writes = not cfg.dry_run or preview.missing_top(plan.run_dir) is None
     # One launch of a run folder at a time, and never while its jobs are live (launcher.relaunch); one
     # writer per data folder (launcher.data_owner). The local backend runs its jobs inside both locks.
     with (
-        relaunch.run_lock(plan.run_dir),
+        relaunch.run_lock(plan.run_dir) if writes else contextlib.nullcontext(),
         data_owner.claim(cfg.data_dir, plan, backend_name, cfg.dry_run),
     ):
         request = relaunch.request_for(plan, cfg.resubmit is Resubmit.missing, backend_name)
-        _submit(cfg, composed, request, backend_name)
+        _submit(cfg, composed, request, backend_name, writes)
     return plan.run_dir
 
 
-def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_name: str) -> None:
+def _submit(
+    cfg: Any, composed: DictConfig, request: backends.Request, backend_name: str, writes: bool
+) -> None:
     run_dir = request.plan.run_dir
     if not request.scripts and request.kept:
         print(f"nothing to submit: every job of {run_dir} completed or is still queued or running")
@@ -107,7 +112,7 @@ def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_n
     resolved = OmegaConf.to_container(composed, resolve=True, enum_to_str=True)
     config_yaml = nemo_config.to_yaml(resolved)  # type: ignore[arg-type]
     if cfg.dry_run:  # never touches what status, cancel, logs and resubmit read (launcher.preview)
-        summary.dry_run(request, preview.write(request, config_yaml))
+        summary.dry_run(request, preview.write(request, config_yaml) if writes else None)
         return
     manifest.write_atomic(run_dir / "config.yaml", config_yaml)
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
