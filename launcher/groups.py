@@ -41,11 +41,11 @@ def follows_cluster() -> list[str]:
 
 def _default(group: str, by_cluster: Mapping[str, Mapping[str, str | None]], default_cluster: str) -> str:
     """`X`, or which cluster presets choose which option when they differ."""
+    if group == "cluster":
+        return default_cluster
     chosen: dict[str, list[str]] = {}
     for cluster, choices in sorted(by_cluster.items()):
         chosen.setdefault(str(choices.get(group)), []).append(cluster)
-    if group == "cluster":
-        return default_cluster
     if len(chosen) == 1:
         return next(iter(chosen))
     return "the cluster preset's: " + "; ".join(

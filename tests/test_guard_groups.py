@@ -6,6 +6,8 @@ and default.
 
 The stored file was written on 843516b, before the move, by the same function the test compares with:
     PYTHONPATH=. python tests/test_guard_groups.py --write
+A later change to a preset's values on purpose writes it again (and its diff is reviewed), as the golden
+scripts are; a failure otherwise means composition changed where nobody meant it to.
 """
 
 from __future__ import annotations
@@ -72,8 +74,7 @@ def stored() -> dict:
     return json.loads(STORED.read_text())
 
 
-def test_the_stored_compositions_are_those_of_843516b(stored: dict) -> None:
-    assert stored["commit"] == "843516b"
+def test_the_stored_compositions_cover_every_combination(stored: dict) -> None:
     assert set(stored["combinations"]) == set(combinations())
 
 
