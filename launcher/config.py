@@ -180,7 +180,11 @@ class CoreConfig:
     data_dir: str = ruled(
         ABS_PATH, MISSING, help="Where data preparation writes and training reads (parquet, tars, wdinfo)."
     )
-    dry_run: bool = described(False, help="Write every script and the plan, print them, submit nothing.")
+    dry_run: bool = described(
+        False,
+        help="Write every script and the plan into the run folder, print them, submit nothing (nothing is "
+        "written where that would create a top-level folder, e.g. /fsx off the cluster).",
+    )
     resubmit: Resubmit = described(
         Resubmit.all,
         help="Launching a run folder again: all = every job, refused while any job of the run is queued or "

@@ -188,6 +188,13 @@ def check(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> None:
 
 def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> None:
     """Rules that need the submitting host's facts (where this checkout lives, what it has)."""
+    if cfg.cluster.backend is BackendName.slurm and not cfg.dry_run and facts.sbatch is None:
+        raise ConfigError(
+            "cluster",
+            f"cluster.backend={cfg.cluster.backend.value} submits with sbatch, which is not on this host's "
+            "PATH: launch from a node of the cluster, look at the plan here with dry_run=true, or run the "
+            "jobs on this machine with cluster=local",
+        )
     c = cfg.container
     if c.runtime is Runtime.pyxis and c.code_dir is None:
         remedy = (
