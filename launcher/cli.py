@@ -38,7 +38,7 @@ from launcher.context import Facts
 from launcher.errors import LauncherError
 from launcher.limits import fit
 from launcher.pipeline import build_plan
-from launcher.stages import training_init
+from launcher.stages import training_init, training_record
 from launcher.validate import check_facts, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,6 +105,8 @@ def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_n
         summary.dry_run(request, preview.write(request, config_yaml))
         return
     manifest.write_atomic(run_dir / "config.yaml", config_yaml)
+    if any(job.stage == "training" for job in request.plan.jobs):
+        training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)

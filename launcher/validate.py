@@ -97,9 +97,13 @@ def _explain(error: OmegaConfBaseException, composed: DictConfig, root: type) ->
 def first_problem(node: Any, prefix: str = "") -> Problem | None:
     """The first value of the (merged, typed) config that breaks the rule declared on its field.
 
-    Walks every dataclass field; None is the "unset" of an Optional field and is not checked.
+    Walks every dataclass field, the sections before the plain values beside them: a top-level value
+    may be interpolated from a section's (run_name from training.run.name, data_dir from
+    cluster.shared_dir), and the error names the key the user set. None is the "unset" of an Optional
+    field and is not checked.
     """
-    for f in fields(node):
+    ordered = sorted(fields(node), key=lambda f: not is_dataclass(getattr(node, f.name)))
+    for f in ordered:
         value = getattr(node, f.name)
         key = f"{prefix}{f.name}"
         if is_dataclass(value):
