@@ -21,6 +21,7 @@ import pytest
 import torch_checkpoints
 import yaml
 from conftest import FIXED_FACTS, REPO
+from test_init_from import UNET_860M as UNET_CONFIG
 from torch_checkpoints import UNET_860M, UNET_PREFIX, VAE, unet_860m
 
 from launcher import checkpoint_index
@@ -35,19 +36,7 @@ WIDE = {  # the same UNet at model_channels 384
     "input_blocks.0.0.weight": (384, 4, 3, 3),
     "out.1.weight": (4, 384, 3, 3),
 }
-MODEL = {  # the model config of a run of the 860M preset, as its hparams.yaml holds it
-    "unet_config": {
-        "in_channels": 4,
-        "out_channels": 4,
-        "model_channels": 320,
-        "attention_resolutions": [4, 2, 1],
-        "num_res_blocks": 2,
-        "channel_mult": [1, 2, 4, 4],
-        "use_spatial_transformer": True,
-        "transformer_depth": 1,
-        "context_dim": 768,
-    }
-}
+MODEL = {"unet_config": UNET_CONFIG}  # a run of the 860M preset, as its hparams.yaml holds it
 
 
 @pytest.fixture(scope="module")

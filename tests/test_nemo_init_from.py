@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 from nemo_cpu.harness import REPO, prepare_demo_data, render_training, run_sd_train, write_tiny_assets
+from omegaconf import OmegaConf
 
-from launcher import manifest
+from launcher import checkpoint_index, manifest
+from launcher.init_unet import UNET_PREFIX
 from launcher.outputs import TrainingOutputs
+from launcher.stages import training_init
 from launcher.throughput import read_training_progress
 
 pytestmark = pytest.mark.slow
@@ -56,6 +59,9 @@ def test_a_tiny_run_writes_its_final_checkpoint_and_ema_twin(earlier: TrainingOu
     final = earlier.newest_weights()
     assert final is not None and final.name.endswith("-step=2-consumed_samples=4.0-last-EMA.ckpt")
     assert "center_crop_h_w: 64, 64" in earlier.configs()[0].read_text()
+    # NeMo's own checkpoint passes the check init_from makes on the login node, read without torch.
+    model = OmegaConf.to_container(OmegaConf.load(earlier.hparams).cfg, resolve=True)
+    training_init.check_checkpoint(final, model)
 
 
 def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
@@ -78,6 +84,9 @@ def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
     )
     assert extract.returncode == 0, extract.stderr[-4000:]
     assert later.init_source.read_text().strip() == str(final)  # the EMA weights of the last step
+    # The login node's reading (no torch, no tensor loaded) finds the tensors torch.load finds.
+    unet = [name for name in checkpoint_index.tensor_shapes(final) if name.startswith(UNET_PREFIX)]
+    assert f"init_from: {len(unet)} UNet tensors of {final}" in extract.stdout
 
     trained = run_sd_train(nemo_python, second, shared / "res128.log")
     assert trained.returncode == 0, trained.stderr[-4000:]
