@@ -45,6 +45,7 @@ def files(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> dict[st
     folder = tmp_path_factory.mktemp("checkpoints")
     written = {
         "unet_860m": unet_860m(),
+        "compiled": unet_860m(compiled=True),
         "wide": unet_860m(**WIDE),
         "sd2_context": unet_860m(**{"middle_block.1.transformer_blocks.0.attn2.to_k.weight": (1280, 1024)}),
         "fewer_blocks": {
@@ -109,11 +110,13 @@ def _earlier_run(folder: Path, weights: Path) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("name", ["unet_860m", "compiled"])
 @pytest.mark.parametrize("given", ["file", "run folder"])
 def test_a_checkpoint_of_this_unet_passes(
-    make_config: Callable, tmp_path: Path, files: dict[str, Path], given: str
+    make_config: Callable, tmp_path: Path, files: dict[str, Path], given: str, name: str
 ) -> None:
-    run = _earlier_run(tmp_path / "earlier", files["unet_860m"])
+    """Compiled: the presets train with model.inductor (torch.compile), whose UNet is saved under _orig_mod."""
+    run = _earlier_run(tmp_path / "earlier", files[name])
     start = run / "training/results/checkpoints" / CKPT if given == "file" else run
     check_facts(make_config(*GPU, f"training.init_from='{start}'"), FIXED_FACTS)
 

@@ -62,10 +62,12 @@ for path, tensors in json.load(sys.stdin).items():
 """
 
 
-def unet_860m(**changed: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """The 860M UNet's tensors (with `changed` ones: name less the prefix -> shape) and the VAE's, by full name."""
+def unet_860m(compiled: bool = False, **changed: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The 860M UNet's tensors (with `changed` ones: name less the prefix -> shape) and the VAE's, by full
+    name; `compiled`: as NeMo saves a UNet it compiled (model.inductor, torch.compile's `_orig_mod.`)."""
     unet = {**UNET_860M, **changed}
-    return {**{UNET_PREFIX + name: shape for name, shape in unet.items()}, **VAE}
+    prefix = UNET_PREFIX + ("_orig_mod." if compiled else "")
+    return {**{prefix + name: shape for name, shape in unet.items()}, **VAE}
 
 
 def write(nemo_python: str, files: dict[Path, dict[str, tuple[int, ...]]]) -> None:

@@ -64,8 +64,12 @@ def check_checkpoint(checkpoint: Path, model: Mapping[str, Any]) -> None:
         state = checkpoint_index.tensor_shapes(checkpoint)
     except checkpoint_index.NotACheckpoint as error:
         raise ConfigError(KEY, f"{checkpoint} is {error}; allowed: a NeMo training .ckpt") from None
+    # The tensors the init job keeps; a UNet trained with model.inductor (torch.compile, on in the presets)
+    # is saved under `<prefix>_orig_mod.`, which NeMo's from_pretrained drops (openaimodel.py).
     unet = {
-        name.removeprefix(UNET_PREFIX): dims for name, dims in state.items() if name.startswith(UNET_PREFIX)
+        name.removeprefix(UNET_PREFIX).removeprefix("_orig_mod."): dims
+        for name, dims in state.items()
+        if name.startswith(UNET_PREFIX)
     }
     if not unet:
         raise ConfigError(
