@@ -43,7 +43,7 @@ from launcher.errors import LauncherError
 from launcher.limits import fit
 from launcher.paths import output_width
 from launcher.pipeline import build_plan
-from launcher.stages import training_init
+from launcher.stages import training_init, training_record
 from launcher.validate import check_facts, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,6 +115,8 @@ def _submit(
         summary.dry_run(request, preview.write(request, config_yaml) if writes else None)
         return
     manifest.write_atomic(run_dir / "config.yaml", config_yaml)
+    if any(job.stage == "training" for job in request.plan.jobs):
+        training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)

@@ -173,8 +173,9 @@ class CoreConfig:
 
     run_name: str = ruled(
         PATH_COMPONENT,
-        "sd_pretrain",
-        help="The run's folder under base_results_dir: scripts, logs, manifest and checkpoints.",
+        "${training.run.name}",
+        help="The run's folder under base_results_dir: scripts, logs, manifest and checkpoints; by default the "
+        "training preset's name, so that each preset trains in its own folder (a run folder holds one training).",
     )
     base_results_dir: str = ruled(ABS_PATH, MISSING, help="Where run folders are made.")
     data_dir: str = ruled(

@@ -149,7 +149,7 @@ def test_a_second_run_on_the_data_folder_is_refused_while_the_first_ones_jobs_pe
     drained: None,
 ) -> None:
     first = launch_demo(slurm_shared)
-    run_a = slurm_shared / "results/sd_pretrain"
+    run_a = slurm_shared / "results/sd_860m_res_256"
     (record,) = data_owner.writers(slurm_shared / "data")
     assert record["run_dir"] == str(run_a) and record["jobs"] == first and record["backend"] == "slurm"
     for extra in ([], ["dry_run=true"]):

@@ -33,7 +33,7 @@ def test_demo_on_the_real_slurm_cluster(slurm_cluster, slurm_shared: Path) -> No
     launch_demo_data(
         slurm_shared, "cluster=slurm", "data_preparation.precache.enable=false", "container=none"
     )
-    records = manifest.load(slurm_shared / "results/sd_pretrain")
+    records = manifest.load(slurm_shared / "results/sd_860m_res_256")
     for record in records:
         assert record.job_id and record.backend == "slurm"
         states = {j.state for j in slurm_cluster.wait_jobs(record.job_id, timeout=240)}
@@ -64,7 +64,7 @@ def test_demo_then_data_check_with_nemo_on_the_local_backend(tmp_path: Path) -> 
         "assets.enable=false",
         "data_check.model_check=false",
     )
-    report = json.loads((tmp_path / "results/sd_pretrain/data_check/report.json").read_text())
+    report = json.loads((tmp_path / "results/sd_860m_res_256/data_check/report.json").read_text())
     with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
         total = pickle.load(handle)["total_key_count"]
     assert report["ok"] and report["wdinfo"]["total_key_count"] == total

@@ -123,7 +123,7 @@ def test_the_encode_step_writes_latent_tars_and_an_exact_wdinfo(shared: Path) ->
 
 
 def test_stored_moments_equal_nemos_vae_output_for_the_same_image(shared: Path, nemo_python: str) -> None:
-    config = shared / "results/sd_pretrain/training/sd_860m_res_256.yaml"
+    config = shared / "results/sd_860m_res_256/training/sd_860m_res_256.yaml"
     args = [
         config,
         shared / "data/tarfiles_reorganized/000000.tar",
@@ -189,7 +189,7 @@ def test_data_check_reads_the_latents_with_nemos_precached_loader(shared: Path, 
 
 
 def _encode(nemo_python: str, shared: Path, output: Path) -> subprocess.Popen:
-    config = shared / "results/sd_pretrain/training/sd_860m_res_256.yaml"
+    config = shared / "results/sd_860m_res_256/training/sd_860m_res_256.yaml"
     images = shared / "data/tarfiles_reorganized"
     return subprocess.Popen(
         [

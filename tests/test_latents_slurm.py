@@ -87,12 +87,12 @@ def _launch(shared: Path, nemo_python: str) -> dict[str, str]:
             ]
         )
     )
-    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
+    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_860m_res_256") if r.job_id}
 
 
 def _log(shared: Path, stage: str, name: str) -> str:
     return "\n".join(
-        p.read_text() for p in sorted((shared / f"results/sd_pretrain/{stage}/logs").glob(f"{name}_*"))
+        p.read_text() for p in sorted((shared / f"results/sd_860m_res_256/{stage}/logs").glob(f"{name}_*"))
     )
 
 
@@ -105,7 +105,7 @@ def test_encode_array_then_wdinfo_then_data_check_then_training(
     order = ("latents_wdinfo", "data_check", "sd_860m_res_256")
     states = {name: slurm_cluster.wait_job(ids[name], timeout=600).state for name in order}
     assert states == dict.fromkeys(order, "COMPLETED"), _log(shared, "data_check", "data_check")[-3000:]
-    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_pretrain")}
+    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_860m_res_256")}
     assert edges == {
         "encode_latents": [],
         "latents_wdinfo": ["afterok:encode_latents"],

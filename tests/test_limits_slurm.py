@@ -98,18 +98,18 @@ def test_demo_with_150_partitions_is_split_completes_and_matches_2_partitions(
     throttle = "data_preparation.download_images.array_throttle=8"
     launch_demo_data(split, *demo, "data_preparation.num_partitions=150", throttle)
     launch_demo_data(whole, *demo)
-    records = manifest.load(split / "results/sd_pretrain")
+    records = manifest.load(split / "results/sd_860m_res_256")
     by_name = {r.name: r for r in records}
     download = by_name["download_images"]
     assert download.array == "0-149%8" and len(download.part_ids) == 3
     _wait_completed(small_cluster, records)
-    _wait_completed(small_cluster, manifest.load(whole / "results/sd_pretrain"))
+    _wait_completed(small_cluster, manifest.load(whole / "results/sd_860m_res_256"))
     # One job in status: the 150 tasks of its 3 parts together.
     (download_status,) = [
-        st for st in status(split / "results/sd_pretrain") if st.record.name == "download_images"
+        st for st in status(split / "results/sd_860m_res_256") if st.record.name == "download_images"
     ]
     assert download_status.states == Counter({"COMPLETED": 150})
-    shown = _cli("status", str(split / "results/sd_pretrain"))
+    shown = _cli("status", str(split / "results/sd_860m_res_256"))
     ids = ",".join(download.part_ids)  # the job table's row: every part's id, the tasks together
     row = [line for line in shown.stdout.splitlines() if line.startswith("download_images") and ids in line]
     assert shown.returncode == 0 and len(row) == 1 and "COMPLETED 150" in row[0], shown.stdout + shown.stderr
@@ -118,7 +118,7 @@ def test_demo_with_150_partitions_is_split_completes_and_matches_2_partitions(
     assert len(markers) == 150, markers[:5]
     check_demo_dataset(split / "data")
     assert _samples(split / "data") == _samples(whole / "data")
-    logs = _cli("logs", str(split / "results/sd_pretrain"), "download_images")
+    logs = _cli("logs", str(split / "results/sd_860m_res_256"), "download_images")
     assert logs.returncode == 0 and "download_images_" in logs.stdout, logs.stderr
 
 
@@ -183,4 +183,4 @@ def test_a_plan_above_max_job_count_is_refused_before_anything_is_submitted(
     assert "lower data_preparation.num_partitions to at most" in str(error.value)
     assert "MaxJobCount 1000" in str(error.value)
     assert small_cluster.run_command(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout == before
-    assert not (shared / "results/sd_pretrain/manifest.json").exists()
+    assert not (shared / "results/sd_860m_res_256/manifest.json").exists()

@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 from fixtures.nemo import TinyTraining
 from nemo_cpu.harness import REPO, render_training, run_sd_train
+from omegaconf import OmegaConf
 
-from launcher import manifest
+from launcher import checkpoint_index, manifest
+from launcher.init_unet import UNET_PREFIX
 from launcher.outputs import TrainingOutputs
+from launcher.stages import training_init
 from launcher.throughput import read_training_progress
 
 pytestmark = pytest.mark.slow
@@ -53,6 +56,9 @@ def test_a_tiny_run_writes_its_final_checkpoint_and_ema_twin(earlier: TrainingOu
     assert final is not None and "-step=4-consumed_samples=8.0-" in final.name
     assert final.name.endswith("-EMA.ckpt")
     assert "center_crop_h_w: 256, 256" in earlier.configs()[0].read_text()
+    # NeMo's own checkpoint passes the check init_from makes on the login node, read without torch.
+    model = OmegaConf.to_container(OmegaConf.load(earlier.hparams).cfg, resolve=True)
+    training_init.check_checkpoint(final, model)
 
 
 def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
@@ -75,6 +81,9 @@ def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
     )
     assert extract.returncode == 0, extract.stderr[-4000:]
     assert later.init_source.read_text().strip() == str(final)  # the EMA weights of the last step
+    # The login node's reading (no torch, no tensor loaded) finds the tensors torch.load finds.
+    unet = [name for name in checkpoint_index.tensor_shapes(final) if name.startswith(UNET_PREFIX)]
+    assert f"init_from: {len(unet)} UNet tensors of {final}" in extract.stdout
 
     trained = run_sd_train(nemo_python, second, shared / "res128.log")
     assert trained.returncode == 0, trained.stderr[-4000:]

@@ -125,4 +125,4 @@ def test_a_dry_run_after_a_completed_slurm_run_changes_nothing(
         "container=none",
         f"container.python={sys.executable}",
     ]
-    _preview_changes_nothing(slurm_shared / "results/sd_pretrain", overrides, capsys)
+    _preview_changes_nothing(slurm_shared / "results/sd_860m_res_256", overrides, capsys)

@@ -111,17 +111,17 @@ def test_two_launches_of_one_run_at_once_on_the_local_backend(tmp_path: Path) ->
         stderr=subprocess.STDOUT,
         text=True,
     )
-    lock = tmp_path / "results/sd_pretrain" / LOCK_NAME
+    lock = tmp_path / "results/sd_860m_res_256" / LOCK_NAME
     deadline = time.monotonic() + 60
     while not _locked(lock) and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _locked(lock), "the first launch never held the lock"
-    with pytest.raises(LauncherError, match=r"another launch of .*sd_pretrain is running"):
+    with pytest.raises(LauncherError, match=r"another launch of .*sd_860m_res_256 is running"):
         launch(compose_config([f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}"]))
     output, _ = first.communicate(timeout=300)
     assert first.returncode == 0, output
     assert (tmp_path / "data/tarfiles_reorganized/wdinfo.pkl").exists()
-    records = manifest.load(tmp_path / "results/sd_pretrain")
+    records = manifest.load(tmp_path / "results/sd_860m_res_256")
     assert {r.job_id[:-2] for r in records if r.job_id} == {str(first.pid)}  # every job is the first launch's
 
 
@@ -148,7 +148,9 @@ def test_relaunch_refused_while_jobs_pend_then_resubmit_missing_waits_on_the_liv
     message = str(refused.value)
     assert all(f"{name} (job {job_id}: PENDING)" in message for name, job_id in ids.items()), message
     assert "python -m launcher cancel" in message and "another run_name" in message
-    assert {r.name: r.job_id for r in manifest.load(slurm_shared / "results/sd_pretrain")} == ids  # untouched
+    assert {
+        r.name: r.job_id for r in manifest.load(slurm_shared / "results/sd_860m_res_256")
+    } == ids  # untouched
     # The last job cancelled: resubmit=missing submits it alone, waiting on the live reorganize_tar.
     slurm_cluster.run_command(["scancel", ids["generate_wdinfo"]])
     slurm_cluster.wait_job(ids["generate_wdinfo"], timeout=30)
@@ -183,7 +185,7 @@ def test_resubmit_missing_after_one_failed_array_task(slurm_cluster, slurm_share
     assert _dependency(slurm_cluster, again["download_images"]) in ("", "(null)")  # its upstream completed
     for name in ("download_images", "reorganize_tar", "generate_wdinfo"):
         assert {j.state for j in slurm_cluster.wait_jobs(again[name], timeout=240)} == {"COMPLETED"}
-    logs = slurm_shared / "results/sd_pretrain/data_preparation/logs"
+    logs = slurm_shared / "results/sd_860m_res_256/data_preparation/logs"
     assert len(list(logs.glob("download_parquet_*.out"))) == 1
     assert (slurm_shared / "data/tarfiles_reorganized/wdinfo.pkl").exists()
 
@@ -198,12 +200,12 @@ def test_resubmit_missing_on_the_local_backend_runs_only_what_failed(tmp_path: P
         LauncherError, match=r"download_images: download_images: error: .*part-00001\.done\.json"
     ):
         launch(compose_config(overrides))
-    first = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_pretrain")}
+    first = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_860m_res_256")}
     (raw / "part-00001.done.json").unlink()
     launch(compose_config([*overrides, "resubmit=missing"]))
-    again = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_pretrain")}
+    again = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_860m_res_256")}
     assert {n for n in again if again[n] == first[n]} == {"make_demo_source", "download_parquet"}
-    logs = tmp_path / "results/sd_pretrain/data_preparation/logs"
+    logs = tmp_path / "results/sd_860m_res_256/data_preparation/logs"
     assert len(list(logs.glob("download_parquet_*.out"))) == 1
     assert len(list(logs.glob("download_images_*.out"))) == 4  # 2 tasks, twice
     assert (tmp_path / "data/tarfiles_reorganized/wdinfo.pkl").exists()

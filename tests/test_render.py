@@ -71,16 +71,19 @@ CASES = {
         "cluster=aws_p5",
         "stages=[data_preparation,training]",
         "training=stable_diffusion/860m_res_512_v1_1",
+        "training.init_from=/fsx/results/sd_860m_res_256",
     ],
     "aws_p5_512_v1_2": [
         "cluster=aws_p5",
         "stages=[data_preparation,training]",
         "training=stable_diffusion/860m_res_512_v1_2",
+        "training.init_from=/fsx/results/sd_860m_res_512_v1_1",
     ],
     "aws_p5_512_v1_5": [
         "cluster=aws_p5",
         "stages=[data_preparation,training]",
         "training=stable_diffusion/860m_res_512_v1_5",
+        "training.init_from=/fsx/results/sd_860m_res_512_v1_2",
     ],
     "aws_p5_256_v2_0_pretrain": [
         "cluster=aws_p5",
@@ -91,6 +94,7 @@ CASES = {
         "cluster=aws_p5",
         "stages=[data_preparation,training]",
         "training=stable_diffusion/860m_res_512_v2_0_base",
+        "training.init_from=/fsx/results/sd_860m_res_256_v2_0_pretrain",
     ],
     "aws_p5_benchmark": [
         "cluster=aws_p5",

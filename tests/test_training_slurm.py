@@ -67,11 +67,11 @@ def _launch(shared: Path, *overrides: str) -> dict[str, str]:
             ]
         )
     )
-    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
+    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_860m_res_256") if r.job_id}
 
 
 def _log(shared: Path, name: str, job_id: str) -> str:
-    return (shared / f"results/sd_pretrain/training/logs/{name}_{job_id}.out").read_text()
+    return (shared / f"results/sd_860m_res_256/training/logs/{name}_{job_id}.out").read_text()
 
 
 def test_sixteen_ranks_on_two_nodes_and_chained_jobs(slurm_cluster, shared: Path) -> None:
@@ -114,7 +114,7 @@ def test_failing_data_check_cancels_training(slurm_cluster, shared: Path) -> Non
     )
     assert slurm_cluster.wait_job(ids["data_check"], timeout=60).state == "FAILED"
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=30).state == "CANCELLED"
-    log = (shared / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
+    log = (shared / f"results/sd_860m_res_256/data_check/logs/data_check_{ids['data_check']}.out").read_text()
     assert "000000.tar" in log
 
 
@@ -167,13 +167,13 @@ def test_assets_then_model_check_then_training(
     jobs["sd_860m_res_256"] = slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=120)
     assert [job.state for job in jobs.values()] == ["COMPLETED"] * 3
     # In order: Slurm started each only after the previous one succeeded.
-    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_pretrain")}
+    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_860m_res_256")}
     assert edges == {
         "pretrained_assets": [],
         "data_check": ["afterok:pretrained_assets"],
         "sd_860m_res_256": ["afterok:data_check"],
     }
-    report = json.loads((shared / "results/sd_pretrain/data_check/report.json").read_text())
+    report = json.loads((shared / "results/sd_860m_res_256/data_check/report.json").read_text())
     assert report["ok"] and set(report["models"]) == {"unet", "vae", "text_encoder"}
     assert report["models"]["vae"]["file"] == str(
         shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
@@ -189,6 +189,6 @@ def test_failing_model_check_cancels_training(
     assert slurm_cluster.wait_job(ids["data_check"], timeout=300).state == "FAILED"
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=60).state == "CANCELLED"
     log = (
-        real_data[0] / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out"
+        real_data[0] / f"results/sd_860m_res_256/data_check/logs/data_check_{ids['data_check']}.out"
     ).read_text()
     assert "model.unet_config: NeMo cannot build it" in log and "enable_amp_o2_fp16" in log
