@@ -40,7 +40,7 @@ def test_the_readme_aws_p5_dry_run_creates_nothing_on_a_host_without_fsx(
     out = capsys.readouterr().out
     assert not Path("/fsx").exists() and _everything(tmp_path) == set()
     assert "#!/bin/bash" in out and "nothing written: /fsx is not on this host" in out
-    assert "run folder would be /fsx/results/sd_pretrain" in " ".join(out.split())
+    assert "run folder would be /fsx/results/sd_860m_res_256" in " ".join(out.split())
 
 
 def test_a_dry_run_creates_no_top_level_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,7 +61,7 @@ def test_a_dry_run_creates_no_top_level_folder(tmp_path: Path, monkeypatch: pyte
         if top.exists():
             shutil.rmtree(top)
     assert dry_run(tmp_path / "not/yet") == 0  # on the cluster: /shared is there, /shared/sd not yet
-    assert (tmp_path / "not/yet/results/sd_pretrain/manifest.json").is_file()
+    assert (tmp_path / "not/yet/results/sd_860m_res_256/manifest.json").is_file()
 
 
 def test_a_dry_run_writes_only_its_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,7 +81,7 @@ def test_a_dry_run_writes_only_its_run_folder(tmp_path: Path, monkeypatch: pytes
         "dry_run=true",
     ]
     assert main(argv) == 0
-    run = shared / "results/sd_pretrain"
+    run = shared / "results/sd_860m_res_256"
     records = manifest.load(run)
     plan = build_plan(to_schema(compose_config(argv)), host_facts())
     files = {Path(r.script) for r in records} | {path for path, _ in plan.files}
@@ -106,7 +106,7 @@ def test_status_counts_every_task_of_an_array_not_submitted(tmp_path: Path) -> N
     ]
     assert main(argv) == 0
     cfg = to_schema(compose_config(argv))
-    run = tmp_path / "results/sd_pretrain"
+    run = tmp_path / "results/sd_860m_res_256"
     counted = {st.record.name: st.states for st in status(run)}
     partitions = cfg.data_preparation.num_partitions
     assert partitions == 128

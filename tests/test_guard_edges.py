@@ -65,7 +65,7 @@ def test_a_real_launch_without_sbatch_is_refused_before_anything_is_written(
     # The refusal is the missing sbatch: the dry run it names works on this host and writes the run folder.
     done = _launcher([*argv, "dry_run=true"], tmp_path, str(bare_path))
     assert done.returncode == 0, done.stderr
-    assert (shared / "results/sd_pretrain/manifest.json").is_file()
+    assert (shared / "results/sd_860m_res_256/manifest.json").is_file()
 
 
 def test_make_executor_without_srun_fails_in_one_line(

@@ -1,7 +1,7 @@
 """Each config group holds one kind: conf/data_preparation/ only datasets, conf/container/ only container
 runtimes; a cluster preset names its own default dataset and runtime. Moving them there changed no
 composed value: every cluster x dataset and cluster x runtime composes to the text it composed to at
-843516b (stored in tests/data/composed_presets_843516b.json), and `--help` lists each group's options
+843516b (stored in tests/data/composed_presets.json), and `--help` lists each group's options
 and default.
 
 The stored file was written on 843516b, before the move, by the same function the test compares with:
@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
-STORED = REPO / "tests/data/composed_presets_843516b.json"
+STORED = REPO / "tests/data/composed_presets.json"
 CLUSTERS = ("local", "slurm", "aws_p5", "aws_p4de")
 DATASETS = ("pd12m", "coyo700m", "demo", "laion_art", "webdataset_tars")
 RUNTIMES = ("none", "pyxis")
