@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import compose_config
 from fixtures.disk import fill, small_tmpfs
+from fixtures.nemo import nemo_python_path
 from nemo_cpu.harness import REPO, render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import TINY_OVERRIDES
 
@@ -226,7 +227,8 @@ def test_kill_9_mid_tar_then_rerun_gives_the_bytes_of_an_uninterrupted_run(
     shared: Path, nemo_python: str
 ) -> None:
     output = shared / "killed"
-    proc = _encode(nemo_python, shared, output)
+    # NeMo's real interpreter, not the session's fork server: the process killed is the encoder itself.
+    proc = _encode(nemo_python_path(), shared, output)
     deadline = time.monotonic() + 300
     # Mid-tar: the first tar committed, the second being written under its temporary name.
     while not (list(output.glob("_counts/*.json")) and list(output.glob(".000001.tar.*.tmp"))):
