@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from launcher import nemo_python
 from launcher.config import BackendName, Runtime
 from launcher.context import Facts
 from launcher.errors import ConfigError
@@ -217,5 +218,8 @@ def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) ->
         )
         require_mounted("container.code_dir", facts.code_dir, c.mounts, remedy)
     names = planned_names(cfg, stages)
+    nemo_python.check(
+        cfg, facts, [job for stage in stages if stage.name in names for job in stage.nemo_jobs(cfg)]
+    )
     for stage in stages:
         stage.host_check(cfg, names, facts)

@@ -18,11 +18,20 @@ from launcher.cli import main
 DOC = REPO / "docs/generic-slurm.md"
 
 
-def documented_command() -> list[str]:
-    """The page's launch command (continuation lines joined), as the shell splits it."""
+def documented_commands() -> list[list[str]]:
+    """The page's launch commands (continuation lines joined), as the shell splits them."""
     text = DOC.read_text().replace("\\\n", " ")
-    [line] = [line for line in text.splitlines() if "launcher/main.py" in line and "cluster=slurm" in line]
-    return shlex.split(line)
+    return [
+        shlex.split(line)
+        for line in text.splitlines()
+        if "launcher/main.py" in line and "cluster=slurm" in line
+    ]
+
+
+def documented_command() -> list[str]:
+    """The page's pyxis launch command (its other one is cluster=slurm alone)."""
+    [words] = [words for words in documented_commands() if "container=pyxis" in words]
+    return words
 
 
 def test_the_documented_generic_slurm_command_dry_runs(tmp_path: Path) -> None:
