@@ -11,26 +11,17 @@ import sys
 from pathlib import Path
 
 from conftest import REPO
+from fixtures.docs import GENERIC_SLURM, generic_slurm_commands
 
 from launcher import manifest
 from launcher.cli import main
 
-DOC = REPO / "docs/generic-slurm.md"
-
-
-def documented_commands() -> list[list[str]]:
-    """The page's launch commands (continuation lines joined), as the shell splits them."""
-    text = DOC.read_text().replace("\\\n", " ")
-    return [
-        shlex.split(line)
-        for line in text.splitlines()
-        if "launcher/main.py" in line and "cluster=slurm" in line
-    ]
+DOC = GENERIC_SLURM
 
 
 def documented_command() -> list[str]:
     """The page's pyxis launch command (its other one is cluster=slurm alone)."""
-    [words] = [words for words in documented_commands() if "container=pyxis" in words]
+    [words] = [words for words in generic_slurm_commands() if "container=pyxis" in words]
     return words
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, compose_config
-from test_cost import _cfg, _sweep
+from fixtures.estimates import aws_p5_cfg, aws_p5_dry_run, write_sweep
 
 from launcher import cost
-from launcher.cli import main
 from launcher.config import GPU_TYPES
 from launcher.validate import to_schema
 
@@ -99,7 +98,7 @@ def test_every_published_line_starts_with_estimated_and_names_its_gpu(tmp_path: 
         ["training=stable_diffusion/860m_res_512_v1_1"],
         ["data_preparation.precache.enable=true"],
     ):
-        for line in cost.notes(_cfg(tmp_path, *overrides)):
+        for line in cost.notes(aws_p5_cfg(tmp_path, *overrides)):
             assert line.startswith("estimated training cost on H100: "), line
 
 
@@ -130,41 +129,27 @@ def test_the_generic_preset_without_a_gpu_type_prints_each_known_type_labelled(t
 def test_a_gpu_type_without_a_published_figure_says_so_and_how_to_measure(tmp_path: Path) -> None:
     # NVIDIA published SD 2.0 at 512 px for the H100 only.
     (line,) = cost.notes(
-        _cfg(tmp_path, "cluster=aws_p4de", "training=stable_diffusion/860m_res_512_v2_0_base")
+        aws_p5_cfg(tmp_path, "cluster=aws_p4de", "training=stable_diffusion/860m_res_512_v2_0_base")
     )
     assert line.startswith("estimated training cost on A100: none, ") and "SD 2.0 at 512 px on A100" in line
     assert "stages=[benchmark]" in line and "GPU-hours" not in line
 
 
 def test_a_sweep_on_another_gpu_type_is_not_this_clusters_measurement(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)  # aws_p5: H100
+    cfg = aws_p5_cfg(tmp_path)  # aws_p5: H100
     results = tmp_path / "results"
-    _sweep(results, "bench_p4de", cfg, 150.0, gpu="NVIDIA A100-SXM4-80GB")
+    write_sweep(results, "bench_p4de", cfg, 150.0, gpu="NVIDIA A100-SXM4-80GB")
     (line,) = cost.notes(cfg)
     assert line.startswith("estimated training cost on H100: ") and "bench_p4de" not in line
-    (line,) = cost.notes(_cfg(tmp_path, "cluster=aws_p4de"))
+    (line,) = cost.notes(aws_p5_cfg(tmp_path, "cluster=aws_p4de"))
     assert line.startswith("training cost: ") and "measured: bench_p4de's benchmark" in line
     assert "150 img/s" in line and "NVIDIA A100-SXM4-80GB" in line
-
-
-def _aws_p5_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *overrides: str) -> str:
-    """What the README's P5 dry run prints, its wrapped lines joined (the summary fits the terminal)."""
-    argv = [
-        "cluster=aws_p5",
-        "stages=[data_preparation,training]",
-        f"cluster.shared_dir={tmp_path}",
-        f"container.mounts=[{tmp_path}:{tmp_path}]",
-        "dry_run=true",
-        *overrides,
-    ]
-    assert main(argv) == 0
-    return " ".join(capsys.readouterr().out.split())
 
 
 def test_the_dry_run_summary_prints_the_h100_estimate_alone_on_aws_p5(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = _aws_p5_dry_run(tmp_path, capsys)
+    out = aws_p5_dry_run(tmp_path, capsys)
     assert "estimated training cost on H100: " in out and "A100" not in out
     assert f"x{cost.LATENTS_SPEEDUP} for cached latents (FLOP count, not measured" in out
     assert "training cost: " not in out.replace("estimated training cost", "")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXED_FACTS, compose_config
-from test_guard_estimates import _aws_p5_dry_run
+from fixtures.estimates import aws_p5_dry_run
 
 from launcher.backends.slurm import limits_for
 from launcher.errors import LauncherError
@@ -52,6 +52,6 @@ def test_the_notes_and_the_refusal_name_the_users_key_not_slurms_defaults(tmp_pa
 def test_the_dry_run_summary_labels_the_users_limits(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = _aws_p5_dry_run(tmp_path, capsys, "cluster.max_array_size=100", "cluster.max_job_count=1000")
+    out = aws_p5_dry_run(tmp_path, capsys, "cluster.max_array_size=100", "cluster.max_job_count=1000")
     assert "128 tasks submitted as 2 arrays of at most 100 (MaxArraySize, your cluster.max_array_size)" in out
     assert "Slurm's default" not in out

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXED_FACTS, REPO, compose_config
-from test_documented_commands import documented_commands
-from test_init_from import CKPT, _earlier_run
+from fixtures.docs import generic_slurm_commands
 
-from launcher import manifest
+from launcher import manifest, nemo_python
 from launcher.cli import launch, main
 from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
-from launcher.validate import check_facts, to_schema
+from launcher.validate import planned_nemo_jobs, to_schema
 
 NO_VENV = dataclasses.replace(FIXED_FACTS, code_dir="/shared/sd-launcher", nemo_python=None)
 HEADLINE = ["stages=[data_preparation,training]", "cluster=slurm", "dry_run=true"]
@@ -52,14 +51,22 @@ def test_the_headline_without_an_interpreter_is_refused_in_one_line_naming_the_k
 
 
 def test_the_init_job_is_checked_with_the_others(tmp_path: Path) -> None:
-    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail="-last"))
-    overrides = _headline(
-        tmp_path / "shared", f"training.init_from={earlier}", "data_check.python=/nemo/bin/python"
-    )
+    # Refused before training.init_from itself is looked at: no earlier run is needed to see it.
+    overrides = _headline(tmp_path, "training.init_from=/earlier/run", "data_check.python=/nemo/bin/python")
     with pytest.raises(
         ConfigError, match=r"to run encode_latents, sd_860m_res_256, sd_860m_res_256_init with;"
     ):
         launch(compose_config(overrides), NO_VENV)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _nemo_jobs_planned(cfg, facts) -> dict[str, str]:
+    """Every planned NeMo job's interpreter as planned, after the interpreter check alone (the plan's
+    other host checks would look for training.init_from's earlier run)."""
+    jobs = planned_nemo_jobs(cfg)
+    nemo_python.check(cfg, facts, jobs)
+    argv = {job.name: job.argv[0] for job in build_plan(cfg, facts).jobs}
+    return {job.name: argv[job.name] for job in jobs}
 
 
 def test_the_refusal_quoted_in_docs_generic_slurm_is_the_launchers(
@@ -67,7 +74,7 @@ def test_the_refusal_quoted_in_docs_generic_slurm_is_the_launchers(
 ) -> None:
     """The page's cluster=slurm command, run as printed (its shared_dir is this folder), gets the error the
     page quotes, word for word as far as the page quotes it."""
-    [bare] = [words for words in documented_commands() if "container=pyxis" not in words]
+    [bare] = [words for words in generic_slurm_commands() if "container=pyxis" not in words]
     assert bare[2:] == HEADLINE
     monkeypatch.chdir(tmp_path)  # cluster=slurm's shared_dir is the folder the launcher starts in
     monkeypatch.setattr("launcher.cli.host_facts", lambda: NO_VENV)
@@ -81,19 +88,17 @@ def test_the_refusal_quoted_in_docs_generic_slurm_is_the_launchers(
 
 
 def test_training_run_python_is_every_nemo_jobs_interpreter(tmp_path: Path) -> None:
-    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail="-last"))
     nemo = "/cluster/nemo/bin/python"
-    run = launch(
-        compose_config(
-            _headline(tmp_path / "shared", f"training.run.python={nemo}", f"training.init_from={earlier}")
-        ),
-        NO_VENV,
-    )
-    found = _interpreters(run)
-    for job in ("encode_latents", "data_check", "sd_860m_res_256", "sd_860m_res_256_init"):
+    found = _interpreters(launch(compose_config(_headline(tmp_path, f"training.run.python={nemo}")), NO_VENV))
+    for job in ("encode_latents", "data_check", "sd_860m_res_256"):
         assert found[job] == nemo, (job, found)
     # The data steps keep the launcher's own interpreter: they need no NeMo.
     assert found["download_images"] == NO_VENV.python
+    # training.init_from's init job too (it reads the checkpoint with torch).
+    cfg = to_schema(
+        compose_config(_headline(tmp_path, f"training.run.python={nemo}", "training.init_from=/a/run"))
+    )
+    assert _nemo_jobs_planned(cfg, NO_VENV)["sd_860m_res_256_init"] == nemo
 
 
 def test_a_jobs_own_key_overrides_the_shared_one_for_that_job_alone(tmp_path: Path) -> None:
@@ -123,8 +128,6 @@ def test_this_checkouts_nemo_venv_serves_every_nemo_job_without_a_container(tmp_
 
 
 def test_in_the_image_every_nemo_job_runs_its_python3_not_the_data_prep_venv(tmp_path: Path) -> None:
-    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
-    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail="-last"))
     cfg = to_schema(
         compose_config(
             [
@@ -132,17 +135,19 @@ def test_in_the_image_every_nemo_job_runs_its_python3_not_the_data_prep_venv(tmp
                 "stages=[data_preparation,training]",
                 f"cluster.shared_dir={tmp_path}",
                 f"container.mounts=[{tmp_path}:{tmp_path}]",
-                f"container.image={tmp_path}/nemo.sqsh",
-                f"training.init_from={earlier}",
+                "training.init_from=/fsx/results/sd_256",
             ]
         )
     )
-    check_facts(cfg, NO_VENV)  # no venv needed: the image has NeMo
-    plan = build_plan(cfg, NO_VENV)
-    argv = {job.name: job.argv[0] for job in plan.jobs}
-    for job in ("encode_latents", "data_check", "sd_860m_res_256", "sd_860m_res_256_init"):
-        assert argv[job] == "python3", (job, argv[job])
-    assert argv["download_images"] == cfg.container.python == "/opt/venv/bin/python"
+    found = _nemo_jobs_planned(cfg, NO_VENV)  # no venv needed: the image has NeMo
+    assert found == dict.fromkeys(
+        ("encode_latents", "data_check", "sd_860m_res_256", "sd_860m_res_256_init"), "python3"
+    )
+    assert (
+        build_plan(cfg, NO_VENV).job("download_images").argv[0]
+        == cfg.container.python
+        == "/opt/venv/bin/python"
+    )
 
 
 def test_the_benchmark_sweep_is_a_nemo_job_too(tmp_path: Path) -> None:
