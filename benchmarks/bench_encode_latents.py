@@ -147,6 +147,9 @@ def main() -> None:
     unet = rows[-1][1]
     print(f"{'images path (all three), baseline':<38} {total:>8.1f} {'1.00x':>6}")
     print(f"{'latents path (UNet only)':<38} {unet:>8.1f} {total / unet:>5.2f}x  <- expected img/s ratio")
+    from launcher.cost import LATENTS_SPEEDUP  # the cost line's factor, from this table at 256 px
+
+    print(f"launcher/cost.py's LATENTS_SPEEDUP (the training cost line): {LATENTS_SPEEDUP:.2f}x")
 
     with tempfile.TemporaryDirectory() as tmp:
         seconds, done = encode_timing(Path(tmp), args.images, args.batch, args.side, not args.real_vae)

@@ -24,6 +24,7 @@ from launcher.rules import (
     PATH_COMPONENT,
     SBATCH_FLAG,
     SLURM_MEM,
+    Choice,
     Each,
     Keys,
     Range,
@@ -32,6 +33,9 @@ from launcher.rules import (
     described,
     ruled,
 )
+
+# The GPU types training's cost line has published figures for (launcher.cost.PUBLISHED_RATES).
+GPU_TYPES = ("H100", "A100")
 
 
 class BackendName(str, Enum):
@@ -72,6 +76,13 @@ class ClusterConfig:
     qos: str | None = ruled(Text(), None, help="Slurm quality of service (--qos); null = none asked.")
     gpus_per_node: int = ruled(
         Range(0), 0, help="GPUs on each node; 0 = a cluster without GPUs (GPU stages are then refused)."
+    )
+    gpu_type: str | None = ruled(
+        Choice(GPU_TYPES),
+        None,
+        help="The nodes' GPU model (aws_p5: H100, aws_p4de: A100): training's cost line is estimated for it "
+        "alone, and only a benchmark sweep run on it counts as measured; null = one estimate per GPU type "
+        "with a published figure, each labelled.",
     )
     cpus_per_node: int | None = ruled(
         Range(1), None, help="CPUs on each node, for the jobs that take a whole node; null = not stated."

@@ -18,7 +18,8 @@ class Facts:
     python: str
     code_dir: str
     cpu_count: int = 2
-    # An interpreter with NeMo on this host (for data_check without a container), if any.
+    # This checkout's NeMo venv (.venv-nemo/bin/python), if any: every NeMo job's interpreter without a
+    # container when no key names one (launcher.nemo_python).
     nemo_python: str | None = None
     # The Slurm id of the last training part of the run training.init_from names, while that run's training
     # is queued or running (probed by the cli: launcher.stages.training_init.probe).

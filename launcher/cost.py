@@ -3,12 +3,13 @@
 The speed comes, in this order, from:
 1. the newest benchmark sweep (`<base_results_dir>/*/benchmark/report.json`, launcher.bench) whose case
    ran the same model at the same resolution with the same inputs (images or latents) and micro batch,
-   nodes nearest this run's (per-GPU rate of an "ok" row; named in the note);
-2. else a published figure, labelled as such: NeMo-Framework-Launcher's README (at b8dfd8c4), SD 860M
-   at 256 px from images, bf16: ~242 img/s per H100, ~123 per A100; SD 2.0 at 512 px: ~64 img/s per
-   H100. Other resolutions scale by pixel count (the UNet's work is ~proportional to latent pixels),
-   cached latents by 1.4x (mosaicml/diffusion: encoding during training costs ~1.4x the time): both
-   labelled estimates.
+   on the cluster's GPU type (`cluster.gpu_type`, when set), nodes nearest this run's (per-GPU rate of an
+   "ok" row; named in the line, which then starts "training cost");
+2. else a published figure, and the line starts "estimated training cost": NeMo-Framework-Launcher's
+   README (at b8dfd8c4), SD 860M at 256 px from images, bf16: ~242 img/s per H100, ~123 per A100; SD 2.0
+   at 512 px: ~64 img/s per H100. Other resolutions scale by pixel count (the UNet's work is ~proportional
+   to latent pixels), cached latents by LATENTS_SPEEDUP (below). One line for the cluster's GPU type, or
+   one per GPU type with a published figure when `cluster.gpu_type` is unset.
 """
 
 from __future__ import annotations
@@ -22,21 +23,36 @@ from typing import Any
 from data_prep import latent_format as fmt
 from launcher import latents, nemo_config
 from launcher.bench.cases import Sweep, bench_dir, config_path
+from launcher.config import GPU_TYPES
 from launcher.rules import slurm_time_seconds
 
 PUBLISHED = "NeMo-Framework-Launcher README (b8dfd8c4)"
-# (text encoder is OpenCLIP, side in px) -> (img/s per H100, per A100 or None), from images.
-PUBLISHED_RATES: dict[tuple[bool, int], tuple[float, float | None]] = {
-    (False, 256): (242.0, 123.0),
-    (True, 512): (64.0, None),
+# (text encoder is OpenCLIP, side in px) -> img/s per GPU of each type NVIDIA published, from images.
+PUBLISHED_RATES: dict[tuple[bool, int], dict[str, float]] = {
+    (False, 256): {"H100": 242.0, "A100": 123.0},
+    (True, 512): {"H100": 64.0},
 }
-LATENTS_SPEEDUP = 1.4  # mosaicml/diffusion: ~1.4x the time when latents are computed during training
+
+# The one source of the cached-latents factor (README, docs/latents.md, docs/training.md and
+# docs/benchmark.md state this number; tests/test_guard_estimates.py holds them to it). GFLOP per 256 px
+# training image on NeMo's own modules at the 860M preset's sizes, counted by torch's FlopCounterMode in
+# benchmarks/bench_encode_latents.py: from images a step runs all three, from latents the UNet alone.
+# Counted, not timed (no GPU here): it leaves out the optimizer step and the loader. Published figures
+# bracket it: mosaicml/diffusion's README expects 1.4x the time when latents are computed while training
+# (their SD 2.0 stack), NeMo's DreamBooth documentation reports +75% throughput from cached latents.
+ENCODERS_GFLOP = {"VAE encoder forward": 272.7, "CLIP text encoder forward": 13.1}
+UNET_GFLOP = 537.7  # forward + backward
+LATENTS_SPEEDUP = round((UNET_GFLOP + sum(ENCODERS_GFLOP.values())) / UNET_GFLOP, 2)
+LATENTS_SOURCE = f"x{LATENTS_SPEEDUP} for cached latents (FLOP count, not measured: docs/latents.md)"
 
 
 @dataclass(frozen=True)
 class Speed:
     img_s_per_gpu: float
     source: str  # where the number comes from, printed with it
+    # A published figure (scaled): the line says "estimated"; a rate a sweep measured does not.
+    estimate: bool = False
+    gpu: str = ""  # the GPU type it is for (published figures)
 
 
 @dataclass(frozen=True)
@@ -73,8 +89,14 @@ def _bench_key(bench: Path, case: Any) -> Key | None:
     return key_of(OmegaConf.load(path).get("model", {}), case.inputs)
 
 
-def measured(results_root: Path, key: Key, nodes: int) -> Speed | None:
-    """The newest sweep's ok row for `key`, nodes nearest `nodes`; None when no sweep matches."""
+def _same_gpu(row: dict[str, Any], gpu_type: str | None) -> bool:
+    """The sweep ran on the cluster's GPU type (nvidia-smi's name, e.g. "NVIDIA H100 80GB HBM3"); any
+    GPU when cluster.gpu_type is unset."""
+    return gpu_type is None or gpu_type.upper() in str(row.get("gpu", "")).upper()
+
+
+def measured(results_root: Path, key: Key, nodes: int, gpu_type: str | None = None) -> Speed | None:
+    """The newest sweep's ok row for `key` on `gpu_type`, nodes nearest `nodes`; None when none matches."""
     reports = sorted(
         results_root.glob(f"*/{bench_dir(Path()).name}/report.json"),
         key=lambda p: p.stat().st_mtime,
@@ -88,7 +110,7 @@ def measured(results_root: Path, key: Key, nodes: int) -> Speed | None:
             continue
         matching = []
         for row in rows:
-            if row.get("status") != "ok" or not row.get("img_s_per_gpu"):
+            if row.get("status") != "ok" or not row.get("img_s_per_gpu") or not _same_gpu(row, gpu_type):
                 continue
             case = next((c for c in sweep.cases if (c.job, c.task) == (row["job"], row["task"])), None)
             if case and _bench_key(bench, case) == key:
@@ -103,22 +125,27 @@ def measured(results_root: Path, key: Key, nodes: int) -> Speed | None:
     return None
 
 
-def published(key: Key) -> list[Speed]:
-    """The published figure nearest this config, scaled and labelled; one per GPU model it names."""
+def _anchor(key: Key) -> tuple[str, int, dict[str, float]]:
+    """The published figure nearest this config: what it is of, its side in px, its rates."""
     anchors = [(side, rates) for (clip, side), rates in PUBLISHED_RATES.items() if clip == key.open_clip]
-    side, (h100, a100) = min(anchors, key=lambda a: abs(a[0] - key.side))
-    scale, notes = 1.0, [f"published: {PUBLISHED}, {'SD 2.0' if key.open_clip else 'SD 860M'} at {side} px"]
+    side, rates = min(anchors, key=lambda a: abs(a[0] - key.side))
+    return f"{'SD 2.0' if key.open_clip else 'SD 860M'} at {side} px", side, rates
+
+
+def published(key: Key, gpu: str) -> Speed | None:
+    """The published figure nearest this config on `gpu`, scaled and labelled; None where NVIDIA
+    published none for that GPU type."""
+    model, side, rates = _anchor(key)
+    if gpu not in rates:
+        return None
+    scale, notes = 1.0, [f"published: {PUBLISHED}, {model}"]
     if key.side and key.side != side:
         scale *= (side / key.side) ** 2
-        notes.append(f"scaled to {key.side} px by pixel count (estimate)")
+        notes.append(f"scaled to {key.side} px by pixel count")
     if key.inputs == "latents":
         scale *= LATENTS_SPEEDUP
-        notes.append(f"x{LATENTS_SPEEDUP} for cached latents (estimate, mosaicml/diffusion)")
-    label = ", ".join(notes)
-    speeds = [Speed(h100 * scale, f"H100, {label}")]
-    if a100:
-        speeds.append(Speed(a100 * scale, f"A100, {label}"))
-    return speeds
+        notes.append(LATENTS_SOURCE)
+    return Speed(rates[gpu] * scale, ", ".join(notes), estimate=True, gpu=gpu)
 
 
 def _hours(seconds: float) -> str:
@@ -126,7 +153,7 @@ def _hours(seconds: float) -> str:
 
 
 def estimate_line(cfg: Any, speed: Speed) -> str:
-    """Wall time, parts of the job's time limit, GPU-hours, at `speed`."""
+    """Wall time, parts of the job's time limit, GPU-hours, at `speed`; "estimated" unless measured."""
     s = nemo_config.shape(cfg)
     steps = int(cfg.training.trainer.get("max_steps", 0) or 0)
     wall = steps * s.global_batch_size / (speed.img_s_per_gpu * s.world_size)
@@ -134,17 +161,35 @@ def estimate_line(cfg: Any, speed: Speed) -> str:
     parts = math.ceil(wall / per_part) if per_part > 0 else 0
     chain = cfg.training.run.chain
     advice = "" if parts <= chain else f" (training.run.chain is {chain}: set it to {parts}, or relaunch)"
+    if not speed.estimate:
+        head = "training cost"
+    elif cfg.cluster.gpu_type:
+        head = f"estimated training cost on {speed.gpu}"
+    else:  # no GPU type named: every type's line, each labelled
+        head = f"estimated training cost on {speed.gpu} (cluster.gpu_type unset)"
     return (
-        f"training cost: {steps:,} steps x {s.global_batch_size:,} images at {speed.img_s_per_gpu:,.0f} img/s "
+        f"{head}: {steps:,} steps x {s.global_batch_size:,} images at {speed.img_s_per_gpu:,.0f} img/s "
         f"per GPU x {s.world_size} GPUs = {_hours(wall)} wall, {parts} part(s) of "
         f"{nemo_config.time_limit(cfg)}{advice}, {wall * s.world_size / 3600:,.0f} GPU-hours [{speed.source}]"
     )
 
 
 def notes(cfg: Any) -> tuple[str, ...]:
-    """The stage note lines: one per speed source (the measured one alone when a sweep matches)."""
+    """The stage note lines: the measured one alone when a sweep on this GPU type matches, else the
+    published estimate for cluster.gpu_type (one per GPU type with a figure when it is unset)."""
     if cfg.cluster.gpus_per_node < 1 or not cfg.training.trainer.get("max_steps"):
         return ()
     key = key_of(cfg.training.model, "latents" if latents.enabled(cfg) else "images")
-    speed = measured(Path(cfg.base_results_dir), key, nemo_config.shape(cfg).nodes)
-    return tuple(estimate_line(cfg, s) for s in ([speed] if speed else published(key)))
+    gpu_type = cfg.cluster.gpu_type
+    speed = measured(Path(cfg.base_results_dir), key, nemo_config.shape(cfg).nodes, gpu_type)
+    if speed:
+        return (estimate_line(cfg, speed),)
+    if gpu_type is None:  # every GPU type NVIDIA published a figure for, each labelled
+        return tuple(estimate_line(cfg, s) for gpu in GPU_TYPES for s in [published(key, gpu)] if s)
+    speed = published(key, gpu_type)
+    if speed:
+        return (estimate_line(cfg, speed),)
+    return (
+        f"estimated training cost on {gpu_type}: none, {PUBLISHED} has no figure for {_anchor(key)[0]} on "
+        f"{gpu_type}; measure one with stages=[benchmark] (docs/benchmark.md)",
+    )

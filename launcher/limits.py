@@ -20,6 +20,12 @@ from launcher.spec import JobSpec, Plan
 # Slurm's own defaults (slurm.conf(5)), used by a dry run that cannot ask a cluster.
 DEFAULT_MAX_ARRAY_SIZE = 1001
 DEFAULT_MAX_JOB_COUNT = 10000
+DEFAULT_SOURCE = "Slurm's default"
+
+
+def user_source(key: str) -> str:
+    """The label of a limit the user set: theirs, never the cluster's or Slurm's."""
+    return f"your cluster.{key}"
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,9 @@ class SlurmLimits:
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
     # Jobs the controller holds at once, every array task counted (a pending array included).
     max_job_count: int = DEFAULT_MAX_JOB_COUNT
-    source: str = "Slurm's defaults"
+    # Where each limit came from, printed beside it: the config (user_source), the cluster, Slurm's default.
+    array_source: str = DEFAULT_SOURCE
+    job_count_source: str = DEFAULT_SOURCE
     # True when max_job_count is Slurm's default, not this cluster's (a dry run without the key): a plan
     # above it is then a warning, since the cluster may well allow more.
     assumed: bool = False
@@ -40,6 +48,7 @@ def parse_config(text: str, source: str = "scontrol show config") -> SlurmLimits
     return SlurmLimits(
         int(values.get("MaxArraySize", DEFAULT_MAX_ARRAY_SIZE)),
         int(values.get("MaxJobCount", DEFAULT_MAX_JOB_COUNT)),
+        source,
         source,
     )
 
@@ -68,7 +77,7 @@ def job_count_problem(plan: Plan, limits: SlurmLimits) -> str | None:
     )
     return (
         f"the plan holds {total} Slurm jobs counting every array task ({largest.stage}/{largest.name}: "
-        f"{_tasks(largest)}), more than MaxJobCount {limits.max_job_count} ({limits.source}): {change}, "
+        f"{_tasks(largest)}), more than MaxJobCount {limits.max_job_count} ({limits.job_count_source}): {change}, "
         "or set cluster.max_job_count if your cluster allows more"
     )
 
@@ -90,7 +99,7 @@ def fit(plan: Plan, limits: SlurmLimits) -> Plan:
             order = "one after another (the throttle holds overall)" if job.array.throttle else "at once"
             notes.append(
                 f"{job.stage}/{job.name}: {job.array.size} tasks submitted as {len(job.array.parts())} arrays "
-                f"of at most {limits.max_array_size} (MaxArraySize, {limits.source}), run {order}; "
+                f"of at most {limits.max_array_size} (MaxArraySize, {limits.array_source}), run {order}; "
                 "status, logs, cancel and resubmit=missing treat them as one job"
             )
         jobs.append(job)

@@ -75,6 +75,14 @@ def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
             f"container.image: {image} does not exist on this host; build it with "
             "enroot/import.sh or fix the path"
         )
+    script = cfg.training.run.script
+    if cfg.container.runtime is Runtime.none and not Path(script).is_file():
+        # Its default is the image's copy; NeMo's wheel has none (.venv-nemo cannot stand in for it).
+        found.problems.append(
+            f"training.run.script: {script} does not exist on this host, and without a container "
+            "(container.runtime none) the jobs run sd_train.py from the nodes' file system; give its path "
+            "there (a NeMo checkout every node sees), or run in the image: container=pyxis container.image=<.sqsh>"
+        )
     if "training" not in stages or "data_preparation" in stages:
         return found
     if cfg.training.model.get("data", {}).get("synthetic_data"):

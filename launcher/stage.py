@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.context import Context, Facts
+from launcher.nemo_python import NemoJob
 from launcher.spec import JobSpec
 
 # `cfg` below is the root config that launcher.registry builds from every stage's section.
@@ -36,6 +37,10 @@ def no_assets(cfg: Any) -> AssetNeeds:
 
 
 def no_warnings(cfg: Any, planned: frozenset[str]) -> tuple[str, ...]:
+    return ()
+
+
+def no_nemo_jobs(cfg: Any) -> tuple[NemoJob, ...]:
     return ()
 
 
@@ -92,6 +97,9 @@ class StageSpec:
     gpus: bool = False
     check: Check = no_check
     host_check: HostCheck = no_host_check
+    # The jobs it plans that run NeMo, each with its own interpreter key if it has one: their interpreters
+    # are found and checked one way, all at once, before planning (launcher.nemo_python).
+    nemo_jobs: Callable[[Any], tuple[NemoJob, ...]] = no_nemo_jobs
     # What the submitting host suggests but does not forbid (free space): printed, never blocking.
     warnings: Warnings = no_warnings
     # What the assets job stages for this stage when it is planned (launcher/stages/assets.py asks).

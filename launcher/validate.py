@@ -17,9 +17,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from launcher import nemo_python
 from launcher.config import BackendName, Runtime
 from launcher.context import Facts
 from launcher.errors import ConfigError
+from launcher.nemo_python import NemoJob
 from launcher.registry import STAGES, planned_names, root_config_type
 from launcher.rules import RULE, Each, Problem
 from launcher.stage import StageSpec
@@ -200,6 +202,12 @@ def check(cfg: Any, stages: Sequence[StageSpec] = STAGES, composed: DictConfig |
         stage.check(cfg, names)
 
 
+def planned_nemo_jobs(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> list[NemoJob]:
+    """Every planned job that runs NeMo, as its stage declares it (StageSpec.nemo_jobs)."""
+    names = planned_names(cfg, stages)
+    return [job for stage in stages if stage.name in names for job in stage.nemo_jobs(cfg)]
+
+
 def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> None:
     """Rules that need the submitting host's facts (where this checkout lives, what it has)."""
     if cfg.cluster.backend is BackendName.slurm and not cfg.dry_run and facts.sbatch is None:
@@ -216,6 +224,7 @@ def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) ->
             "container.code_dir=/workspace/launcher (the image's copy)"
         )
         require_mounted("container.code_dir", facts.code_dir, c.mounts, remedy)
+    nemo_python.check(cfg, facts, planned_nemo_jobs(cfg, stages))
     names = planned_names(cfg, stages)
     for stage in stages:
         stage.host_check(cfg, names, facts)

@@ -24,8 +24,14 @@ from launcher.context import Facts  # noqa: E402
 from launcher.registry import RootConfig  # noqa: E402
 from launcher.validate import to_schema  # noqa: E402
 
-# Facts fixed so that rendered scripts do not depend on this machine.
-FIXED_FACTS = Facts(python="/opt/venv/bin/python", code_dir="/opt/launcher", cpu_count=8)
+# Facts fixed so that rendered scripts do not depend on this machine: a checkout with its NeMo venv, as
+# tests/run.sh makes it (the NeMo jobs' interpreter without a container: launcher.nemo_python).
+FIXED_FACTS = Facts(
+    python="/opt/venv/bin/python",
+    code_dir="/opt/launcher",
+    cpu_count=8,
+    nemo_python="/opt/launcher/.venv-nemo/bin/python",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

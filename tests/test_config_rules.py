@@ -153,6 +153,8 @@ def valid_config(shared: Path) -> DictConfig:
             f"data_dir={shared}/data",
             "dry_run=false",
             "data_preparation=demo",
+            # The nodes' NeMo interpreter (no container here; without it the launch is refused).
+            "training.run.python=python3",
         ]
     )
 

@@ -197,7 +197,9 @@ def test_data_check_without_a_nemo_interpreter_is_refused_with_the_fix(tmp_path:
             compose_config([f"cluster.shared_dir={tmp_path}", "stages=[data_preparation,data_check]"]),
             no_venv,
         )
-    assert error.value.key == "data_check.python"
+    # The key every NeMo job shares; the job's own key is named as the narrower fix.
+    assert error.value.key == "training.run.python"
+    assert "to run data_check with" in str(error.value) and "data_check.python for one" in str(error.value)
     assert (
         f"cd {tmp_path}/checkout && python3 -m venv .venv-nemo && .venv-nemo/bin/pip install -r "
         "requirements-nemo.txt" in str(error.value)
@@ -209,7 +211,9 @@ def test_data_check_without_a_nemo_interpreter_is_refused_with_the_fix(tmp_path:
             compose_config([f"cluster.shared_dir={tmp_path}", "data_preparation.precache.enable=true"]),
             no_venv,
         )
-    assert error.value.key == "data_preparation.precache.python"
+    assert error.value.key == "training.run.python"
+    assert "to run encode_latents with" in str(error.value)
+    assert "data_preparation.precache.python for one" in str(error.value)
     assert list(tmp_path.iterdir()) == []
     # The default command (data preparation alone) needs no NeMo.
     launch(compose_config([f"cluster.shared_dir={tmp_path}", "dry_run=true"]), no_venv)

@@ -3,81 +3,50 @@ labelled published figure."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from conftest import compose_config
-from omegaconf import OmegaConf
+from fixtures.estimates import aws_p5_cfg, write_sweep
 
 from launcher import cost
-from launcher.bench.cases import Case, Sweep
-from launcher.validate import to_schema
-
-
-def _cfg(tmp_path: Path, *overrides: str):
-    return to_schema(
-        compose_config(
-            [
-                "cluster=aws_p5",
-                f"cluster.shared_dir={tmp_path}",
-                f"container.mounts=[{tmp_path}:{tmp_path}]",
-                "data_preparation.precache.enable=false",
-                *overrides,
-            ]
-        )
-    )
-
-
-def _sweep(results: Path, name: str, cfg, img_s_per_gpu: float, status: str = "ok") -> Path:
-    """A benchmark run folder as the sweep leaves it: cases.json, each case's NeMo config, report.json."""
-    bench = results / name / "benchmark"
-    case = Case(job="bench_n1", task=0, nodes=1, gpus_per_node=8, micro_batch_size=128)
-    (bench / "configs").mkdir(parents=True)
-    sweep = Sweep(max_steps=50, warmup_steps=10, synthetic_data=True, memory_sample_s=2.0, cases=(case,))
-    (bench / "cases.json").write_text(sweep.to_json())
-    (bench / "configs" / f"{case.name}.yaml").write_text(OmegaConf.to_yaml({"model": cfg.training.model}))
-    row = {"job": "bench_n1", "task": 0, "nodes": 1, "gpus": 8, "gpu": "NVIDIA H100 80GB HBM3"}
-    row |= {"micro_batch_size": 128, "status": status, "img_s_per_gpu": img_s_per_gpu}
-    (bench / "report.json").write_text(json.dumps({"rows": [row]}))
-    return bench / "report.json"
 
 
 def test_without_a_sweep_the_published_figures_are_used_and_labelled(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)  # 860m_res_256_pretrain: 8 nodes x 8 GPUs, 82,500 steps of 8,192 images
-    h100, a100 = cost.notes(cfg)
+    cfg = aws_p5_cfg(tmp_path)  # 860m_res_256_pretrain: 8 nodes x 8 GPUs, 82,500 steps of 8,192 images
+    (h100,) = cost.notes(cfg)  # aws_p5's GPUs only (cluster.gpu_type=H100)
     hours = 82_500 * 8192 / (242 * 64) / 3600
+    assert h100.startswith("estimated training cost on H100: ")
     assert f"242 img/s per GPU x 64 GPUs = {hours:,.1f} h wall" in h100
     assert f"{hours * 64:,.0f} GPU-hours" in h100
-    assert (
-        "[H100, published: NeMo-Framework-Launcher README" in h100 and "A100" in a100 and "123 img/s" in a100
-    )
+    assert "[published: NeMo-Framework-Launcher README" in h100 and "A100" not in h100
+    (a100,) = cost.notes(aws_p5_cfg(tmp_path, "cluster=aws_p4de"))
+    assert a100.startswith("estimated training cost on A100: ") and "123 img/s" in a100
 
 
 def test_other_resolutions_and_latents_are_labelled_estimates(tmp_path: Path) -> None:
-    (line, _) = cost.notes(_cfg(tmp_path, "training=stable_diffusion/860m_res_512_v1_1"))
-    assert f"{242 / 4:,.0f} img/s" in line and "scaled to 512 px by pixel count (estimate)" in line
+    (line,) = cost.notes(aws_p5_cfg(tmp_path, "training=stable_diffusion/860m_res_512_v1_1"))
+    assert line.startswith("estimated training cost on H100: ")
+    assert f"{242 / 4:,.0f} img/s" in line and "scaled to 512 px by pixel count" in line
     (line,) = cost.notes(
-        _cfg(
+        aws_p5_cfg(
             tmp_path,
             "training=stable_diffusion/860m_res_512_v2_0_base",
             "data_preparation.precache.enable=true",
         )
     )
-    assert (
-        f"{64 * 1.4:,.0f} img/s" in line and "SD 2.0 at 512 px" in line and "cached latents (estimate" in line
-    )
+    assert f"{64 * cost.LATENTS_SPEEDUP:,.0f} img/s" in line and "SD 2.0 at 512 px" in line
+    assert f"x{cost.LATENTS_SPEEDUP} for cached latents (FLOP count, not measured" in line
 
 
 def test_the_newest_matching_sweep_is_used_and_named(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, "training.run.time_limit=02:00:00")
+    cfg = aws_p5_cfg(tmp_path, "training.run.time_limit=02:00:00")
     results = tmp_path / "results"
-    other = _cfg(tmp_path, "training=stable_diffusion/860m_res_512_v1_1")
-    _sweep(results, "bench_512", other, 99.0)  # another resolution: not this config's speed
-    _sweep(results, "bench_failed", cfg, 50.0, status="OOM")
-    report = _sweep(results, "bench_256", cfg, 200.0)
+    other = aws_p5_cfg(tmp_path, "training=stable_diffusion/860m_res_512_v1_1")
+    write_sweep(results, "bench_512", other, 99.0)  # another resolution: not this config's speed
+    write_sweep(results, "bench_failed", cfg, 50.0, status="OOM")
+    report = write_sweep(results, "bench_256", cfg, 200.0)
     (line,) = cost.notes(cfg)
     hours = 82_500 * 8192 / (200 * 64) / 3600
     assert f"200 img/s per GPU x 64 GPUs = {hours:,.1f} h wall" in line
-    assert f"measured: bench_256's benchmark ({report})" in line
+    assert f"measured: bench_256's benchmark ({report})" in line and line.startswith("training cost: ")
     parts = -(-hours * 3600 // (7200 - 1200))
     assert f"{parts:.0f} part(s) of 02:00:00 (training.run.chain is 1: set it to {parts:.0f}" in line

@@ -11,18 +11,18 @@ import sys
 from pathlib import Path
 
 from conftest import REPO
+from fixtures.docs import GENERIC_SLURM, generic_slurm_commands
 
 from launcher import manifest
 from launcher.cli import main
 
-DOC = REPO / "docs/generic-slurm.md"
+DOC = GENERIC_SLURM
 
 
 def documented_command() -> list[str]:
-    """The page's launch command (continuation lines joined), as the shell splits it."""
-    text = DOC.read_text().replace("\\\n", " ")
-    [line] = [line for line in text.splitlines() if "launcher/main.py" in line and "cluster=slurm" in line]
-    return shlex.split(line)
+    """The page's pyxis launch command (its other one is cluster=slurm alone)."""
+    [words] = [words for words in generic_slurm_commands() if "container=pyxis" in words]
+    return words
 
 
 def test_the_documented_generic_slurm_command_dry_runs(tmp_path: Path) -> None:

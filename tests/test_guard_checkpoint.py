@@ -149,7 +149,9 @@ def test_a_truncated_checkpoint_stops_the_dry_run_in_one_line(
     tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:
     run = _earlier_run(tmp_path / "earlier", files["truncated"])
+    # The nodes' NeMo named (no container here), so that the checkpoint is what is refused.
     argv = [f"cluster.shared_dir={tmp_path}", *GPU, "dry_run=true", f"training.init_from={run}"]
+    argv.append("training.run.python=python3")
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: training.init_from: ") and err.count("\n") == 1

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FIXED_FACTS, compose_config
+from conftest import FIXED_FACTS, REPO, compose_config
 
 from launcher.cli import launch
 from launcher.errors import ConfigError
@@ -156,6 +156,9 @@ def _stand_alone(tmp_path: Path, *extra: str) -> list[str]:
         *GPU,
         "container=none",
         f"container.python={sys.executable}",
+        # The nodes' NeMo and its sd_train.py (no container: the image's path would be refused); the stand-in.
+        "training.run.python=python3",
+        f"training.run.script={REPO / 'tests/standin_sd_train.py'}",
         "assets.enable=false",
         "training.model.data.synthetic_data=true",
         "cluster.max_array_size=1000",

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, compose_config
+from conftest import FIXED_FACTS, REPO, compose_config
 from fixtures.slurm import launch_demo
 
 from launcher import manifest
@@ -71,7 +71,10 @@ def _preview_changes_nothing(run: Path, overrides: list[str], capsys: pytest.Cap
 
 def test_a_first_dry_run_writes_into_the_run_folder(tmp_path: Path) -> None:
     """Nothing launched yet: the run folder itself holds the dry run's scripts (as documented)."""
-    run = launch(compose_config([f"cluster.shared_dir={tmp_path}", "cluster=slurm", "dry_run=true"]))
+    # The slurm preset's encode step runs NeMo: the facts name a NeMo venv, whatever this checkout has.
+    run = launch(
+        compose_config([f"cluster.shared_dir={tmp_path}", "cluster=slurm", "dry_run=true"]), FIXED_FACTS
+    )
     assert (run / "data_preparation/download_images.sbatch").exists()
     assert not (run / PREVIEW).exists()
     assert {r.backend for r in manifest.load(run)} == {"dry_run"}
@@ -80,15 +83,15 @@ def test_a_first_dry_run_writes_into_the_run_folder(tmp_path: Path) -> None:
 def test_each_preview_is_one_dry_run_whole(tmp_path: Path) -> None:
     """A run folder whose manifest records a launch (here: its records rewritten as a local launch's)."""
     base = [f"cluster.shared_dir={tmp_path}", "cluster=slurm", "dry_run=true", "stages=[data_preparation]"]
-    run = launch(compose_config([*base, "data_preparation=demo"]))
+    run = launch(compose_config([*base, "data_preparation=demo"]), FIXED_FACTS)
     launched = [
         dataclasses.replace(r, backend="local", job_id=f"9{i}") for i, r in enumerate(manifest.load(run))
     ]
     manifest.save(run, launched)
     before = _files(run)
-    launch(compose_config([*base, "data_preparation=demo"]))
+    launch(compose_config([*base, "data_preparation=demo"]), FIXED_FACTS)
     assert (run / PREVIEW / "data_preparation/make_demo_source.sbatch").exists()
-    launch(compose_config(base))  # no demo source: the earlier preview's script is gone
+    launch(compose_config(base), FIXED_FACTS)  # no demo source: the earlier preview's script is gone
     assert not (run / PREVIEW / "data_preparation/make_demo_source.sbatch").exists()
     script = run / PREVIEW / "data_preparation/download_images.sbatch"
     assert (

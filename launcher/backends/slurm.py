@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from launcher import manifest
 from launcher.backends import Request, records, write_files
 from launcher.errors import LauncherError, SubmitError
-from launcher.limits import SlurmLimits, parse_config
+from launcher.limits import SlurmLimits, parse_config, user_source
 from launcher.render import submit_argv
 
 JOB_ID = re.compile(r"^(\d+)(;\S+)?$")
@@ -81,12 +81,10 @@ def read_limits(scontrol: str = "scontrol") -> SlurmLimits:
 
 
 def limits_for(max_array_size: int | None, max_job_count: int | None, ask: bool) -> SlurmLimits:
-    """The limits a plan must fit: the config's (cluster.max_array_size / max_job_count), else the
-    cluster's when `ask` (a submission), else Slurm's defaults (a dry run asks nothing)."""
-    if max_array_size and max_job_count:
-        return SlurmLimits(max_array_size, max_job_count, "cluster.max_array_size/max_job_count")
+    """The limits a plan must fit: the config's (cluster.max_array_size / max_job_count, labelled as the
+    user's), else the cluster's when `ask` (a submission), else Slurm's defaults (a dry run asks nothing)."""
     base = SlurmLimits(assumed=True)
-    if ask:
+    if ask and not (max_array_size and max_job_count):
         try:
             base = read_limits()
         except LauncherError as error:  # sbatch will say more if the cluster is really unreachable
@@ -94,7 +92,8 @@ def limits_for(max_array_size: int | None, max_job_count: int | None, ask: bool)
     return SlurmLimits(
         max_array_size or base.max_array_size,
         max_job_count or base.max_job_count,
-        base.source,
+        user_source("max_array_size") if max_array_size else base.array_source,
+        user_source("max_job_count") if max_job_count else base.job_count_source,
         assumed=base.assumed and max_job_count is None,
     )
 

@@ -15,11 +15,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher import latents, nemo_config
+from launcher import latents, nemo_config, nemo_python
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
 from launcher.config import BackendName, JobResources
 from launcher.context import Context
 from launcher.errors import ConfigError
+from launcher.nemo_python import NemoJob
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
@@ -27,6 +28,8 @@ from launcher.stages import training
 from launcher.stages.common import cpu_resources, make_job
 
 NAME = "benchmark"
+# Its tasks run sd_train.py: NeMo's interpreter, training.run.python (launcher.nemo_python).
+SWEEP = NemoJob("the benchmark sweep")
 REPORT_JOB = "bench_report"
 # One rank that runs out of memory must end its task at once: without this srun waits for the other
 # ranks, which sit in NCCL collectives until NCCL's timeout or the task's time limit.
@@ -164,7 +167,7 @@ def _resources(ctx: Context, case: Case) -> Resources:
 
 def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
     b, run = ctx.cfg.benchmark, ctx.cfg.training.run
-    python = run.python or ctx.python
+    python = nemo_python.interpreter(ctx.cfg, ctx.facts, SWEEP)
     # Started by path, not `-m` with this repo on PYTHONPATH: NeMo must keep the image's PYTHONPATH,
     # exactly as the training job runs it (the wrapper finds its own package from its path).
     wrapper = f"{ctx.code_dir}/launcher/bench/task.py"
@@ -281,6 +284,7 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     check=_check,
+    nemo_jobs=lambda cfg: (SWEEP,),
     files=files,
     notes=_notes,
     status=_progress_lines,

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import nemo_config
-from launcher.config import BackendName, JobResources, Runtime
-from launcher.context import Context, Facts
-from launcher.errors import ConfigError
+from launcher import nemo_config, nemo_python
+from launcher.config import JobResources
+from launcher.context import Context
+from launcher.nemo_python import NemoJob
 from launcher.outputs import DataCheckOutputs
-from launcher.quoting import q
 from launcher.rules import Range, Text, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import StageSpec
 from launcher.stages.common import cpu_resources, make_job
 
 NAME = "data_check"
-# What makes the NeMo interpreter that data_check needs without a container (README, requirements-nemo.txt).
-MAKE_NEMO_VENV = "python3 -m venv .venv-nemo && .venv-nemo/bin/pip install -r requirements-nemo.txt"
+JOB = NemoJob(NAME, "data_check.python")  # NeMo's loader and models: its interpreter (launcher.nemo_python)
 
 
 @dataclass
@@ -32,8 +29,8 @@ class DataCheckConfig:
         Text(),
         None,
         help=(
-            "Interpreter with NeMo; null = training.run.python in a container, else the NeMo venv"
-            " (.venv-nemo) or this launcher's own."
+            "Interpreter with NeMo for this job alone; null = training.run.python, else the image's python3 in "
+            "a container, else this checkout's .venv-nemo (refused when there is neither)."
         ),
     )
     batches: int = ruled(Range(1), 4, help="Batches NeMo's loader must yield.")
@@ -47,21 +44,10 @@ class DataCheckConfig:
     resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=4, mem="16G"))
 
 
-def _nemo_python(cfg: Any, facts: Facts) -> str | None:
-    dc, run = cfg.data_check, cfg.training.run
-    if dc.python:
-        return dc.python
-    if cfg.container.runtime is Runtime.pyxis:
-        return run.python or cfg.container.python or "python3"
-    return facts.nemo_python
-
-
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     dc = ctx.cfg.data_check
-    python = _nemo_python(ctx.cfg, ctx.facts)
-    assert python, "refused by the host check"
     argv = (
-        python,
+        nemo_python.interpreter(ctx.cfg, ctx.facts, JOB),
         "-m",
         "data_prep.data_check",
         "--training-config",
@@ -95,28 +81,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         nemo_config.check(cfg)
 
 
-def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    """Without a container the check runs on this machine's NeMo interpreter, which must exist."""
-    if NAME not in planned:
-        return
-    python = cfg.data_check.python
-    local = cfg.cluster.backend is BackendName.local and cfg.container.runtime is Runtime.none
-    if python and local and shutil.which(python) is None:
-        raise ConfigError(
-            "data_check.python",
-            f"{python!r} is no interpreter on this machine, where the local backend runs data_check; allowed: "
-            f"a Python with NeMo, e.g. .venv-nemo/bin/python made by `{MAKE_NEMO_VENV}`",
-        )
-    if _nemo_python(cfg, facts) is None:
-        # The job's own interpreter has no torch: the check would end in a traceback in its log.
-        raise ConfigError(
-            "data_check.python",
-            f"None and this checkout has no NeMo interpreter ({facts.code_dir}/.venv-nemo/bin/python) to run "
-            f"data_check without a container; allowed: create it with `cd {q(facts.code_dir)} && "
-            f"{MAKE_NEMO_VENV}`, or set data_check.python to a Python with NeMo",
-        )
-
-
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     """It reads the training config that sd_train.py would read."""
     return (nemo_config.config_file(ctx),)
@@ -129,6 +93,6 @@ STAGE = StageSpec(
     needs=_needs,
     auto=lambda cfg: cfg.data_check.enable,
     check=_check,
-    host_check=_host_check,
+    nemo_jobs=lambda cfg: (JOB,),
     files=_files,
 )

@@ -246,7 +246,6 @@ def _check_all(cfg: Any, planned: frozenset[str]) -> None:
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     if NAME in planned:
-        precache.host_check(cfg, facts)
         _require_tars_source(cfg)
 
 
@@ -310,6 +309,7 @@ STAGE = StageSpec(
     uses=lambda cfg: ("assets",) if latents.enabled(cfg) else (),
     check=_check_all,
     host_check=_host_check,
+    nemo_jobs=precache.nemo_jobs,
     warnings=_warnings,
     files=_files,
     notes=_notes,

@@ -203,8 +203,8 @@ class PrecacheConfig:
     python: str | None = ruled(
         Text(),
         None,
-        help="NeMo's interpreter; null = training.run.python in a container, else .venv-nemo of this checkout "
-        "(on Slurm without a container, else training.run.python).",
+        help="Interpreter with NeMo for the encode step alone; null = training.run.python, else the image's "
+        "python3 in a container, else this checkout's .venv-nemo (refused when there is neither).",
     )
     # Time per encode task (on GPU nodes it takes the whole node, like training); cpus/mem for CPU runs.
     resources: JobResources = field(

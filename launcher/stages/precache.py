@@ -3,8 +3,8 @@
 On, data preparation gains two jobs after the image wdinfo: `encode_latents`, a Slurm array on GPU nodes
 in the training container (one task per slice of tars, one process per GPU, NeMo's own frozen VAE and
 text encoder built from the training config; data_prep.encode_latents), then `latents_wdinfo`. Here:
-their interpreter (refused without one), resources, plan, and the storage estimate printed before
-anything runs.
+the encode step as a NeMo job (launcher.nemo_python finds and checks its interpreter), resources, plan,
+and the storage estimate printed before anything runs.
 """
 
 from __future__ import annotations
@@ -13,35 +13,21 @@ import math
 from typing import Any
 
 from data_prep import latent_format as fmt
-from launcher import latents
-from launcher.config import BackendName, JobResources, Runtime
-from launcher.context import Context, Facts
-from launcher.errors import ConfigError
+from launcher import latents, nemo_python
+from launcher.config import JobResources
+from launcher.context import Context
+from launcher.nemo_python import NemoJob
 from launcher.sizing import encode_tasks, planned_rows
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stages.common import after, after_stage, cpu_resources, make_job
 
-
-def python(cfg: Any, facts: Facts) -> str | None:
-    """The interpreter with NeMo that runs the encode step."""
-    pre = cfg.data_preparation.precache
-    if pre.python:
-        return str(pre.python)
-    if cfg.container.runtime is Runtime.pyxis:
-        return cfg.training.run.python or cfg.container.python or "python3"
-    if cfg.cluster.backend is BackendName.local:
-        return facts.nemo_python  # this machine: its NeMo venv, or refused by host_check
-    # A Slurm cluster without containers: this checkout's NeMo venv, else the interpreter training runs.
-    return facts.nemo_python or cfg.training.run.python
+# The encode step builds NeMo's VAE and text encoder: its interpreter is found and checked with every
+# other NeMo job's (launcher.nemo_python).
+JOB = NemoJob("encode_latents", "data_preparation.precache.python")
 
 
-def host_check(cfg: Any, facts: Facts) -> None:
-    if latents.enabled(cfg) and python(cfg, facts) is None:
-        raise ConfigError(
-            "data_preparation.precache.python",
-            f"None and this checkout has no NeMo interpreter ({facts.code_dir}/.venv-nemo/bin/python) for the "
-            "encode step without a container; allowed: a Python with NeMo (see requirements-nemo.txt)",
-        )
+def nemo_jobs(cfg: Any) -> tuple[NemoJob, ...]:
+    return (JOB,) if latents.enabled(cfg) else ()
 
 
 def _encode_resources(ctx: Context) -> Resources:
@@ -66,7 +52,7 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
     """encode_latents (array) then latents_wdinfo, after `last_job` (the image wdinfo); `env` is the
     offline-Hub environment NeMo jobs run with (launcher.nemo_config)."""
     pre, layout = ctx.cfg.data_preparation.precache, ctx.layout
-    nemo_python = python(ctx.cfg, ctx.facts) or ctx.python  # None is refused by host_check before planning
+    python = nemo_python.interpreter(ctx.cfg, ctx.facts, JOB)
     device = pre.device or ("cuda" if ctx.cfg.cluster.gpus_per_node >= 1 else "cpu")
     common = ("--input-wdinfo", layout.wdinfo, "--output-dir", layout.latent_tar_dir)
     encode = make_job(
@@ -74,7 +60,7 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
         stage="data_preparation",
         name="encode_latents",
         argv=(
-            nemo_python,
+            python,
             "-m",
             "data_prep.encode_latents",
             "encode",

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import cost, nemo_config
+from launcher import cost, nemo_config, nemo_python
 from launcher.config import JobResources
 from launcher.context import Context, Facts
+from launcher.nemo_python import NemoJob
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
@@ -39,10 +40,15 @@ class TrainingRunConfig:
     script: str = ruled(
         Text(),
         "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_train.py",
-        help="NeMo's sd_train.py inside the container.",
+        help="NeMo's sd_train.py as the job sees it (the default is the image's; without a container, give "
+        "the path every node sees: checked on this host before submitting).",
     )
     python: str | None = ruled(
-        Text(), "python3", help="NeMo's interpreter inside the container; null = the job interpreter."
+        Text(),
+        None,
+        help="The interpreter with NeMo of every NeMo job (training, its init job, the sweep; data_check and "
+        "encode_latents unless their own key is set); null = the image's python3 in a container, else this "
+        "checkout's .venv-nemo, else the launch is refused (launcher/nemo_python.py).",
     )
     stop_before_limit_s: int = ruled(
         Range(0),
@@ -191,7 +197,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     run = ctx.cfg.training.run
     config = nemo_config.config_path(ctx)
     argv = (
-        run.python or ctx.python,
+        nemo_python.interpreter(ctx.cfg, ctx.facts, nemo_job(ctx.cfg)),
         "-u",
         run.script,
         "--config-path",
@@ -230,6 +236,15 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
             )
         )
     return (init, *jobs) if init else tuple(jobs)
+
+
+def nemo_job(cfg: Any) -> NemoJob:
+    """The training job as a NeMo job (launcher.nemo_python): training.run.python is its key."""
+    return NemoJob(cfg.training.run.name)
+
+
+def _nemo_jobs(cfg: Any) -> tuple[NemoJob, ...]:
+    return (nemo_job(cfg), *training_init.nemo_jobs(cfg))
 
 
 def _needs(cfg: Any) -> tuple[str, ...]:
@@ -272,6 +287,7 @@ STAGE = StageSpec(
     gpus=True,
     check=_check,
     host_check=_host_check,
+    nemo_jobs=_nemo_jobs,
     files=_files,
     notes=_notes,
     status=training_status.status_lines,

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import manifest
+from launcher import manifest, nemo_python
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.init_unet import FROM_SCRATCH, UNET_PREFIX
+from launcher.nemo_python import NemoJob
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
 from launcher.sampling import checkpoints
@@ -236,6 +237,15 @@ def probe(cfg: Any, facts: Facts) -> Facts:
     return dataclasses.replace(facts, init_from_job=found.live_job if found else None)
 
 
+def nemo_job(cfg: Any) -> NemoJob:
+    """The init job reads the checkpoint with torch, so it runs NeMo's interpreter (training.run.python)."""
+    return NemoJob(f"{cfg.training.run.name}_init")
+
+
+def nemo_jobs(cfg: Any) -> tuple[NemoJob, ...]:
+    return (nemo_job(cfg),) if given(cfg) else ()
+
+
 def plan(ctx: Context, stage: str) -> JobSpec | None:
     """The init job (None without init_from): training's first part waits for it."""
     tr = ctx.cfg.training
@@ -247,7 +257,13 @@ def plan(ctx: Context, stage: str) -> JobSpec | None:
         ctx,
         stage=stage,
         name=f"{tr.run.name}_init",
-        argv=(tr.run.python or ctx.python, "-m", "launcher.init_unet", start, str(out)),
+        argv=(
+            nemo_python.interpreter(ctx.cfg, ctx.facts, nemo_job(ctx.cfg)),
+            "-m",
+            "launcher.init_unet",
+            start,
+            str(out),
+        ),
         resources=cpu_resources(ctx, tr.init_resources),
     )
     wait = ctx.facts.init_from_job
