@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from launcher.context import Facts
 from launcher.errors import LauncherError
 from launcher.limits import fit
 from launcher.pipeline import build_plan
+from launcher.registry import STAGES
 from launcher.stages import training_init
 from launcher.validate import check_facts, to_schema
 
@@ -145,11 +147,25 @@ def _store_schema() -> None:
         store.store(group="schema", name=name, node=keys)
 
 
+def stage_switch(override: str) -> str:
+    """`<stage>=true|false` for a stage whose section has `enable` -> `<stage>.enable=...`: Hydra takes a
+    conf group's value as the name of an option and refuses a boolean.
+
+    >>> stage_switch("rehearsal=true"), stage_switch("data_check=False"), stage_switch("cluster=slurm")
+    ('rehearsal.enable=true', 'data_check.enable=false', 'cluster=slurm')
+    """
+    name, sep, value = override.partition("=")
+    switchable = {stage.name for stage in STAGES if "enable" in {f.name for f in fields(stage.config)}}
+    if sep and value.lower() in ("true", "false") and name in switchable:
+        return f"{name}.enable={value.lower()}"
+    return override
+
+
 def compose_config(overrides: list[str]) -> DictConfig:
     """The conf/ tree composed once (hydra.main would compose it twice per start)."""
     _store_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+        return compose(config_name="config", overrides=[stage_switch(o) for o in overrides])
 
 
 def _help() -> str:

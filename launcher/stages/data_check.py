@@ -47,18 +47,19 @@ class DataCheckConfig:
     resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=4, mem="16G"))
 
 
-def _nemo_python(cfg: Any, facts: Facts) -> str | None:
-    dc, run = cfg.data_check, cfg.training.run
-    if dc.python:
-        return dc.python
+def nemo_python(cfg: Any, facts: Facts, explicit: str | None) -> str | None:
+    """The interpreter of a CPU job that runs NeMo (data_check, the rehearsal): `explicit` (the stage's
+    own `python` key), else training's in a container, else this checkout's NeMo venv (None without one)."""
+    if explicit:
+        return explicit
     if cfg.container.runtime is Runtime.pyxis:
-        return run.python or cfg.container.python or "python3"
+        return cfg.training.run.python or cfg.container.python or "python3"
     return facts.nemo_python
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     dc = ctx.cfg.data_check
-    python = _nemo_python(ctx.cfg, ctx.facts)
+    python = nemo_python(ctx.cfg, ctx.facts, dc.python)
     assert python, "refused by the host check"
     argv = (
         python,
@@ -95,26 +96,28 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         nemo_config.check(cfg)
 
 
-def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    """Without a container the check runs on this machine's NeMo interpreter, which must exist."""
-    if NAME not in planned:
-        return
-    python = cfg.data_check.python
+def require_nemo_python(cfg: Any, facts: Facts, key: str, explicit: str | None) -> None:
+    """Without a container the job runs on this machine's NeMo interpreter, which must exist."""
     local = cfg.cluster.backend is BackendName.local and cfg.container.runtime is Runtime.none
-    if python and local and shutil.which(python) is None:
+    if explicit and local and shutil.which(explicit) is None:
         raise ConfigError(
-            "data_check.python",
-            f"{python!r} is no interpreter on this machine, where the local backend runs data_check; allowed: "
+            key,
+            f"{explicit!r} is no interpreter on this machine, where the local backend runs the job; allowed: "
             f"a Python with NeMo, e.g. .venv-nemo/bin/python made by `{MAKE_NEMO_VENV}`",
         )
-    if _nemo_python(cfg, facts) is None:
-        # The job's own interpreter has no torch: the check would end in a traceback in its log.
+    if nemo_python(cfg, facts, explicit) is None:
+        # The job's own interpreter has no torch: the job would end in a traceback in its log.
         raise ConfigError(
-            "data_check.python",
+            key,
             f"None and this checkout has no NeMo interpreter ({facts.code_dir}/.venv-nemo/bin/python) to run "
-            f"data_check without a container; allowed: create it with `cd {q(facts.code_dir)} && "
-            f"{MAKE_NEMO_VENV}`, or set data_check.python to a Python with NeMo",
+            f"the job without a container; allowed: create it with `cd {q(facts.code_dir)} && "
+            f"{MAKE_NEMO_VENV}`, or set {key} to a Python with NeMo",
         )
+
+
+def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
+    if NAME in planned:
+        require_nemo_python(cfg, facts, "data_check.python", cfg.data_check.python)
 
 
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:

@@ -209,9 +209,11 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
 
 
 def _needs(cfg: Any) -> tuple[str, ...]:
-    """The prepared data (unless synthetic), the data check that guards it, the staged CLIP and VAE."""
+    """The prepared data (unless synthetic), the data check and the rehearsal that guard it, the staged
+    CLIP and VAE."""
     synthetic = cfg.training.model.get("data", {}).get("synthetic_data")
-    return ("assets", "data_check") if synthetic else ("assets", "data_preparation", "data_check")
+    data = () if synthetic else ("data_preparation",)
+    return ("assets", *data, "data_check", "rehearsal")
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
