@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -79,6 +81,16 @@ def prepare(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     return path, report
 
 
+def _world_of_one() -> dict[str, str]:
+    """The job's environment, its rendezvous on this node at a free port: Lightning's SLURM environment
+    takes MASTER_ADDR/MASTER_PORT when set, else the first node's name (not always a host name) and a
+    port derived from the job id. Both steps are a world of one process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 def run_step(args: argparse.Namespace, config: Path, step: int) -> dict[str, Any]:
     """One step in its own process (a fresh start, then a resume, as chained jobs are); its record."""
     record = args.workdir / f"step{step}.json"
@@ -89,7 +101,7 @@ def run_step(args: argparse.Namespace, config: Path, step: int) -> dict[str, Any
     if step == STEPS:
         argv += ["--sample", str(args.sample)]
     print(f"rehearsal: step {step} of {STEPS}: {' '.join(argv)}", flush=True)
-    code = subprocess.run(argv, check=False).returncode
+    code = subprocess.run(argv, env=_world_of_one(), check=False).returncode
     found = json.loads(record.read_text()) if record.is_file() else {}
     if code != 0 or "error" in found:
         cause = (

@@ -19,6 +19,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import runpy
 import sys
 import time
@@ -47,6 +48,35 @@ def one_line(exc: BaseException, limit: int = 600) -> str:
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     found = text if isinstance(exc, RehearsalFinding) else f"{type(exc).__name__}: {text}"
     return found if len(found) <= limit else found[: limit - 3] + "..."
+
+
+def nemo_error(exc: BaseException, config: Any) -> str:
+    """NeMo's error as one line; a module NeMo could not build (Hydra's "Error in call to target") is
+    named by its key in the training config, with the first sentence of the constructor's own error.
+
+    >>> from omegaconf import OmegaConf
+    >>> cfg = OmegaConf.create({"model": {"cond_stage_config": {"_target_": "nemo.x.FrozenCLIPEmbedder"}}})
+    >>> try:
+    ...     raise ValueError("Error in call to target 'nemo.x.FrozenCLIPEmbedder':") from OSError("No vocab. Try X.")
+    ... except ValueError as exc:
+    ...     print(nemo_error(exc, cfg))
+    training.model.cond_stage_config (FrozenCLIPEmbedder): NeMo cannot build it: OSError: No vocab.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    target = re.match(r"Error in call to target '([\w.]+)'", str(exc))
+    model = (config if isinstance(config, DictConfig) else OmegaConf.load(config)).model
+    keys = {
+        str(section.get("_target_")): name
+        for name, section in model.items()
+        if isinstance(section, DictConfig)
+    }
+    if target is None or exc.__cause__ is None or target[1] not in keys:
+        return one_line(exc)
+    inner = one_line(exc.__cause__)
+    first = inner.split(". ", 1)[0]
+    first += "" if first.endswith(".") or first == inner else "."
+    return f"training.model.{keys[target[1]]} ({target[1].rsplit('.', 1)[-1]}): NeMo cannot build it: {first}"
 
 
 class Probe:
@@ -247,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         record["error"] = one_line(exc)
         code = 1
     except BaseException as exc:  # NeMo's own error: its traceback stays in the log
-        record["error"] = one_line(exc)
+        record["error"] = nemo_error(exc, args.config)
         raise
     finally:
         record["seconds"] = round(time.monotonic() - started, 1)

@@ -190,3 +190,19 @@ def test_status_says_what_it_found_in_one_line(tmp_path: Path) -> None:
 def test_dependency_kind_is_afterok() -> None:
     plan = _plan("stages=[training]")
     assert plan.job("sd_860m_res_256").depends_on == (Dependency("rehearsal"),)
+
+
+def test_the_local_summary_says_what_it_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher import summary
+    from launcher.backends import prepare
+
+    cfg = to_schema(
+        compose_config([f"cluster.shared_dir={tmp_path}", "stages=[rehearsal]", "rehearsal=true"])
+    )
+    request = prepare(
+        build_plan(cfg, dataclasses.replace(FIXED_FACTS, nemo_python="/opt/venv-nemo/bin/python"))
+    )
+    cause = "training.model.data: the UNet is fed 4x32x32 latents from /d, but center_crop_h_w 512, 512 gives 64x64"
+    _report(request.plan.run_dir, {"ok": False, "error": cause})
+    summary.submitted(request, {}, "local", str(tmp_path / "data"))
+    assert f"rehearsal: FAILED: {cause}\n" in capsys.readouterr().out

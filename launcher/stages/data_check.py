@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config
@@ -120,11 +119,6 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
         require_nemo_python(cfg, facts, "data_check.python", cfg.data_check.python)
 
 
-def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    """It reads the training config that sd_train.py would read."""
-    return (nemo_config.config_file(ctx),)
-
-
 STAGE = StageSpec(
     name=NAME,
     config=DataCheckConfig,
@@ -133,5 +127,5 @@ STAGE = StageSpec(
     auto=lambda cfg: cfg.data_check.enable,
     check=_check,
     host_check=_host_check,
-    files=_files,
+    files=nemo_config.config_files,
 )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config, rehearsal_report
@@ -122,11 +121,6 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
         require_nemo_python(cfg, facts, "rehearsal.python", cfg.rehearsal.python)
 
 
-def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    """It reads the training config that sd_train.py will read."""
-    return (nemo_config.config_file(ctx),)
-
-
 def _notes(ctx: Context) -> tuple[str, ...]:
     waiting = [stage.name for stage in ctx.stages if NAME in stage.needs(ctx.cfg)]
     verb = "waits" if len(waiting) == 1 else "wait"
@@ -146,7 +140,7 @@ STAGE = StageSpec(
     auto=lambda cfg: cfg.rehearsal.enable,
     check=_check,
     host_check=_host_check,
-    files=_files,
+    files=nemo_config.config_files,
     notes=_notes,
     status=rehearsal_report.status_lines,
 )

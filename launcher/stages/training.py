@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from launcher import cost, nemo_config
@@ -227,10 +226,6 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
         training_init.host_check(cfg)
 
 
-def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    return (nemo_config.config_file(ctx),)
-
-
 def _notes(ctx: Context) -> tuple[str, ...]:
     s = nemo_config.shape(ctx.cfg)
     shape = (
@@ -249,7 +244,7 @@ STAGE = StageSpec(
     gpus=True,
     check=_check,
     host_check=_host_check,
-    files=_files,
+    files=nemo_config.config_files,
     notes=_notes,
     status=training_status.status_lines,
 )
