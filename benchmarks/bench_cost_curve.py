@@ -11,8 +11,9 @@ Per size N (rows of metadata; no images are downloaded, no step here needs them)
 - generate_wdinfo over N/1,000 tars (N rows at tar_chunk_size 1000): synthetic tiny tars, each one
   sample (`<key>.jpg` of 16 bytes, `<key>.txt`), with the count records reorganize_tar writes: wall time;
 - status: `python -m launcher status` over a manifest whose one job is a real, held (PENDING) array of
-  N/10,000 tasks on a private Slurm test cluster (tests/slurm, MaxArraySize raised): wall time; "n/a"
-  where that cluster cannot start (not root, packages missing).
+  N/10,000 tasks on a private Slurm test cluster (tests/slurm, MaxArraySize raised; the test suite
+  passes its session cluster to `main` instead): wall time; "n/a" where that cluster cannot start (not
+  root, packages missing).
 Each step runs once per size (the machine is shared: `uptime` is printed beside the table). The
 table gives each cost per unit (row, tar or task) as a ratio to the smallest size's, and the growth
 exponent b of time ~ N^b from the smallest to the largest size; every power of ten above the largest
@@ -24,6 +25,7 @@ from the two largest sizes and labelled so. Ends with `RESULT fastest_growing=<s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import math
@@ -156,24 +158,28 @@ def generate_wdinfo(tars: int, work: Path) -> tuple[float, float]:
 
 @dataclass
 class StatusProbe:
-    """A private Slurm test cluster that holds arrays PENDING for `launcher status` to read."""
+    """A Slurm test cluster that holds arrays PENDING for `launcher status` to read."""
 
     cluster: Any
+    limits: contextlib.ExitStack
     refusal: str = ""
 
     @classmethod
-    def start(cls, max_tasks: int) -> StatusProbe | None:
+    def start(cls, max_tasks: int, cluster: Any = None) -> StatusProbe | None:
+        """On `cluster` (a running tests/slurm SlurmCluster), else on a private one brought up here; with
+        MaxArraySize raised (the default, 1001, refuses bigger arrays at once) until `stop`."""
         sys.path.insert(0, str(REPO / "tests"))
         from slurm.cluster import SlurmCluster, missing_requirements
 
-        if os.geteuid() != 0 or missing_requirements():
-            return None
-        cluster = SlurmCluster.in_new_tmp_dir()
-        cluster.up()
-        with open(cluster.conf, "a") as conf:  # the default (1001) refuses bigger arrays at once
-            conf.write(f"MaxArraySize={max_tasks + 1}\n")
-        cluster.run_command(["scontrol", "reconfigure"])
-        return cls(cluster)
+        limits = contextlib.ExitStack()
+        if cluster is None:
+            if os.geteuid() != 0 or missing_requirements():
+                return None
+            cluster = SlurmCluster.in_new_tmp_dir()
+            cluster.up()
+            limits.callback(cluster.down)
+        limits.enter_context(cluster.limits({"MaxArraySize": max_tasks + 1}))
+        return cls(cluster, limits)
 
     def time_status(self, tasks: int, work: Path) -> tuple[float, float]:
         from launcher import manifest
@@ -207,11 +213,11 @@ class StatusProbe:
             cluster.run_command(["scancel", job_id], check=False)
 
     def stop(self) -> None:
-        self.cluster.down()
+        self.limits.close()
 
 
-def measure(sizes: list[int], work: Path) -> list[dict[str, float]]:
-    probe = StatusProbe.start(max(sizes) // ROWS_PER_PARTITION)
+def measure(sizes: list[int], work: Path, cluster: Any = None) -> list[dict[str, float]]:
+    probe = StatusProbe.start(max(sizes) // ROWS_PER_PARTITION, cluster)
     rows_out = []
     try:
         for rows in sizes:
@@ -326,7 +332,8 @@ def plot(rows: list[dict[str, float]], guesses: list[dict[str, float]], path: Pa
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict[str, object]:
+def main(argv: list[str] | None = None, cluster: Any = None) -> dict[str, object]:
+    """The benchmark; `cluster`: a running tests/slurm SlurmCluster to use instead of a private one."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -349,10 +356,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     startup, _ = _timed([sys.executable, "-c", "pass"])
     if args.work_dir:
         args.work_dir.mkdir(parents=True, exist_ok=True)
-        rows = measure(sizes, args.work_dir)
+        rows = measure(sizes, args.work_dir, cluster)
     else:
         with tempfile.TemporaryDirectory(prefix="cost-curve-") as tmp:
-            rows = measure(sizes, Path(tmp))
+            rows = measure(sizes, Path(tmp), cluster)
     guesses = extrapolations(rows)
     table = markdown(rows, guesses)
     rates = growth(rows)

@@ -4,13 +4,15 @@
     sd-launch stages=[data_preparation,training] cluster=aws_p5 dry_run=true      (the same, installed)
 
 Arguments are Hydra overrides (key=value, group=option, +new.key=value). `--cfg` prints the
-composed config and exits; `--help` lists the config groups.
+composed config and exits; `--help` lists each config group's options and default.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -26,6 +28,8 @@ from omegaconf import _utils as omegaconf_utils
 from launcher import (
     backends,
     data_owner,
+    groups,
+    hydra_errors,
     latents,
     manifest,
     nemo_config,
@@ -38,9 +42,10 @@ from launcher.config import ClusterConfig, ContainerConfig, Resubmit
 from launcher.context import Facts
 from launcher.errors import LauncherError
 from launcher.limits import fit
+from launcher.paths import output_width
 from launcher.pipeline import build_plan
 from launcher.registry import STAGES
-from launcher.stages import training_init
+from launcher.stages import training_init, training_record
 from launcher.validate import check_facts, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,6 +72,7 @@ def host_facts() -> Facts:
         code_dir=str(REPO),
         cpu_count=os.cpu_count() or 1,
         nemo_python=str(nemo) if nemo.exists() else None,
+        sbatch=shutil.which("sbatch"),
     )
 
 
@@ -84,18 +90,22 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
 
         limits = limits_for(cfg.cluster.max_array_size, cfg.cluster.max_job_count, ask=not cfg.dry_run)
         plan = fit(plan, limits)
+    # A dry run creates no top-level folder (/fsx on a host without it): then it writes nothing (launcher.preview).
+    writes = not cfg.dry_run or preview.missing_top(plan.run_dir) is None
     # One launch of a run folder at a time, and never while its jobs are live (launcher.relaunch); one
     # writer per data folder (launcher.data_owner). The local backend runs its jobs inside both locks.
     with (
-        relaunch.run_lock(plan.run_dir),
+        relaunch.run_lock(plan.run_dir) if writes else contextlib.nullcontext(),
         data_owner.claim(cfg.data_dir, plan, backend_name, cfg.dry_run),
     ):
         request = relaunch.request_for(plan, cfg.resubmit is Resubmit.missing, backend_name)
-        _submit(cfg, composed, request, backend_name)
+        _submit(cfg, composed, request, backend_name, writes)
     return plan.run_dir
 
 
-def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_name: str) -> None:
+def _submit(
+    cfg: Any, composed: DictConfig, request: backends.Request, backend_name: str, writes: bool
+) -> None:
     run_dir = request.plan.run_dir
     if not request.scripts and request.kept:
         print(f"nothing to submit: every job of {run_dir} completed or is still queued or running")
@@ -104,16 +114,18 @@ def _submit(cfg: Any, composed: DictConfig, request: backends.Request, backend_n
     resolved = OmegaConf.to_container(composed, resolve=True, enum_to_str=True)
     config_yaml = nemo_config.to_yaml(resolved)  # type: ignore[arg-type]
     if cfg.dry_run:  # never touches what status, cancel, logs and resubmit read (launcher.preview)
-        summary.dry_run(request, preview.write(request, config_yaml))
+        summary.dry_run(request, preview.write(request, config_yaml) if writes else None)
         return
     manifest.write_atomic(run_dir / "config.yaml", config_yaml)
+    if any(job.stage == "training" for job in request.plan.jobs):
+        training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)
     summary.submitted(request, job_ids, backend_name, cfg.data_dir)
 
 
-CONF = REPO / "conf"
+CONF = groups.CONF
 # `${cwd:}` in conf/: the folder the launcher was started from.
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 
@@ -161,22 +173,23 @@ def stage_switch(override: str) -> str:
     return override
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The conf/ tree composed once (hydra.main would compose it twice per start)."""
+def compose_config(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """The conf/ tree composed once (hydra.main would compose it twice per start); `with_hydra` adds
+    Hydra's own section (hydra.runtime.choices: the preset each group got)."""
     _store_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=[stage_switch(o) for o in overrides])
+        switched = [stage_switch(override) for override in overrides]
+        return compose(config_name="config", overrides=switched, return_hydra_config=with_hydra)
 
 
 def _help() -> str:
-    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir())
-    lines = [__doc__ or "", "config groups (group=option):"]
-    for group in groups:
-        options = sorted(
-            str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml")
-        )
-        lines.append(f"  {group}: {', '.join(options)}")
-    return "\n".join(lines)
+    """The module's text, then each group's options and default (each cluster preset composed once)."""
+    default = compose_config([], with_hydra=True).hydra.runtime.choices
+    by_cluster = {
+        cluster: compose_config([f"cluster={cluster}"], with_hydra=True).hydra.runtime.choices
+        for cluster in groups.options("cluster")
+    }
+    return "\n".join([__doc__ or "", *groups.help_lines(by_cluster, default.cluster, output_width())])
 
 
 # `key=value` or `+key=value` / `++key=value` with a dotted key: the form whose value may be quoted.
@@ -215,6 +228,8 @@ def compose_overrides(argv: list[str]) -> DictConfig:
             return compose_config(overrides)
         except OverrideParseException as error:
             overrides[overrides.index(error.override)] = _quoted_for_hydra(error)
+        except HydraException as error:  # a preset or key that is not there: say what is
+            raise hydra_errors.translate(error, overrides, compose_config) or error from None
 
 
 def main(argv: list[str]) -> int:

@@ -173,14 +173,19 @@ class CoreConfig:
 
     run_name: str = ruled(
         PATH_COMPONENT,
-        "sd_pretrain",
-        help="The run's folder under base_results_dir: scripts, logs, manifest and checkpoints.",
+        "${training.run.name}",
+        help="The run's folder under base_results_dir: scripts, logs, manifest and checkpoints; by default the "
+        "training preset's name, so that each preset trains in its own folder (a run folder holds one training).",
     )
     base_results_dir: str = ruled(ABS_PATH, MISSING, help="Where run folders are made.")
     data_dir: str = ruled(
         ABS_PATH, MISSING, help="Where data preparation writes and training reads (parquet, tars, wdinfo)."
     )
-    dry_run: bool = described(False, help="Write every script and the plan, print them, submit nothing.")
+    dry_run: bool = described(
+        False,
+        help="Write every script and the plan into the run folder, print them, submit nothing (nothing is "
+        "written where that would create a top-level folder, e.g. /fsx off the cluster).",
+    )
     resubmit: Resubmit = described(
         Resubmit.all,
         help="Launching a run folder again: all = every job, refused while any job of the run is queued or "

@@ -23,6 +23,8 @@ class Facts:
     # The Slurm id of the last training part of the run training.init_from names, while that run's training
     # is queued or running (probed by the cli: launcher.stages.training_init.probe).
     init_from_job: str | None = None
+    # Slurm's sbatch on this host's PATH (None: no Slurm client here, a real Slurm launch is refused).
+    sbatch: str | None = "sbatch"
 
 
 @dataclass(frozen=True)

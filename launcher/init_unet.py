@@ -18,6 +18,9 @@ from data_prep.atomic import atomic_path, write_atomic
 from launcher.outputs import TrainingOutputs
 
 UNET_PREFIX = "model.model.diffusion_model."
+# training.init_from=none: the UNet starts from random weights, on purpose (no init job); a preset that
+# continues another is refused with init_from unset (launcher.stages.training_init).
+FROM_SCRATCH = "none"
 
 
 def checkpoint_of(source: Path) -> Path:

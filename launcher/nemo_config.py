@@ -18,6 +18,7 @@ from omegaconf._utils import get_omega_conf_dumper
 from launcher import latents
 from launcher.context import Context
 from launcher.errors import ConfigError
+from launcher.init_unet import FROM_SCRATCH
 from launcher.outputs import TrainingOutputs
 from launcher.rules import slurm_time_seconds
 
@@ -169,7 +170,7 @@ def _check_batch(s: TrainingShape) -> None:
 def _init_from(ctx: Context) -> dict[str, Any]:
     """training.init_from: NeMo starts the UNet from the init job's UNet-only file, under NeMo's own key
     names (from_NeMo); launcher.stages.training_init plans that job."""
-    if not ctx.cfg.training.init_from:
+    if ctx.cfg.training.init_from in (None, FROM_SCRATCH):
         return {}
     unet = {"from_pretrained": str(TrainingOutputs(ctx.run_dir).init_unet), "from_NeMo": True}
     return {"model": {"unet_config": unet}}

@@ -24,7 +24,8 @@ from launcher.sampling import checkpoints
 class TrainingOutputs:
     """NeMo's sd_train.py writes under exp_manager.explicit_log_dir = `results`: `checkpoints/` (names,
     EMA twins and `-unfinished` markers: launcher.sampling.checkpoints), `hparams.yaml`, the TensorBoard
-    events. The launcher writes the NeMo config `<training.run.name>.yaml` beside `results`."""
+    events. The launcher writes the NeMo config `<training.run.name>.yaml` beside `results`, and at a real
+    launch `training.json`, the training the folder holds."""
 
     run_dir: Path
 
@@ -50,6 +51,11 @@ class TrainingOutputs:
     @property
     def hparams(self) -> Path:
         return self.results / "hparams.yaml"
+
+    @property
+    def record(self) -> Path:
+        """The training this run folder holds, written when it was launched (launcher.stages.training_record)."""
+        return self.stage_dir / "training.json"
 
     @property
     def init_unet(self) -> Path:

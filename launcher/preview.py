@@ -7,6 +7,11 @@ paths they would have in the run folder (`preview/<stage>/<job>.sbatch`), config
 marked `"preview_of": "<run_dir>"`. The scripts are byte for byte what a launch would submit (they name
 the run folder's logs and files, not the preview's). The preview is built in a temporary folder and
 renamed into place, so it is always one dry run's, whole.
+
+A dry run writes nothing else (no data folder, no lock outside the run folder). It creates the folders
+the run folder needs, but never a top-level one: where the run folder would need one (`/fsx`, the
+cluster's file system, on a machine that is not the cluster's), it writes nothing and the printed
+scripts are all it gives. A real launch creates what it needs.
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ PREVIEW = "preview"
 def target(run_dir: Path) -> Path:
     """The folder a dry run of `run_dir` writes into: the run folder until it was launched."""
     return run_dir / PREVIEW if manifest.launched(run_dir) else run_dir
+
+
+def missing_top(run_dir: Path) -> Path | None:
+    """The top-level folder (`/fsx`) a dry run of `run_dir` would have to create, if any: then it writes
+    nothing (`run_dir` is absolute: a config rule)."""
+    top = Path(*run_dir.parts[:2])
+    return None if top.is_dir() else top
 
 
 def write(request: backends.Request, config_yaml: str) -> Path:

@@ -82,10 +82,14 @@ def watch_command() -> str:
     return command if _installed() else f"cd {q(CHECKOUT)} && {command}"
 
 
-def _notes_and_commands(request: Request) -> None:
-    run_dir = request.plan.run_dir
+def _notes(request: Request) -> None:
     for note in request.plan.notes:
         print(textwrap.fill(note, output_width(), subsequent_indent="  "))
+
+
+def _notes_and_commands(request: Request) -> None:
+    run_dir = request.plan.run_dir
+    _notes(request)
     print(f"run folder (the paths above are relative to it): {run_dir}")
     print("manifest: manifest.json")
     print("watch it (from any shell):")
@@ -95,9 +99,19 @@ def _notes_and_commands(request: Request) -> None:
     print(f"  {command} cancel {run}")
 
 
-def dry_run(request: Request, written_to: Path) -> None:
+def dry_run(request: Request, written_to: Path | None) -> None:
+    """`written_to`: where the files went (None: nothing written, launcher.preview)."""
     print(request.materialize())
     _table(request, {}, f"dry run: {len(request.scripts)} job(s), nothing submitted")
+    if written_to is None:
+        run_dir = request.plan.run_dir
+        _notes(request)
+        text = (
+            f"nothing written: {Path(*run_dir.parts[:2])} is not on this host, and a dry run creates no "
+            f"top-level folder; the scripts are above, the run folder would be {run_dir}"
+        )
+        print(textwrap.fill(text, output_width(), subsequent_indent="  "))
+        return
     print(
         f"scripts written under {written_to}"
         + (" (a preview: the run folder is untouched)" if written_to != request.plan.run_dir else "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import fields, is_dataclass
 from enum import Enum
 from typing import Any
@@ -94,22 +94,35 @@ def _explain(error: OmegaConfBaseException, composed: DictConfig, root: type) ->
     return ConfigError(key, f"{message}; allowed: {allowed}" if allowed else message)
 
 
-def first_problem(node: Any, prefix: str = "") -> Problem | None:
-    """The first value of the (merged, typed) config that breaks the rule declared on its field.
-
-    Walks every dataclass field; None is the "unset" of an Optional field and is not checked.
-    """
+def problems(node: Any, prefix: str = "") -> Iterator[Problem]:
+    """Every value of the (merged, typed) config that breaks the rule declared on its field, in field
+    order. None is the "unset" of an Optional field and is not checked."""
     for f in fields(node):
         value = getattr(node, f.name)
         key = f"{prefix}{f.name}"
         if is_dataclass(value):
-            found = first_problem(value, f"{key}.")
-        else:
-            rule = f.metadata.get(RULE)
-            found = rule.first_problem(key, value) if rule is not None and value is not None else None
-        if found:
-            return found
-    return None
+            yield from problems(value, f"{key}.")
+        elif (rule := f.metadata.get(RULE)) is not None and value is not None:
+            found = rule.first_problem(key, value)
+            if found:
+                yield found
+
+
+def _interpolated(composed: DictConfig, key: str) -> bool:
+    """Whether `key`'s value is an interpolation in the composed YAML (run_name is ${training.run.name})."""
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(composed, parent, throw_on_resolution_failure=False) if parent else composed
+    return isinstance(node, DictConfig) and name in node and OmegaConf.is_interpolation(node, name)
+
+
+def first_problem(cfg: Any, composed: DictConfig | None = None) -> Problem | None:
+    """The first rule broken; of several, the first at a key set by hand rather than interpolated from
+    another (a bad training.run.name is named as such, not as run_name, which copies it)."""
+    found = problems(cfg)
+    first = next(found, None)
+    if first is None or composed is None or not _interpolated(composed, first.key):
+        return first
+    return next((p for p in found if not _interpolated(composed, p.key)), first)
 
 
 def _show(value: Any) -> str:
@@ -129,7 +142,7 @@ def to_schema(composed: DictConfig, stages: Sequence[StageSpec] = STAGES) -> Any
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         raise _explain(error, composed, root) from None
-    check(cfg, stages)
+    check(cfg, stages, composed)
     return cfg
 
 
@@ -167,9 +180,10 @@ def _check_gpus(cfg: Any, planned: Sequence[StageSpec]) -> None:
             )
 
 
-def check(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> None:
-    """Every rule that needs only the config: each field's own, then the core's, then each stage's."""
-    found = first_problem(cfg)
+def check(cfg: Any, stages: Sequence[StageSpec] = STAGES, composed: DictConfig | None = None) -> None:
+    """Every rule that needs only the config: each field's own, then the core's, then each stage's.
+    `composed` (the YAML before interpolation) lets a field's error name the key the user set."""
+    found = first_problem(cfg, composed)
     if found:
         raise ConfigError(found.key, f"{_show(found.value)} {found.reason}; allowed: {found.allowed}")
     for name in {**cfg.env, **cfg.cluster.env}:
@@ -188,6 +202,13 @@ def check(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> None:
 
 def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> None:
     """Rules that need the submitting host's facts (where this checkout lives, what it has)."""
+    if cfg.cluster.backend is BackendName.slurm and not cfg.dry_run and facts.sbatch is None:
+        raise ConfigError(
+            "cluster",
+            f"cluster.backend={cfg.cluster.backend.value} submits with sbatch, which is not on this host's "
+            "PATH: launch from a node of the cluster, look at the plan here with dry_run=true, or run the "
+            "jobs on this machine with cluster=local",
+        )
     c = cfg.container
     if c.runtime is Runtime.pyxis and c.code_dir is None:
         remedy = (

@@ -1,9 +1,9 @@
-"""Shared fixtures: Hydra composition of the real conf/ tree, golden-file option."""
+"""Shared fixtures: Hydra composition of the real conf/ tree, golden-file option; the session fixtures
+(a Slurm cluster, NeMo on CPU, the demo data, a tiny trained model) live in tests/fixtures/."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +13,11 @@ from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-pytest_plugins = ["slurm_cluster"]
+# The helpers in tests/fixtures/ assert too: their failures show the values, as in a test module.
+pytest.register_assert_rewrite("fixtures")
+# The fixtures: the Slurm cluster (fixtures/slurm.py), NeMo on CPU and its tiny model (fixtures/nemo.py),
+# a small tmpfs (fixtures/disk.py). Plain helpers are imported from fixtures/ by the tests that use them.
+pytest_plugins = ["fixtures.disk", "fixtures.nemo", "fixtures.slurm"]
 
 from launcher.cli import compose_config as _compose  # noqa: E402
 from launcher.context import Facts  # noqa: E402
@@ -54,38 +58,6 @@ def make_config(tmp_path: Path) -> Callable[..., RootConfig]:
     return make
 
 
-NEMO_MODULES = ("torch", "megatron.core", "nemo.collections.multimodal")
-
-
-def nemo_python_path() -> str:
-    """NeMo's CPU venv interpreter (requirements-nemo.txt): env NEMO_PYTHON or <repo>/.venv-nemo."""
-    return os.environ.get("NEMO_PYTHON") or str(REPO / ".venv-nemo" / "bin" / "python")
-
-
-def _nemo_missing_reason() -> str | None:
-    python = nemo_python_path()
-    if not Path(python).is_file():
-        return f"no NeMo interpreter at {python} (set NEMO_PYTHON)"
-    probe = (
-        "import importlib.util as u, sys; "
-        f"sys.exit(0 if all(u.find_spec(m) for m in {NEMO_MODULES!r}) else 1)"
-    )
-    if subprocess.run([python, "-c", probe], capture_output=True, timeout=120, check=False).returncode:
-        return f"{python} cannot import {', '.join(NEMO_MODULES)}"
-    return None
-
-
-@pytest.fixture(scope="session")
-def nemo_python() -> str:
-    """Tests that run NeMo's own code skip without it, and fail instead when REQUIRE_NEMO=1 (CI)."""
-    reason = _nemo_missing_reason()
-    if reason and os.environ.get("REQUIRE_NEMO") == "1":
-        pytest.fail(f"REQUIRE_NEMO=1 but {reason}")
-    if reason:
-        pytest.skip(reason)
-    return nemo_python_path()
-
-
 @pytest.fixture
 def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An `sbatch` first on PATH that records each call in the returned file and answers a job id,
@@ -97,3 +69,17 @@ def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     stub.chmod(0o755)
     monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
     return calls
+
+
+# Under pytest-xdist (`-n 2 --dist loadgroup`, as tests/run.sh runs), each worker builds its own session
+# fixtures. The tests that run NeMo go to one worker together, so that the tiny assets, the demo data and
+# the tiny training are built once; the other tests spread over the workers (each with its own cluster).
+NEMO_FIXTURES = frozenset(
+    {"nemo_python", "tiny_assets", "demo_data", "new_shared", "nemo_shared", "tiny_training"}
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if NEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("nemo"))

@@ -77,7 +77,7 @@ def test_without_the_model_check_training_waits_for_the_assets_itself(tmp_path: 
     jobs = _dry_run(tmp_path, "stages=[data_preparation,training]", "data_check.model_check=false")
     assert jobs["data_check"] == ["afterok:latents_wdinfo"]
     assert jobs["sd_860m_res_256"] == ["afterok:pretrained_assets", "afterok:data_check"]
-    script = (tmp_path / "results/sd_pretrain/assets/pretrained_assets.sbatch").read_text()
+    script = (tmp_path / "results/sd_860m_res_256/assets/pretrained_assets.sbatch").read_text()
     vae = (
         f"stabilityai/sd-vae-ft-mse 31f26fdeee1355a5c34592e401dd41e45d25a493 {tmp_path}/models/sd-vae-ft-mse"
     )

@@ -54,7 +54,7 @@ def test_the_console_scripts_are_the_launcher_and_the_watcher(tmp_path: Path) ->
     }.items():
         done = _run_in(tmp_path / name, [*argv, *overrides, f"base_results_dir={tmp_path / name}"])
         assert done.returncode == 0, done.stderr
-        run_dir = tmp_path / name / "sd_pretrain"
+        run_dir = tmp_path / name / "sd_860m_res_256"
         runs[name] = {
             # The console script's shebang names the venv's python3, the script run names its python.
             p.relative_to(run_dir): p.read_text()
@@ -64,7 +64,7 @@ def test_the_console_scripts_are_the_launcher_and_the_watcher(tmp_path: Path) ->
         }
     assert runs["script"] and runs["script"] == runs["installed"]
     done = subprocess.run(
-        [str(bin_dir / "sd-status"), "status", str(tmp_path / "installed" / "sd_pretrain")],
+        [str(bin_dir / "sd-status"), "status", str(tmp_path / "installed" / "sd_860m_res_256")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import compose_config
-from nemo_cpu.harness import SD_TRAIN_CPU, write_tiny_assets
+from nemo_cpu.harness import SD_TRAIN_CPU
 from nemo_cpu.tiny import TINY_OVERRIDES
 
 from launcher.cli import launch
@@ -44,8 +44,8 @@ def _tensorboard_timings(nemo_python: str, log_dir: Path) -> list[float]:
     return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def test_cpu_sweep_report_comes_from_nemo_logs(tmp_path: Path, nemo_python: str) -> None:
-    write_tiny_assets(nemo_python, tmp_path)
+def test_cpu_sweep_report_comes_from_nemo_logs(new_shared, nemo_python: str) -> None:
+    tmp_path = new_shared("models")
     run = launch(
         compose_config(
             [

@@ -87,5 +87,5 @@ def test_the_documented_checkpoint_command_works_as_written(tmp_path: Path) -> N
         "dry_run=true",
     ]
     assert main(argv) == 0
-    settings = json.loads((tmp_path / "results/sd_pretrain/samples/samples.json").read_text())
+    settings = json.loads((tmp_path / "results/sd_860m_res_256/samples/samples.json").read_text())
     assert settings["checkpoint"] == checkpoint and "-step=20000-" in checkpoint

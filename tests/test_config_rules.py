@@ -170,7 +170,7 @@ def test_the_valid_config_is_submitted(tmp_path: Path, recording_sbatch: Path) -
     launch(valid_config(tmp_path), FACTS)
     # assets, the five demo steps, and the slurm preset's encode_latents and latents_wdinfo
     assert len(recording_sbatch.read_text().splitlines()) == 8
-    assert (tmp_path / "results/sd_pretrain/manifest.json").exists()
+    assert (tmp_path / "results/sd_860m_res_256/manifest.json").exists()
 
 
 @pytest.mark.parametrize(("key", "value"), bad_cases(), ids=str)

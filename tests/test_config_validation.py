@@ -213,7 +213,7 @@ def test_data_check_without_a_nemo_interpreter_is_refused_with_the_fix(tmp_path:
     assert list(tmp_path.iterdir()) == []
     # The default command (data preparation alone) needs no NeMo.
     launch(compose_config([f"cluster.shared_dir={tmp_path}", "dry_run=true"]), no_venv)
-    assert (tmp_path / "results/sd_pretrain/data_preparation/download_images.sbatch").exists()
+    assert (tmp_path / "results/sd_860m_res_256/data_preparation/download_images.sbatch").exists()
 
 
 # The cached-latents switch (data_preparation.precache, on in the aws presets): refused naming the keys.

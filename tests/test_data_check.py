@@ -7,7 +7,6 @@ stays light; those tests skip when that interpreter lacks NeMo, and fail instead
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
@@ -16,47 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import webdataset as wds
+from fixtures.data import make_dataset
 from omegaconf import OmegaConf
-from PIL import Image
 
 from data_prep import data_check
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _image_bytes(rng: np.random.Generator, fmt: str) -> bytes:
-    # 320x288 so that NeMo's resize_smallest_side + center crop both have work to do.
-    pixels = rng.integers(0, 256, size=(288, 320, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format=fmt)
-    return out.getvalue()
-
-
-def make_dataset(root: Path, tars: int = 2, per_tar: int = 8, image_ext: str = "jpg") -> Path:
-    """Write `tars` webdataset tars of `per_tar` samples under root/shards and a wdinfo.pkl naming them."""
-    rng = np.random.default_rng(0)
-    (root / "shards").mkdir(parents=True)
-    names = []
-    for t in range(tars):
-        names.append(f"{t:05d}.tar")
-        with wds.TarWriter(str(root / "shards" / names[-1])) as sink:
-            for i in range(per_tar):
-                fmt = "JPEG" if image_ext == "jpg" else image_ext.upper()
-                sink.write(
-                    {
-                        "__key__": f"{t:05d}{i:04d}",
-                        image_ext: _image_bytes(rng, fmt),
-                        "txt": f"a caption for sample {t}-{i}",
-                    }
-                )
-    wdinfo = root / "wdinfo.pkl"
-    wdinfo.write_bytes(
-        pickle.dumps({"tar_files": names, "chunk_size": per_tar, "total_key_count": tars * per_tar})
-    )
-    return wdinfo
 
 
 def make_config(root: Path, wdinfo: Path, local_root: Path | None = None, **model: Any) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from test_relaunch import _demo, drained, slurm_shared  # noqa: F401 (fixtures)
+from fixtures.slurm import launch_demo
 
 from launcher import data_owner, manifest
 from launcher.errors import LauncherError
@@ -145,16 +145,16 @@ def test_three_demo_launches_at_once_on_one_data_folder(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_second_run_on_the_data_folder_is_refused_while_the_first_ones_jobs_pend(
     slurm_cluster,
-    slurm_shared: Path,  # noqa: F811
-    drained: None,  # noqa: F811
+    slurm_shared: Path,
+    drained: None,
 ) -> None:
-    first = _demo(slurm_shared)
-    run_a = slurm_shared / "results/sd_pretrain"
+    first = launch_demo(slurm_shared)
+    run_a = slurm_shared / "results/sd_860m_res_256"
     (record,) = data_owner.writers(slurm_shared / "data")
     assert record["run_dir"] == str(run_a) and record["jobs"] == first and record["backend"] == "slurm"
     for extra in ([], ["dry_run=true"]):
         with pytest.raises(LauncherError) as refused:
-            _demo(slurm_shared, "run_name=second", *extra)
+            launch_demo(slurm_shared, "run_name=second", *extra)
         message = str(refused.value)
         assert f"is being written by run {run_a}: its jobs" in message, message
         assert all(f"{name} (job {job_id}: PENDING)" in message for name, job_id in first.items()), message
@@ -164,7 +164,7 @@ def test_a_second_run_on_the_data_folder_is_refused_while_the_first_ones_jobs_pe
     slurm_cluster.run_command(["scancel", *first.values()])
     for job_id in first.values():
         slurm_cluster.wait_job(job_id, timeout=30)
-    _demo(slurm_shared, "run_name=second")  # A's jobs ended (cancelled): B may write
+    launch_demo(slurm_shared, "run_name=second")  # A's jobs ended (cancelled): B may write
     run_b = slurm_shared / "results/second"
     second = {r.name: r.job_id for r in manifest.load(run_b)}
     slurm_cluster.run_command(["scancel", *second.values()])

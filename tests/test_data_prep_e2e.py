@@ -5,79 +5,35 @@ join, .jpg/.txt members only)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
-import webdataset as wds
-from conftest import compose_config
-from PIL import Image
+from fixtures.data import check_demo_dataset, launch_demo_data
 
 from launcher import manifest
-from launcher.cli import launch
 
 pytestmark = pytest.mark.slow
-CHUNK = 20
-
-
-def _run(shared: Path, *overrides: str) -> Path:
-    launch(
-        compose_config(
-            [
-                f"cluster.shared_dir={shared}",
-                "data_preparation=demo",
-                f"container.python={sys.executable}",
-                *overrides,
-            ]
-        )
-    )
-    return shared / "data"
-
-
-def _check_dataset(data: Path) -> None:
-    demo = json.loads((data / "demo_source/demo.json").read_text())
-    captions = {row["caption"] for row in demo["rows"]}
-    with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
-        info = pickle.load(handle)
-    assert set(info) == {"tar_files", "chunk_size", "total_key_count"}
-    assert info["chunk_size"] == CHUNK and info["total_key_count"] == len(info["tar_files"]) * CHUNK
-    markers = [json.loads(p.read_text()) for p in sorted((data / "tarfiles_raw").glob("*.done.json"))]
-    downloaded = sum(m["successes"] for m in markers)
-    failed = sum(m["failed_to_download"] + m["failed_to_resize"] for m in markers)
-    assert downloaded == demo["counts"]["ok"] and failed == len(demo["rows"]) - demo["counts"]["ok"]
-    assert info["total_key_count"] == downloaded // CHUNK * CHUNK  # remainder dropped by default
-    # NeMo's contract: tar path = local_root_path + name; only .jpg and .txt are read.
-    root = data / "tarfiles_reorganized"
-    seen = 0
-    for name in info["tar_files"]:
-        samples = list(wds.WebDataset(str(root / name), shardshuffle=False))
-        assert len(samples) == CHUNK
-        for sample in samples:
-            assert {"jpg", "txt"} <= set(sample)
-            assert sample["txt"].decode() in captions
-            assert Image.open(io.BytesIO(sample["jpg"])).size == (256, 256)
-        seen += len(samples)
-    assert seen == info["total_key_count"]
 
 
 def test_demo_on_the_local_backend_then_rerun_is_identical(tmp_path: Path) -> None:
-    data = _run(tmp_path, "cluster=local")
-    _check_dataset(data)
+    data = launch_demo_data(tmp_path, "cluster=local")
+    check_demo_dataset(data)
     before = {p: p.read_bytes() for p in (data / "tarfiles_reorganized").glob("*.tar")}
     (data / "tarfiles_reorganized" / "000003.tar").unlink()  # as if a task died before writing it
-    _run(tmp_path, "cluster=local")
+    launch_demo_data(tmp_path, "cluster=local")
     after = {p: p.read_bytes() for p in (data / "tarfiles_reorganized").glob("*.tar")}
     assert before == after
 
 
 def test_demo_on_the_real_slurm_cluster(slurm_cluster, slurm_shared: Path) -> None:
     # The slurm preset caches latents whatever the dataset; this is the image steps' test.
-    _run(slurm_shared, "cluster=slurm", "data_preparation.precache.enable=false", "container=none")
-    records = manifest.load(slurm_shared / "results/sd_pretrain")
+    launch_demo_data(
+        slurm_shared, "cluster=slurm", "data_preparation.precache.enable=false", "container=none"
+    )
+    records = manifest.load(slurm_shared / "results/sd_860m_res_256")
     for record in records:
         assert record.job_id and record.backend == "slurm"
         states = {j.state for j in slurm_cluster.wait_jobs(record.job_id, timeout=240)}
@@ -85,7 +41,7 @@ def test_demo_on_the_real_slurm_cluster(slurm_cluster, slurm_shared: Path) -> No
     by_name = {r.name: r for r in records}
     assert by_name["download_images"].depends_on == ["afterok:download_parquet"]
     assert by_name["download_images"].array == "0-1%2"
-    _check_dataset(slurm_shared / "data")
+    check_demo_dataset(slurm_shared / "data")
 
 
 def test_demo_then_data_check_with_nemo_on_the_local_backend(tmp_path: Path) -> None:
@@ -100,7 +56,7 @@ def test_demo_then_data_check_with_nemo_on_the_local_backend(tmp_path: Path) -> 
         pytest.skip(f"no NeMo interpreter at {nemo} (tests/install_nemo.sh)")
     # The data alone: no assets job, no model check (tests/test_training_slurm.py runs both, staged
     # from the fake Hub, and tests/test_nemo_training.py the model check).
-    data = _run(
+    data = launch_demo_data(
         tmp_path,
         "cluster=local",
         "stages=[data_preparation,data_check]",
@@ -108,7 +64,7 @@ def test_demo_then_data_check_with_nemo_on_the_local_backend(tmp_path: Path) -> 
         "assets.enable=false",
         "data_check.model_check=false",
     )
-    report = json.loads((tmp_path / "results/sd_pretrain/data_check/report.json").read_text())
+    report = json.loads((tmp_path / "results/sd_860m_res_256/data_check/report.json").read_text())
     with open(data / "tarfiles_reorganized/wdinfo.pkl", "rb") as handle:
         total = pickle.load(handle)["total_key_count"]
     assert report["ok"] and report["wdinfo"]["total_key_count"] == total

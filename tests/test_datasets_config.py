@@ -55,7 +55,7 @@ def test_aws_p5_dry_run_without_overrides_plans_pd12m(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    script = (tmp_path / "results/sd_pretrain/data_preparation/download_parquet.sbatch").read_text()
+    script = (tmp_path / "results/sd_860m_res_256/data_preparation/download_parquet.sbatch").read_text()
     assert "--source Spawning/PD12M" in script
     assert f"--revision {PD12M.download_parquet.revision}" in script
     assert "--pattern 'metadata/*.parquet'" in script and "--url-col url" in script

@@ -128,7 +128,7 @@ def test_pd12m_on_the_local_backend_ends_in_data_nemo_reads(
         ),
     )
     _check_pd12m(data, pd12m)
-    _check_nemo_read(tmp_path / "results/sd_pretrain", data)
+    _check_nemo_read(tmp_path / "results/sd_860m_res_256", data)
     status = dict(data_counts(str(data)))
     for part in ("part-00000", "part-00001"):  # the success rate of each partition, as `status` shows it
         marker = json.loads((data / f"tarfiles_raw/{part}.done.json").read_text())
@@ -160,7 +160,7 @@ def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
             pd12m, "stages=[data_preparation,data_check]", *DATA_ONLY, f"data_check.python={nemo_python}"
         ),
     )
-    records = manifest.load(slurm_shared / "results/sd_pretrain")
+    records = manifest.load(slurm_shared / "results/sd_860m_res_256")
     for record in records:
         assert record.job_id and record.backend == "slurm"
         states = {j.state for j in slurm_cluster.wait_jobs(record.job_id, timeout=300)}
@@ -174,7 +174,7 @@ def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
         "data_check",
     ]
     _check_pd12m(data, pd12m)
-    _check_nemo_read(slurm_shared / "results/sd_pretrain", data)
+    _check_nemo_read(slurm_shared / "results/sd_860m_res_256", data)
 
 
 # Bring your own tars: four shards of different sizes in nested folders, keys restarting at 0 in

@@ -33,7 +33,7 @@ def test_the_documented_generic_slurm_command_dry_runs(tmp_path: Path) -> None:
     (tmp_path / "apps").mkdir()
     (tmp_path / "apps/nemo-sd.sqsh").write_bytes(b"hsqs")
     assert main(argv) == 0
-    run = tmp_path / "sd/results/sd_pretrain"
+    run = tmp_path / "sd/results/sd_860m_res_256"
     scripts = {r.name: Path(r.script).read_text() for r in manifest.load(run)}
     training = scripts["sd_860m_res_256"]
     assert "#SBATCH --partition=gpu" in training and "#SBATCH --account=my-team" in training

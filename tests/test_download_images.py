@@ -21,6 +21,7 @@ from typing import ClassVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fixtures.data import DOWNLOAD_ARGS, DOWNLOAD_SHARD, download_cmd, run_in_repo
 from PIL import Image
 
 from data_prep import demo
@@ -29,38 +30,6 @@ from data_prep import download_parquet as dp
 from data_prep.serve import ENV_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARD = 10
-FAST_ARGS = ("--processes", "1", "--threads", "8", "--samples-per-shard", str(SHARD), "--timeout", "5")
-
-
-def download_cmd(parquet_dir: Path, out: Path, partition: int, serve_root: Path | None) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "data_prep.download_images",
-        "--parquet-dir",
-        str(parquet_dir),
-        "--output-dir",
-        str(out),
-        "--partition",
-        str(partition),
-        *FAST_ARGS,
-    ]
-    if serve_root is None:
-        return cmd
-    return [sys.executable, "-m", "data_prep.serve", "--root", str(serve_root), "--", *cmd]
-
-
-def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cmd,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +79,7 @@ def test_counts_recorded_match_what_the_server_offered(pipeline: dict[str, Path]
     assert done["successes"] == kinds["ok"]
     assert done["failed_to_download"] == kinds["not_found"]
     assert done["failed_to_resize"] == kinds["not_image"] + kinds["truncated"]
-    assert len(done["shards"]) == -(-len(urls) // SHARD)
+    assert len(done["shards"]) == -(-len(urls) // DOWNLOAD_SHARD)
     assert sum(done["shards"].values()) == done["successes"]
     folder = pipeline["raw"] / f"part-{partition:05d}"
     assert sorted(p.name for p in folder.glob("*.json")) == [
@@ -136,10 +105,12 @@ def test_tars_hold_256px_jpg_and_the_parquet_captions(pipeline: dict[str, Path])
 def test_rerun_with_marker_does_nothing(pipeline: dict[str, Path]) -> None:
     folder = pipeline["raw"] / "part-00000"
     before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
-    result = run(download_cmd(pipeline["parquet"], pipeline["raw"], 0, None))
+    result = run_in_repo(download_cmd(pipeline["parquet"], pipeline["raw"], 0, None))
     assert result.returncode == 0 and "partition 0 is done" in result.stdout
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
-    changed = run([*download_cmd(pipeline["parquet"], pipeline["raw"], 0, None), "--image-size", "128"])
+    changed = run_in_repo(
+        [*download_cmd(pipeline["parquet"], pipeline["raw"], 0, None), "--image-size", "128"]
+    )
     assert changed.returncode == 1 and "was written with options" in changed.stderr
 
 
@@ -151,7 +122,7 @@ def test_partition_missing_a_shard_resumes_only_that_shard(pipeline: dict[str, P
     (out / "part-00001" / "00001_stats.json").unlink()  # as if killed while writing shard 00001
     (out / "part-00001" / "00001.tar").unlink()
     kept = {p.name: p.stat().st_mtime_ns for p in (out / "part-00001").glob("0000[02]*")}
-    result = run(download_cmd(pipeline["parquet"], out, 1, pipeline["images"]))
+    result = run_in_repo(download_cmd(pipeline["parquet"], out, 1, pipeline["images"]))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "(2 already done)" in result.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (out / "part-00001").glob("0000[02]*")} == kept
@@ -192,7 +163,7 @@ def test_interrupted_download_fails_then_resumes(pipeline: dict[str, Path], tmp_
     assert proc.returncode == 1, output
     assert "img2dataset stopped early" in output
     assert not (tmp_path / "raw" / "part-00000.done.json").exists()
-    result = run(download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, pipeline["images"]))
+    result = run_in_repo(download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, pipeline["images"]))
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads((tmp_path / "raw" / "part-00000.done.json").read_text())["successes"] == 15
 
@@ -200,7 +171,7 @@ def test_interrupted_download_fails_then_resumes(pipeline: dict[str, Path], tmp_
 @pytest.mark.slow
 def test_nothing_downloaded_is_an_error(pipeline: dict[str, Path], tmp_path: Path) -> None:
     write_partition(tmp_path / "parquet", [f"${{{ENV_NAME}}}/gone-{i}.jpg.404" for i in range(3)])
-    result = run(download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, pipeline["images"]))
+    result = run_in_repo(download_cmd(tmp_path / "parquet", tmp_path / "raw", 0, pipeline["images"]))
     assert result.returncode == 1
     assert "none of 3 images could be downloaded (3 failed to download" in result.stderr
     assert not (tmp_path / "raw" / "part-00000.done.json").exists()
@@ -253,7 +224,7 @@ def test_options_defaults_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyP
         (["--resize-mode", "False"], 'YAML reads an unquoted no as false: write "no"'),
         ([], "--partition: give a partition index"),
     ):
-        result = run(
+        result = run_in_repo(
             [
                 sys.executable,
                 "-m",
@@ -320,12 +291,12 @@ def test_user_agent_token_and_x_robots_tag_as_img2dataset_applies_them(tmp_path:
             str(tmp_path / "parquet"),
             "--partition",
             "0",
-            *FAST_ARGS,
+            *DOWNLOAD_ARGS,
             "--user-agent-token",
             "sd-launcher",
         ]
-        obeyed = run([*base, "--output-dir", str(tmp_path / "obeyed")])
-        ignored = run(
+        obeyed = run_in_repo([*base, "--output-dir", str(tmp_path / "obeyed")])
+        ignored = run_in_repo(
             [*base, "--output-dir", str(tmp_path / "ignored"), "--disallowed-header-directives", ""]
         )
     finally:

@@ -119,7 +119,7 @@ def test_no_coco_root_and_no_model_are_refused(make_config: Callable, tmp_path: 
     alone = make_config(*GPU, "stages=[evaluation]", f"evaluation.coco_root={coco}", "assets.enable=false")
     with pytest.raises(ConfigError, match="stages: evaluation alone needs a model the samples job converted"):
         check_facts(alone, FIXED_FACTS)
-    _model_converted(tmp_path / "results" / "sd_pretrain")
+    _model_converted(tmp_path / "results" / "sd_860m_res_256")
     check_facts(alone, FIXED_FACTS)
 
 

@@ -15,34 +15,24 @@ from pathlib import Path
 
 import pytest
 from coco_fixture import make_coco
-from nemo_cpu.harness import (
-    REPO,
-    prepare_demo_data,
-    render_training,
-    run_sd_train,
-    samples_on_cpu,
-    write_tiny_assets,
-)
+from fixtures.nemo import TINY_RUN, TinyTraining
+from nemo_cpu.harness import REPO, samples_on_cpu
 from PIL import Image
 
 from launcher.cli import compose_config, launch
 from launcher.stages.evaluation import status_lines
 
 pytestmark = pytest.mark.slow
-RUN = "tiny_cpu_eval"
+RUN = TINY_RUN
 TINY_EVAL = REPO / "tests" / "nemo_cpu" / "tiny_eval.py"
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
-    shared = tmp_path_factory.mktemp("eval_cpu")
-    prepare_demo_data(shared)
-    write_tiny_assets(nemo_python, shared)
-    # A learning rate that moves the UNet's zero-initialised cross-attention outputs in 2 steps: at
-    # initialisation the prompt has no effect, and every guidance scale would draw the same images.
-    fast = ["training.model.optim.lr=0.01", "training.model.optim.sched.warmup_steps=1"]
-    config = render_training(shared, RUN, "training.trainer.max_steps=2", *fast)
-    assert run_sd_train(nemo_python, config, shared / "train.log").returncode == 0
+def shared(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
+    # The session's tiny run, copied: trained at a learning rate that moves the UNet's zero-initialised
+    # cross-attention outputs (at initialisation the prompt has no effect, and every guidance scale
+    # would draw the same images).
+    shared = tiny_training.copy_to(tmp_path_factory.mktemp("eval_cpu"))
     for kind, target in (("inception", shared / "eval/inception.pth"), ("clip", shared / "eval/clip")):
         subprocess.run([nemo_python, str(TINY_EVAL), kind, str(target)], check=True, timeout=600)
     make_coco(shared / "coco")

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import errno
 import importlib
-import io
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from conftest import REPO, compose_config
+from fixtures.data import write_own_tars
+from fixtures.disk import remount
+from fixtures.tools import tools_required
 from omegaconf import OmegaConf
 
 from data_prep.faults import environment_fault
@@ -31,52 +30,6 @@ from launcher.pipeline import build_plan
 from launcher.validate import to_schema
 
 CHUNK = 5
-IMAGE_BYTES = 30_000  # per sample: 2 shards x 40 samples is ~2.4 MB against a 1 MB tmpfs
-
-
-def _required() -> bool:
-    return any(os.environ.get(name, "") not in ("", "0") for name in ("REQUIRE_SLURM", "REQUIRE_TOOLS"))
-
-
-@pytest.fixture
-def tmpfs() -> Iterator[Path]:
-    """A 1 MB tmpfs (mount needs root: CI runs as root, so there it is required, never skipped)."""
-    with small_tmpfs() as tmp:
-        yield tmp
-
-
-@contextmanager
-def small_tmpfs() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="tmpfs-", dir="/tmp") as tmp:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", tmp], capture_output=True, text=True
-        )
-        if mounted.returncode != 0:
-            reason = f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}): needs root"
-            if _required():
-                pytest.fail(f"REQUIRE_SLURM/REQUIRE_TOOLS is set but {reason}", pytrace=False)
-            pytest.skip(reason)
-        try:
-            yield Path(tmp)
-        finally:
-            subprocess.run(["umount", tmp], check=True)
-
-
-def _remount(where: Path, options: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
-
-
-def write_own_tars(folder: Path) -> None:
-    """Two shards of 40 samples whose images are random bytes inside JPEG markers (~2.4 MB)."""
-    folder.mkdir(parents=True)
-    for shard in range(2):
-        with tarfile.open(folder / f"shard-{shard}.tar", "w") as tar:
-            for i in range(40):
-                image = b"\xff\xd8\xff\xe0" + os.urandom(IMAGE_BYTES) + b"\xff\xd9"
-                for ext, data in (("jpg", image), ("txt", f"caption {shard} {i}".encode())):
-                    info = tarfile.TarInfo(f"{i:06d}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
 
 
 def _reorganize(raw: Path, out: Path) -> subprocess.CompletedProcess[str]:
@@ -141,13 +94,13 @@ def test_disk_full_then_read_only_then_a_rerun_with_space_is_byte_identical(
     assert records == {p.stem for p in out.glob("*.tar")} and len(records) < len(
         list(reference.glob("*.tar"))
     )
-    _remount(tmpfs, "ro")
+    remount(tmpfs, "ro")
     read_only = _reorganize(raw, out)
     assert read_only.returncode == 1 and "Traceback" not in read_only.stderr
     assert read_only.stderr.strip().splitlines()[-1].endswith(": read-only file system (EROFS)"), (
         read_only.stderr
     )
-    _remount(tmpfs, "rw,size=16m")
+    remount(tmpfs, "rw,size=16m")
     assert _reorganize(raw, out).returncode == 0
     assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == {
         p.name: p.read_bytes() for p in reference.glob("*.tar")
@@ -183,7 +136,7 @@ def test_permission_denied_is_named(tmp_path: Path) -> None:
     """The step run as nobody, writing into a folder only root may write (root itself is never refused)."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         reason = "needs root and setpriv to run the step as another user"
-        if _required():
+        if tools_required():
             pytest.fail(f"REQUIRE_SLURM/REQUIRE_TOOLS is set but the test {reason}", pytrace=False)
         pytest.skip(reason)
     with tempfile.TemporaryDirectory(prefix="perm-", dir="/tmp") as tmp:
@@ -226,7 +179,7 @@ def test_a_local_launch_on_a_full_disk_says_which_path_and_why_and_status_shows_
     expected = f"reorganize_tar: reorganize_tar: error: {tmpfs}/data/tarfiles_reorganized/"
     assert expected in str(failed.value) and "(ENOSPC)" in str(failed.value), failed.value
     shown = subprocess.run(
-        [sys.executable, "-m", "launcher", "status", str(tmp_path / "results/sd_pretrain")],
+        [sys.executable, "-m", "launcher", "status", str(tmp_path / "results/sd_860m_res_256")],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -5,15 +5,14 @@ on the device (ENOSPC)`, the path on the full disk. The inputs are made once, on
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_faults import _remount, small_tmpfs, write_own_tars
+from fixtures.data import write_own_tars
+from fixtures.disk import fill, remount
 
 from data_prep import demo
 from data_prep import download_parquet as dp
@@ -75,17 +74,6 @@ def _step(root: Path, step: str, *argv: str) -> subprocess.CompletedProcess[str]
     )
 
 
-def fill(disk: Path, leave: int) -> None:
-    """Fills the file system holding `disk` but for about `leave` bytes."""
-    with open(disk / ".filler", "wb", buffering=0) as filler:
-        try:
-            while True:
-                filler.write(bytes(4096))
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    os.truncate(disk / ".filler", max(os.path.getsize(disk / ".filler") - leave, 0))
-
-
 def _argv(step: str, inputs: Path, out: Path) -> tuple[str, ...]:
     return {
         "demo": ("--output-dir", str(out), "--num-images", "120"),
@@ -131,12 +119,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def tmpfs() -> Iterator[Path]:
-    with small_tmpfs() as tmp:
-        yield tmp
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("step", "leave"), CASES)
 def test_each_data_step_on_a_full_disk_ends_in_one_line(
@@ -145,7 +127,7 @@ def test_each_data_step_on_a_full_disk_ends_in_one_line(
     step: str,
     leave: int,
 ) -> None:
-    _remount(tmpfs, "size=2m")
+    remount(tmpfs, "size=2m")
     fill(tmpfs, leave)
     out = tmpfs / "out"
     if step == "generate_wdinfo":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import webdataset as wds
-from test_reorganize_tar import make_raw, run
+from fixtures.data import make_raw, run_reorganize
 
 from data_prep import generate_wdinfo
 
@@ -21,7 +21,7 @@ def wdinfo(tar_dir: Path, chunk: int, *extra: str) -> int:
 def test_counts_equal_what_is_on_disk(tmp_path: Path, keep: bool) -> None:
     make_raw(tmp_path / "raw")
     out = tmp_path / "out"
-    run(tmp_path / "raw", out, 7, *(["--keep-remainder"] if keep else []))
+    run_reorganize(tmp_path / "raw", out, 7, *(["--keep-remainder"] if keep else []))
     assert wdinfo(out, 7, "--verify") == 0
     info = pickle.loads((out / "wdinfo.pkl").read_bytes())
     assert set(info) == {"tar_files", "chunk_size", "total_key_count"}
@@ -36,7 +36,7 @@ def test_counts_equal_what_is_on_disk(tmp_path: Path, keep: bool) -> None:
 
 def test_output_option_and_no_leftover_temporaries(tmp_path: Path) -> None:
     make_raw(tmp_path / "raw")
-    run(tmp_path / "raw", tmp_path / "out", 5)
+    run_reorganize(tmp_path / "raw", tmp_path / "out", 5)
     assert wdinfo(tmp_path / "out", 5, "--output", str(tmp_path / "info.pkl")) == 0
     assert pickle.loads((tmp_path / "info.pkl").read_bytes())["total_key_count"] == 40
     assert not list(tmp_path.glob(".*tmp*"))
@@ -52,14 +52,14 @@ def test_no_tars_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_unfinished_task_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_raw(tmp_path / "raw")
     out = tmp_path / "out"
-    run(tmp_path / "raw", out, 5, "--task-index", "0", "--task-count", "2")  # task 1 never ran
+    run_reorganize(tmp_path / "raw", out, 5, "--task-index", "0", "--task-count", "2")  # task 1 never ran
     assert wdinfo(out, 5) == 1
     assert "a reorganize_tar task did not finish" in capsys.readouterr().err
 
 
 def test_chunk_size_must_match(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_raw(tmp_path / "raw")
-    run(tmp_path / "raw", tmp_path / "out", 5)
+    run_reorganize(tmp_path / "raw", tmp_path / "out", 5)
     assert wdinfo(tmp_path / "out", 6) == 1
     assert (
         "data_preparation.reorganize_tar.tar_chunk_size (--chunk-size) 6 differs from the 5"
@@ -70,7 +70,7 @@ def test_chunk_size_must_match(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_verify_catches_a_wrong_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_raw(tmp_path / "raw")
     out = tmp_path / "out"
-    run(tmp_path / "raw", out, 5)
+    run_reorganize(tmp_path / "raw", out, 5)
     record_path = out / "_counts" / "000003.json"
     record = json.loads(record_path.read_text())
     record_path.write_text(json.dumps({**record, "samples": 4}))

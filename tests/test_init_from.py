@@ -7,12 +7,14 @@ run runs on the test cluster in tests/test_init_from_slurm.py.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch_checkpoints
 import yaml
 from conftest import FIXED_FACTS
 
@@ -47,8 +49,15 @@ UNET_860M = {
 }
 
 
-def _earlier_run(folder: Path, *names: str, unet: dict | None = None, config_only: bool = False) -> Path:
-    """A run folder as training leaves it: checkpoints, hparams.yaml (cfg: the model), its NeMo config."""
+def _earlier_run(
+    folder: Path,
+    *names: str,
+    unet: dict | None = None,
+    config_only: bool = False,
+    weights: Path | None = None,
+) -> Path:
+    """A run folder as training leaves it: checkpoints (copies of `weights`, a torch file, else bytes that
+    only the checks that come first may meet), hparams.yaml (cfg: the model), its NeMo config."""
     model = {"unet_config": {**UNET_860M, **(unet or {})}}
     training = folder / "training"
     (training / "results/checkpoints").mkdir(parents=True)
@@ -56,14 +65,25 @@ def _earlier_run(folder: Path, *names: str, unet: dict | None = None, config_onl
     if not config_only:
         (training / "results/hparams.yaml").write_text(yaml.safe_dump({"cfg": model}))
     for name in names:
-        (training / "results/checkpoints" / name).write_bytes(b"not read before the job")
+        if weights is None:
+            (training / "results/checkpoints" / name).write_bytes(b"not a checkpoint")
+        else:
+            shutil.copyfile(weights, training / "results/checkpoints" / name)
     return folder
 
 
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
+    """A torch checkpoint (torch.save) with tensors of the 860M preset's UNet."""
+    path = tmp_path_factory.mktemp("weights") / "unet_860m.ckpt"
+    torch_checkpoints.write(nemo_python, {path: torch_checkpoints.unet_860m()})
+    return path
+
+
 def test_the_init_job_writes_the_unet_that_training_starts_from(
-    make_config: Callable, tmp_path: Path
+    make_config: Callable, tmp_path: Path, weights: Path
 ) -> None:
-    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail="-last"))
+    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail="-last"), weights=weights)
     cfg = make_config(
         *GPU, "stages=[training]", f"training.init_from={earlier}", "run_name=res512", "training.run.chain=2"
     )
@@ -116,8 +136,8 @@ def test_status_names_the_checkpoint_the_unet_came_from(tmp_path: Path) -> None:
     ]
 
 
-def test_a_checkpoint_file_is_taken_as_it_is(make_config: Callable, tmp_path: Path) -> None:
-    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail=""))
+def test_a_checkpoint_file_is_taken_as_it_is(make_config: Callable, tmp_path: Path, weights: Path) -> None:
+    earlier = _earlier_run(tmp_path / "pretrain", CKPT.format(step=8, tail=""), weights=weights)
     ckpt = earlier / "training/results/checkpoints" / CKPT.format(step=8, tail="")
     cfg = make_config(*GPU, "stages=[training]", f"training.init_from='{ckpt}'")
     check_facts(cfg, FIXED_FACTS)

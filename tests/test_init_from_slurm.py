@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_relaunch import drained, slurm_shared  # noqa: F401 (fixtures)
 
 from launcher import manifest
 from launcher.cli import compose_config, launch
@@ -22,31 +21,32 @@ pytestmark = pytest.mark.slow
 STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
 
 
+def standin_training(shared: Path, run: str, nemo_python: str, *overrides: str) -> list[str]:
+    """A training run `run` on the test cluster's CPU nodes, the stand-in for sd_train.py, synthetic data."""
+    return [
+        f"cluster.shared_dir={shared}",
+        "cluster=slurm",
+        "container=none",
+        f"container.python={sys.executable}",
+        "stages=[training]",
+        f"run_name={run}",
+        "data_check.enable=false",
+        "assets.enable=false",
+        "training.model.data.synthetic_data=true",
+        f"training.run.script={STANDIN}",
+        f"training.run.python={nemo_python}",  # torch: real checkpoints, and the init job
+        "training.trainer.num_nodes=1",
+        "training.model.micro_batch_size=4",
+        "training.model.global_batch_size=32",
+        "cluster.gpu_job_mem=1G",
+        "training.init_resources.mem=1G",
+        *overrides,
+    ]
+
+
 def _train(shared: Path, run: str, nemo_python: str, *overrides: str) -> dict[str, str]:
-    launch(
-        compose_config(
-            [
-                f"cluster.shared_dir={shared}",
-                "cluster=slurm",
-                "container=none",
-                f"container.python={sys.executable}",
-                "stages=[training]",
-                f"run_name={run}",
-                "data_check.enable=false",
-                "assets.enable=false",
-                "training.model.data.synthetic_data=true",
-                f"training.run.script={STANDIN}",
-                f"training.run.python={nemo_python}",  # torch: real checkpoints, and the init job
-                "training.trainer.num_nodes=1",
-                "training.model.micro_batch_size=4",
-                "training.model.global_batch_size=32",
-                "training.exp_manager.ema.enable=true",
-                "cluster.gpu_job_mem=1G",
-                "training.init_resources.mem=1G",
-                *overrides,
-            ]
-        )
-    )
+    ema = "training.exp_manager.ema.enable=true"
+    launch(compose_config(standin_training(shared, run, nemo_python, ema, *overrides)))
     return {r.name: r.job_id for r in manifest.load(shared / "results" / run) if r.job_id}
 
 
@@ -58,8 +58,8 @@ def _dependency(slurm_cluster, job_id: str) -> str:
 
 def test_b_waits_for_a_pending_run_a_then_starts_from_its_final_checkpoint(
     slurm_cluster,
-    slurm_shared: Path,  # noqa: F811
-    drained: None,  # noqa: F811
+    slurm_shared: Path,
+    drained: None,
     nemo_python: str,
 ) -> None:
     a = _train(slurm_shared, "res256", nemo_python, "training.run.chain=2")

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import REPO, render_training, run_data_check, run_sd_train, write_tiny_assets
+from fixtures.disk import fill, small_tmpfs
+from nemo_cpu.harness import REPO, render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import TINY_OVERRIDES
 
 from launcher.cli import launch
@@ -78,10 +79,9 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
+def shared(new_shared, nemo_python: str) -> Path:
     """The demo through data preparation with the switch on (local backend, real jobs), tiny assets."""
-    shared_dir = tmp_path_factory.mktemp("latents")
-    write_tiny_assets(nemo_python, shared_dir)
+    shared_dir = new_shared("models")
     launch(
         compose_config(
             [
@@ -123,7 +123,7 @@ def test_the_encode_step_writes_latent_tars_and_an_exact_wdinfo(shared: Path) ->
 
 
 def test_stored_moments_equal_nemos_vae_output_for_the_same_image(shared: Path, nemo_python: str) -> None:
-    config = shared / "results/sd_pretrain/training/sd_860m_res_256.yaml"
+    config = shared / "results/sd_860m_res_256/training/sd_860m_res_256.yaml"
     args = [
         config,
         shared / "data/tarfiles_reorganized/000000.tar",
@@ -189,7 +189,7 @@ def test_data_check_reads_the_latents_with_nemos_precached_loader(shared: Path, 
 
 
 def _encode(nemo_python: str, shared: Path, output: Path) -> subprocess.Popen:
-    config = shared / "results/sd_pretrain/training/sd_860m_res_256.yaml"
+    config = shared / "results/sd_860m_res_256/training/sd_860m_res_256.yaml"
     images = shared / "data/tarfiles_reorganized"
     return subprocess.Popen(
         [
@@ -247,9 +247,6 @@ def test_kill_9_mid_tar_then_rerun_gives_the_bytes_of_an_uninterrupted_run(
 def test_encode_latents_on_a_full_disk_ends_in_one_line(shared: Path, nemo_python: str) -> None:
     """The latent tars' folder on a full tmpfs: one line naming it, no traceback (tests/test_full_disk.py
     does the same for the other data steps)."""
-    from test_faults import small_tmpfs
-    from test_full_disk import fill
-
     with small_tmpfs() as disk:
         fill(disk, 0)
         encode = _encode(nemo_python, shared, disk / "latents")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import write_tiny_assets
+from fixtures.data import make_dataset
+from fixtures.nemo import copy_folders
 from nemo_cpu.tiny import TINY_OVERRIDES
-from test_data_check import make_dataset
 
 from launcher import manifest
 from launcher.cli import launch
@@ -35,7 +35,7 @@ SMALL = [
 
 
 @pytest.fixture
-def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch, nemo_python: str) -> Iterator[Path]:
+def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch, tiny_assets: Path) -> Iterator[Path]:
     """4 jpg/txt tars and their wdinfo where reorganize_tar leaves them, tiny assets where the assets job does."""
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
@@ -48,7 +48,7 @@ def shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch, nemo_python: str) -> 
         for tar in (root / "made/shards").glob("*.tar"):
             tar.rename(tars / tar.name)
         (tars / "wdinfo.pkl").write_bytes(wdinfo.read_bytes())
-        write_tiny_assets(nemo_python, root)
+        copy_folders(tiny_assets, root, "models")
         yield root
 
 
@@ -87,12 +87,12 @@ def _launch(shared: Path, nemo_python: str) -> dict[str, str]:
             ]
         )
     )
-    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
+    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_860m_res_256") if r.job_id}
 
 
 def _log(shared: Path, stage: str, name: str) -> str:
     return "\n".join(
-        p.read_text() for p in sorted((shared / f"results/sd_pretrain/{stage}/logs").glob(f"{name}_*"))
+        p.read_text() for p in sorted((shared / f"results/sd_860m_res_256/{stage}/logs").glob(f"{name}_*"))
     )
 
 
@@ -105,7 +105,7 @@ def test_encode_array_then_wdinfo_then_data_check_then_training(
     order = ("latents_wdinfo", "data_check", "sd_860m_res_256")
     states = {name: slurm_cluster.wait_job(ids[name], timeout=600).state for name in order}
     assert states == dict.fromkeys(order, "COMPLETED"), _log(shared, "data_check", "data_check")[-3000:]
-    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_pretrain")}
+    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_860m_res_256")}
     assert edges == {
         "encode_latents": [],
         "latents_wdinfo": ["afterok:encode_latents"],

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXED_FACTS, compose_config
+from fixtures.tools import shellcheck_exe
 from hypothesis import given
 from hypothesis import strategies as st
-from test_render import _shellcheck
 from toy_pipeline import toy_plan
 
 from launcher import manifest
@@ -121,7 +121,7 @@ def test_split_script_computes_the_global_task_index(tmp_path: Path) -> None:
     )
     script = tmp_path / "split.sh"
     script.write_text(text)
-    checked = subprocess.run([_shellcheck(), str(script)], capture_output=True, text=True)
+    checked = subprocess.run([shellcheck_exe(), str(script)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout
     # The part lines run as bash runs them: task 5 of the part that starts at 128 is task 133.
     probe = "\n".join(

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 import webdataset as wds
+from fixtures.data import check_demo_dataset, launch_demo_data
 from slurm.cluster import SlurmCluster
-from slurm_cluster import running_cluster
-from test_data_prep_e2e import _check_dataset, _run
 
 from launcher import manifest, relaunch
 from launcher.backends import prepare
@@ -36,9 +35,10 @@ LIMITS = {"MaxArraySize": 64, "MaxJobCount": 1000, "MinJobAge": 3600}
 
 
 @pytest.fixture(scope="module")
-def small_cluster() -> Iterator[SlurmCluster]:
-    """A second cluster (the session's `slurm_cluster` keeps Slurm's defaults) with small limits."""
-    yield from running_cluster(LIMITS)
+def small_cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session's cluster with small limits for this module (its other users keep Slurm's defaults)."""
+    with slurm_cluster.limits(LIMITS):
+        yield slurm_cluster
 
 
 @pytest.fixture
@@ -96,29 +96,29 @@ def test_demo_with_150_partitions_is_split_completes_and_matches_2_partitions(
         "data_preparation.demo.num_images=917",
     )
     throttle = "data_preparation.download_images.array_throttle=8"
-    _run(split, *demo, "data_preparation.num_partitions=150", throttle)
-    _run(whole, *demo)
-    records = manifest.load(split / "results/sd_pretrain")
+    launch_demo_data(split, *demo, "data_preparation.num_partitions=150", throttle)
+    launch_demo_data(whole, *demo)
+    records = manifest.load(split / "results/sd_860m_res_256")
     by_name = {r.name: r for r in records}
     download = by_name["download_images"]
     assert download.array == "0-149%8" and len(download.part_ids) == 3
     _wait_completed(small_cluster, records)
-    _wait_completed(small_cluster, manifest.load(whole / "results/sd_pretrain"))
+    _wait_completed(small_cluster, manifest.load(whole / "results/sd_860m_res_256"))
     # One job in status: the 150 tasks of its 3 parts together.
     (download_status,) = [
-        st for st in status(split / "results/sd_pretrain") if st.record.name == "download_images"
+        st for st in status(split / "results/sd_860m_res_256") if st.record.name == "download_images"
     ]
     assert download_status.states == Counter({"COMPLETED": 150})
-    shown = _cli("status", str(split / "results/sd_pretrain"))
+    shown = _cli("status", str(split / "results/sd_860m_res_256"))
     ids = ",".join(download.part_ids)  # the job table's row: every part's id, the tasks together
     row = [line for line in shown.stdout.splitlines() if line.startswith("download_images") and ids in line]
     assert shown.returncode == 0 and len(row) == 1 and "COMPLETED 150" in row[0], shown.stdout + shown.stderr
     # Every partition was downloaded once (task ids global across the parts), and the output is exact.
     markers = sorted(p.name for p in (split / "data/tarfiles_raw").glob("*.done.json"))
     assert len(markers) == 150, markers[:5]
-    _check_dataset(split / "data")
+    check_demo_dataset(split / "data")
     assert _samples(split / "data") == _samples(whole / "data")
-    logs = _cli("logs", str(split / "results/sd_pretrain"), "download_images")
+    logs = _cli("logs", str(split / "results/sd_860m_res_256"), "download_images")
     assert logs.returncode == 0 and "download_images_" in logs.stdout, logs.stderr
 
 
@@ -179,8 +179,8 @@ def test_a_plan_above_max_job_count_is_refused_before_anything_is_submitted(
 ) -> None:
     before = small_cluster.run_command(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout
     with pytest.raises(LauncherError) as error:
-        _run(shared, "cluster=slurm", "container=none", "data_preparation.num_partitions=1000")
+        launch_demo_data(shared, "cluster=slurm", "container=none", "data_preparation.num_partitions=1000")
     assert "lower data_preparation.num_partitions to at most" in str(error.value)
     assert "MaxJobCount 1000" in str(error.value)
     assert small_cluster.run_command(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout == before
-    assert not (shared / "results/sd_pretrain/manifest.json").exists()
+    assert not (shared / "results/sd_860m_res_256/manifest.json").exists()

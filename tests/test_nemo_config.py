@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.tools import shellcheck_exe
 from omegaconf import OmegaConf
-from test_render import _shellcheck
 
 from launcher.cli import launch
 from launcher.errors import ConfigError, LauncherError
@@ -33,7 +33,7 @@ def _saved(tmp_path: Path, *extra: str) -> tuple[Path, object]:
         )
     )
     name = "sd_860m_res_256_synthetic" if any("synthetic" in e for e in extra) else "sd_860m_res_256"
-    path = tmp_path / f"results/sd_pretrain/training/{name}.yaml"
+    path = tmp_path / f"results/{name}/training/{name}.yaml"
     return path, OmegaConf.load(path)
 
 
@@ -51,16 +51,16 @@ def test_derived_values_point_at_what_data_preparation_writes(tmp_path: Path) ->
     assert (cfg.model.first_stage_key, cfg.model.cond_stage_key) == ("image_encoded", "captions_encoded")
     tars = tmp_path / "data/tarfiles_reorganized"
     assert (cfg.trainer.devices, cfg.trainer.num_nodes) == (8, 2)
-    assert cfg.exp_manager.explicit_log_dir == str(tmp_path / "results/sd_pretrain/training/results")
+    assert cfg.exp_manager.explicit_log_dir == str(tmp_path / "results/sd_860m_res_256/training/results")
     assert cfg.trainer.accumulate_grad_batches == 1
     assert cfg.model.optim.lr == 8.192e-5  # sd_train.yaml leaves it null: it must be set
-    reorganize = (tmp_path / "results/sd_pretrain/data_preparation/reorganize_tar.sbatch").read_text()
+    reorganize = (tmp_path / "results/sd_860m_res_256/data_preparation/reorganize_tar.sbatch").read_text()
     assert f"--output-dir {tars}" in reorganize
 
 
 def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) -> None:
     _, cfg = _saved(tmp_path, "training.run.chain=2")
-    run = tmp_path / "results/sd_pretrain"
+    run = tmp_path / "results/sd_860m_res_256"
     assert cfg.model.first_stage_config.from_pretrained == str(
         tmp_path / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
     )
@@ -75,7 +75,7 @@ def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) ->
         assert "PYTHONPATH" not in script  # the image's own PYTHONPATH stays
     assert "singleton" in parts[1] and "afterany:" in parts[1]
     shellcheck = subprocess.run(
-        [_shellcheck(), *map(str, run.rglob("*.sbatch"))], capture_output=True, text=True
+        [shellcheck_exe(), *map(str, run.rglob("*.sbatch"))], capture_output=True, text=True
     )
     assert shellcheck.returncode == 0, shellcheck.stdout
 
@@ -193,9 +193,9 @@ def test_chained_job_is_done_only_at_a_finished_max_steps_checkpoint(
     tmp_path: Path, files: tuple[str, ...], done: bool
 ) -> None:
     _saved(tmp_path)
-    script = (tmp_path / "results/sd_pretrain/training/sd_860m_res_256.sbatch").read_text()
+    script = (tmp_path / "results/sd_860m_res_256/training/sd_860m_res_256.sbatch").read_text()
     prologue = script[script.index("for checkpoint in") : script.index("\ndone\n") + 6]
-    checkpoints = tmp_path / "results/sd_pretrain/training/results/checkpoints"
+    checkpoints = tmp_path / "results/sd_860m_res_256/training/results/checkpoints"
     checkpoints.mkdir(parents=True)
     for name in files:
         (checkpoints / name).write_text("")

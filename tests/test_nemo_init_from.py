@@ -1,8 +1,8 @@
-"""training.init_from with NeMo's own code on CPU: a tiny run at 64 px trains and checkpoints; a second
-tiny run at 128 px (a different resolution, as 512 px follows 256 px in NVIDIA's curriculum; 512 px crops
-would be slow on CPU) starts its UNet from the first: the init job (launcher/init_unet.py) extracts the
-UNet, and NeMo loads it with zero missing and zero unexpected keys, every tensor as saved, then trains
-2 steps from step 0 in its own folder.
+"""training.init_from with NeMo's own code on CPU: the session's tiny run at 256 px (tests/fixtures/nemo.py,
+EMA on) is the earlier stage; a second tiny run at 128 px (a different resolution, as 512 px follows 256 px
+in NVIDIA's curriculum; 512 px crops would be slow on CPU) starts its UNet from it: the init job
+(launcher/init_unet.py) extracts the UNet, and NeMo loads it with zero missing and zero unexpected keys,
+every tensor as saved, then trains 2 steps from step 0 in its own folder.
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nemo_cpu.harness import REPO, prepare_demo_data, render_training, run_sd_train, write_tiny_assets
+from fixtures.nemo import TinyTraining
+from nemo_cpu.harness import REPO, render_training, run_sd_train
+from omegaconf import OmegaConf
 
-from launcher import manifest
+from launcher import checkpoint_index, manifest
+from launcher.init_unet import UNET_PREFIX
 from launcher.outputs import TrainingOutputs
+from launcher.stages import training_init
 from launcher.throughput import read_training_progress
 
 pytestmark = pytest.mark.slow
@@ -27,11 +31,9 @@ def _size(px: int) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
-    shared_dir = tmp_path_factory.mktemp("nemo_init")
-    prepare_demo_data(shared_dir)
-    write_tiny_assets(nemo_python, shared_dir)
-    return shared_dir
+def shared(new_shared) -> Path:
+    """The demo's data and the tiny assets (tests/fixtures/nemo.py), this module's own copy."""
+    return new_shared()
 
 
 def _init_job_argv(run: Path) -> list[str]:
@@ -43,19 +45,20 @@ def _init_job_argv(run: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def earlier(shared: Path, nemo_python: str) -> TrainingOutputs:
-    """The first stage: a tiny run at 64 px, 2 steps, EMA kept."""
-    ema = "training.exp_manager.ema.enable=true"
-    first = render_training(shared, "res64", "training.trainer.max_steps=2", ema, *_size(64))
-    done = run_sd_train(nemo_python, first, shared / "res64.log")
-    assert done.returncode == 0, done.stderr[-4000:]
-    return TrainingOutputs(shared / "results/res64")
+def earlier(tiny_training: TinyTraining) -> TrainingOutputs:
+    """The first stage: the session's tiny run at 256 px, 4 steps, EMA kept (only read here)."""
+    return TrainingOutputs(tiny_training.run)
 
 
 def test_a_tiny_run_writes_its_final_checkpoint_and_ema_twin(earlier: TrainingOutputs) -> None:
     final = earlier.newest_weights()
-    assert final is not None and final.name.endswith("-step=2-consumed_samples=4.0-last-EMA.ckpt")
-    assert "center_crop_h_w: 64, 64" in earlier.configs()[0].read_text()
+    # The EMA weights of the last step (NeMo keeps a top-k copy beside the -last one: the same weights).
+    assert final is not None and "-step=4-consumed_samples=8.0-" in final.name
+    assert final.name.endswith("-EMA.ckpt")
+    assert "center_crop_h_w: 256, 256" in earlier.configs()[0].read_text()
+    # NeMo's own checkpoint passes the check init_from makes on the login node, read without torch.
+    model = OmegaConf.to_container(OmegaConf.load(earlier.hparams).cfg, resolve=True)
+    training_init.check_checkpoint(final, model)
 
 
 def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
@@ -78,6 +81,9 @@ def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
     )
     assert extract.returncode == 0, extract.stderr[-4000:]
     assert later.init_source.read_text().strip() == str(final)  # the EMA weights of the last step
+    # The login node's reading (no torch, no tensor loaded) finds the tensors torch.load finds.
+    unet = [name for name in checkpoint_index.tensor_shapes(final) if name.startswith(UNET_PREFIX)]
+    assert f"init_from: {len(unet)} UNet tensors of {final}" in extract.stdout
 
     trained = run_sd_train(nemo_python, second, shared / "res128.log")
     assert trained.returncode == 0, trained.stderr[-4000:]

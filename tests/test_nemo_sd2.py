@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import render_training, run_data_check, run_sd_train, write_tiny_assets
+from nemo_cpu.harness import render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import OPEN_CLIP_ARCH, OPEN_CLIP_FILE, OPEN_CLIP_WIDTH, SD2_OVERRIDES, TINY_OVERRIDES
 
 from launcher.cli import launch
@@ -35,9 +35,8 @@ CONFIG_NAME = "sd_860m_res_256_v2_0_pretrain.yaml"  # training.run.name
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
-    shared_dir = tmp_path_factory.mktemp("sd2")
-    write_tiny_assets(nemo_python, shared_dir, open_clip=True)
+def shared(new_shared, nemo_python: str) -> Path:
+    shared_dir = new_shared("models")  # the tiny assets, OpenCLIP's included
     launch(
         compose_config(
             [

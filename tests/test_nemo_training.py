@@ -13,13 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nemo_cpu.harness import (
-    prepare_demo_data,
-    render_training,
-    run_data_check,
-    run_sd_train,
-    write_tiny_assets,
-)
+from fixtures.nemo import TinyTraining
+from nemo_cpu.harness import render_training, run_data_check, run_sd_train
 
 from launcher.throughput import read_training_progress
 
@@ -27,38 +22,31 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
-    shared_dir = tmp_path_factory.mktemp("nemo_cpu")
-    prepare_demo_data(shared_dir)
-    write_tiny_assets(nemo_python, shared_dir)
-    return shared_dir
+def shared(new_shared) -> Path:
+    """The demo's data and the tiny assets (tests/fixtures/nemo.py), this module's own copy."""
+    return new_shared()
 
 
 def _checkpoints(config: Path) -> list[str]:
     return sorted(p.name for p in (config.parent / "results" / "checkpoints").iterdir())
 
 
-def test_nemo_trains_checkpoints_and_resumes(shared: Path, nemo_python: str) -> None:
-    every2 = "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2"
-    config = render_training(shared, "train", "training.trainer.max_steps=2", every2)
-    first = run_sd_train(nemo_python, config, shared / "first.log")
-    assert first.returncode == 0, first.stderr[-4000:]
-    log = (shared / "first.log").read_text()
+def test_nemo_trains_checkpoints_and_resumes(tiny_training: TinyTraining) -> None:
+    """The session's tiny run (tests/fixtures/nemo.py): 2 steps from scratch, then resumed to 4."""
+    shared, config = tiny_training.shared, tiny_training.config
+    log = tiny_training.first_log.read_text()
     assert f"Attempting to load vae weights from {shared}/models/sd-vae-ft-mse/" in log
     assert "Missing:" not in log and "Unexpected:" not in log  # NeMo only prints VAE key mismatches
     assert "`max_steps=2` reached" in log
-    progress = read_training_progress(shared / "first.log", global_batch_size=2, num_gpus=1)
+    progress = read_training_progress(tiny_training.first_log, global_batch_size=2, num_gpus=1)
     assert progress is not None and (progress.last_step, progress.consumed_samples) == (2, 4)
-    assert any("-step=2-" in name and name.endswith("-last.ckpt") for name in _checkpoints(config))
+    assert any("-step=2-" in name and name.endswith("-last.ckpt") for name in tiny_training.first_checkpoints)
 
-    config = render_training(shared, "train", "training.trainer.max_steps=4", every2)
-    second = run_sd_train(nemo_python, config, shared / "second.log")
-    assert second.returncode == 0, second.stderr[-4000:]
-    log = (shared / "second.log").read_text()
+    log = tiny_training.second_log.read_text()
     assert (
         "Restored all states from the checkpoint at" in log and "step=2-consumed_samples=4.0-last.ckpt" in log
     )
-    progress = read_training_progress(shared / "second.log", global_batch_size=2, num_gpus=1)
+    progress = read_training_progress(tiny_training.second_log, global_batch_size=2, num_gpus=1)
     assert progress is not None and (progress.last_step, progress.consumed_samples) == (4, 8)
     assert any("-step=4-" in name and name.endswith("-last.ckpt") for name in _checkpoints(config))
 

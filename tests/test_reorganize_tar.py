@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import random
 import subprocess
 import sys
 import tarfile
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import webdataset as wds
+from fixtures.data import jpeg, make_raw, run_reorganize
 from PIL import Image
 
 from data_prep import reorganize_tar
@@ -22,58 +22,11 @@ from data_prep.tario import scan_members
 REPO = Path(__file__).resolve().parent.parent
 
 
-def jpeg(seed: int) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (16, 12), (seed % 256, seed * 7 % 256, seed * 13 % 256)).save(buf, "JPEG")
-    return buf.getvalue()
-
-
-def make_raw(
-    root: Path,
-    partitions: int = 2,
-    shards: int = 2,
-    per_shard: int = 13,
-    missing_every: int = 5,
-    shuffle_seed: int | None = None,
-    mtime: float | None = None,
-) -> list[tuple[str, bytes]]:
-    """img2dataset layout; returns the expected (caption, jpeg) of complete samples in output order.
-
-    Every `missing_every`-th sample has no .jpg (dropped). With `shuffle_seed`, samples are written in
-    a random order, as img2dataset writes them in completion order.
-    """
-    expected: list[tuple[str, bytes]] = []
-    for p in range(partitions):
-        part = root / f"part-{p:05d}"
-        part.mkdir(parents=True)
-        for s in range(shards):
-            samples = []
-            for i in range(per_shard):
-                key, n = f"{s * per_shard + i:09d}", (p * shards + s) * per_shard + i
-                sample = {"__key__": key, "txt": f"caption p{p} s{s} i{i}", "json": json.dumps({"n": n})}
-                if not (missing_every and i % missing_every == missing_every - 1):
-                    sample["jpg"] = jpeg(n)
-                    expected.append((sample["txt"], sample["jpg"]))
-                samples.append(sample)
-            if shuffle_seed is not None:
-                random.Random(shuffle_seed + s).shuffle(samples)
-            with wds.TarWriter(str(part / f"{s:05d}.tar"), mtime=mtime) as writer:
-                for sample in samples:
-                    writer.write(sample)
-            (part / f"{s:05d}_stats.json").write_text(json.dumps({"successes": per_shard}))
-        (root / f"part-{p:05d}.done.json").write_text("{}")
-    return expected
-
-
-def run(inp: Path, out: Path, chunk: int, *extra: str) -> int:
-    return reorganize_tar.main(
-        ["--input-dir", str(inp), "--output-dir", str(out), "--chunk-size", str(chunk), *extra]
-    )
-
-
 def run_tasks(inp: Path, out: Path, chunk: int, count: int, *extra: str) -> None:
     for t in range(count):
-        assert run(inp, out, chunk, "--task-index", str(t), "--task-count", str(count), *extra) == 0
+        assert (
+            run_reorganize(inp, out, chunk, "--task-index", str(t), "--task-count", str(count), *extra) == 0
+        )
 
 
 def tar_bytes(out: Path) -> dict[str, bytes]:
@@ -90,7 +43,7 @@ def report(out: Path, task: int = 0, count: int = 1) -> dict:
 
 def test_outputs_hold_exact_chunks_in_order(tmp_path: Path) -> None:
     expected = make_raw(tmp_path / "raw", shuffle_seed=1)
-    assert run(tmp_path / "raw", tmp_path / "out", 7) == 0
+    assert run_reorganize(tmp_path / "raw", tmp_path / "out", 7) == 0
     tars = sorted((tmp_path / "out").glob("*.tar"))
     keep = len(expected) // 7 * 7
     assert [t.name for t in tars] == [f"{i:06d}.tar" for i in range(len(expected) // 7)]
@@ -113,7 +66,7 @@ def test_outputs_hold_exact_chunks_in_order(tmp_path: Path) -> None:
 
 def test_headers_normalized(tmp_path: Path) -> None:
     make_raw(tmp_path / "raw", partitions=1, shards=1)
-    run(tmp_path / "raw", tmp_path / "out", 3)
+    run_reorganize(tmp_path / "raw", tmp_path / "out", 3)
     with tarfile.open(tmp_path / "out" / "000000.tar") as tar:
         members = tar.getmembers()
     assert [m.name for m in members] == [f"{i:09d}.{e}" for i in range(3) for e in ("jpg", "txt")]
@@ -154,15 +107,15 @@ def test_task_count_does_not_change_bytes(tmp_path: Path) -> None:
 def test_member_order_and_mtimes_do_not_change_bytes(tmp_path: Path) -> None:
     make_raw(tmp_path / "a", shuffle_seed=None, mtime=1_000_000.25)
     make_raw(tmp_path / "b", shuffle_seed=7, mtime=None)
-    run(tmp_path / "a", tmp_path / "out_a", 5)
-    run(tmp_path / "b", tmp_path / "out_b", 5)
+    run_reorganize(tmp_path / "a", tmp_path / "out_a", 5)
+    run_reorganize(tmp_path / "b", tmp_path / "out_b", 5)
     assert tar_bytes(tmp_path / "out_a") and tar_bytes(tmp_path / "out_a") == tar_bytes(tmp_path / "out_b")
 
 
 def test_rerun_after_loss_or_kill_is_byte_identical(tmp_path: Path) -> None:
     make_raw(tmp_path / "raw")
     out = tmp_path / "out"
-    run(tmp_path / "raw", out, 6)
+    run_reorganize(tmp_path / "raw", out, 6)
     before = tar_bytes(out)
     untouched = (out / "000000.tar").stat().st_mtime_ns
     (out / "000001.tar").unlink()
@@ -171,7 +124,7 @@ def test_rerun_after_loss_or_kill_is_byte_identical(tmp_path: Path) -> None:
     (out / ".000002.tar.k1ll3d.tmp").write_bytes(before["000002.tar"][:1000])
     (out / "_counts" / "000002.json").unlink()
     (out / "000002.tar").write_bytes(before["000002.tar"][:1536])
-    assert run(tmp_path / "raw", out, 6) == 0
+    assert run_reorganize(tmp_path / "raw", out, 6) == 0
     assert tar_bytes(out) == before
     assert (out / "000000.tar").stat().st_mtime_ns == untouched  # matching record: not rewritten
     assert not list(out.glob(".*.tmp*"))
@@ -188,7 +141,7 @@ def test_truncated_shard_keeps_complete_prefix(tmp_path: Path) -> None:
     kept = len(
         {m.name.split(".")[0] for m in members if m.data_offset + m.size <= cut and m.name.endswith("txt")}
     )
-    assert run(tmp_path / "raw", tmp_path / "out", 1) == 0
+    assert run_reorganize(tmp_path / "raw", tmp_path / "out", 1) == 0
     rep = report(tmp_path / "out")
     assert [b["shard"] for b in rep["bad_shards"]] == ["part-00000/00000.tar"]
     assert "truncated" in rep["bad_shards"][0]["error"]
@@ -206,7 +159,7 @@ def test_long_names_are_handled(tmp_path: Path) -> None:
                 tar.addfile(info, io.BytesIO(data))
     (part / "00000_stats.json").write_text(json.dumps({"successes": 2}))
     (tmp_path / "raw" / "part-00000.done.json").write_text("{}")
-    assert run(tmp_path / "raw", tmp_path / "out", 2) == 0
+    assert run_reorganize(tmp_path / "raw", tmp_path / "out", 2) == 0
     samples = read_samples(tmp_path / "out" / "000000.tar")
     assert [s["txt"] for s in samples] == [b"cap 0", b"cap 1"]
 
@@ -214,15 +167,15 @@ def test_long_names_are_handled(tmp_path: Path) -> None:
 def test_missing_done_marker_fails_unless_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_raw(tmp_path / "raw")
     (tmp_path / "raw" / "part-00001.done.json").unlink()
-    assert run(tmp_path / "raw", tmp_path / "out", 5) == 1
+    assert run_reorganize(tmp_path / "raw", tmp_path / "out", 5) == 1
     assert "part-00001.done.json" in capsys.readouterr().err
-    assert run(tmp_path / "raw", tmp_path / "out", 5, "--allow-incomplete") == 0
+    assert run_reorganize(tmp_path / "raw", tmp_path / "out", 5, "--allow-incomplete") == 0
     assert report(tmp_path / "out")["shards"] == 2
 
 
 def test_keep_remainder_writes_short_last_tar(tmp_path: Path) -> None:
     expected = make_raw(tmp_path / "raw")
-    run(tmp_path / "raw", tmp_path / "out", 7, "--keep-remainder")
+    run_reorganize(tmp_path / "raw", tmp_path / "out", 7, "--keep-remainder")
     counts = [len(read_samples(t)) for t in sorted((tmp_path / "out").glob("*.tar"))]
     assert sum(counts) == len(expected) and counts[-1] == len(expected) % 7 and set(counts[:-1]) == {7}
 
@@ -250,8 +203,8 @@ def test_cross_filesystem_copy_falls_back_to_sendfile(tmp_path: Path) -> None:
         pytest.skip("needs /dev/shm on a filesystem other than the test's tmp_path")
     with tempfile.TemporaryDirectory(dir=shm) as other_fs:
         make_raw(Path(other_fs) / "raw")
-        assert run(Path(other_fs) / "raw", Path(other_fs) / "same_fs", 6) == 0
-        assert run(Path(other_fs) / "raw", tmp_path / "cross_fs", 6) == 0
+        assert run_reorganize(Path(other_fs) / "raw", Path(other_fs) / "same_fs", 6) == 0
+        assert run_reorganize(Path(other_fs) / "raw", tmp_path / "cross_fs", 6) == 0
         same = tar_bytes(Path(other_fs) / "same_fs")
     assert same and tar_bytes(tmp_path / "cross_fs") == same
 

@@ -60,7 +60,7 @@ def test_alone_it_needs_a_finished_checkpoint_of_this_run(make_config: Callable,
     cfg = make_config(*GPU, "stages=[samples]", "assets.enable=false")
     with pytest.raises(ConfigError, match=r"samples.checkpoint: is null .* has no finished -EMA checkpoint"):
         check_facts(cfg, FIXED_FACTS)
-    run = tmp_path / "results" / "sd_pretrain"
+    run = tmp_path / "results" / "sd_860m_res_256"
     folder = _checkpoints(run, CKPT.format(step=2, tail="-EMA"), CKPT.format(step=4, tail="-last-EMA"))
     (folder / (CKPT.format(step=4, tail="-last").removesuffix(".ckpt") + "-unfinished")).touch()
     assert checkpoints.newest(folder, ema=True) == folder / CKPT.format(step=2, tail="-EMA")

@@ -1,8 +1,9 @@
 """The samples stage end to end with NeMo's own code on CPU, on a tiny model trained here.
 
-NeMo 2.4.1 trains 4 steps (checkpoints at 2 and 4, EMA on as in the preset); then `stages=[samples]` runs
-on the local backend: NeMo's checkpoint conversion and sd_infer pipeline (tests/nemo_cpu/convert_cpu.py
-and sd_infer_cpu.py name the CUDA-only calls they replace) write real images, the grid and the plot.
+The session's tiny run (tests/fixtures/nemo.py: NeMo 2.4.1 trains 2 steps, then resumes to 4; checkpoints
+at 2 and 4, EMA on as in the preset), copied; then `stages=[samples]` runs on the local backend: NeMo's
+checkpoint conversion and sd_infer pipeline (tests/nemo_cpu/convert_cpu.py and sd_infer_cpu.py name the
+CUDA-only calls they replace) write real images, the grid and the plot.
 """
 
 from __future__ import annotations
@@ -12,13 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nemo_cpu.harness import (
-    prepare_demo_data,
-    render_training,
-    run_sd_train,
-    samples_on_cpu,
-    write_tiny_assets,
-)
+from fixtures.nemo import TINY_RUN, TinyTraining
+from nemo_cpu.harness import samples_on_cpu
 from PIL import Image
 
 from launcher.cli import compose_config, launch
@@ -26,10 +22,8 @@ from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
 from launcher.stages.samples import status_lines
 
 pytestmark = pytest.mark.slow
-RUN = "tiny_cpu_model"
+RUN = TINY_RUN
 PROMPTS = ["a red bicycle leaning against a brick wall", "a bowl of ramen", "a lighthouse at sunset"]
-# A learning rate that moves the weights in 4 steps, so that EMA and trained weights differ.
-FAST_LR = ["training.model.optim.lr=0.01", "training.model.optim.sched.warmup_steps=1"]
 
 _SAME_WEIGHTS = """
 import sys, tarfile, torch
@@ -46,15 +40,10 @@ print(same(sys.argv[2]), same(sys.argv[3]))
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
-    shared = tmp_path_factory.mktemp("samples_cpu")
-    prepare_demo_data(shared)
-    write_tiny_assets(nemo_python, shared)
-    every2 = "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2"
-    config = render_training(shared, RUN, "training.trainer.max_steps=4", every2, *FAST_LR)
-    done = run_sd_train(nemo_python, config, shared / "train.log")
-    assert done.returncode == 0, done.stderr[-4000:]
-    return shared
+def trained(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This module's copy of the session's tiny run (trained with a learning rate at which EMA and
+    trained weights differ after 4 steps)."""
+    return tiny_training.copy_to(tmp_path_factory.mktemp("samples_cpu"))
 
 
 def _samples(shared: Path, nemo_python: str, *overrides: str) -> Path:

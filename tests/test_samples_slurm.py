@@ -76,7 +76,7 @@ def test_samples_wait_for_the_last_training_part_and_status_shows_the_grid(
     parts = [slurm_cluster.wait_job(ids[f"sd_860m_res_256_part{k}"], timeout=120) for k in range(2)]
     assert [p.state for p in parts] == ["COMPLETED"] * 2
     assert slurm_cluster.wait_job(ids["samples"], timeout=120).state == "COMPLETED"
-    run = slurm_shared / "results/sd_pretrain"
+    run = slurm_shared / "results/sd_860m_res_256"
     record = next(r for r in manifest.load(run) if r.name == "samples")
     assert record.depends_on == ["afterok:sd_860m_res_256_part1"]  # submitted as afterok:<its job id>
     # It ran after the last part: the step-2 EMA checkpoint (part 1 wrote it) is the one sampled.
@@ -118,7 +118,7 @@ def test_training_samples_evaluation_chain_with_afterok_edges(
         "evaluation.score_mem=2G",
     )
     assert slurm_cluster.wait_job(ids["eval_score"], timeout=600).state == "COMPLETED"
-    run = slurm_shared / "results/sd_pretrain"
+    run = slurm_shared / "results/sd_860m_res_256"
     records = {r.name: r.depends_on for r in manifest.load(run)}
     assert records["eval_captions"] == ["afterok:samples"]
     assert records["eval_generate"] == ["afterok:eval_captions"] and records["eval_score"] == [

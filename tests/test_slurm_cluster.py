@@ -13,8 +13,6 @@ from slurm.cluster import SlurmCluster
 from slurm.config import NODES
 
 pytestmark = pytest.mark.slow
-# Registers the `slurm_cluster` fixture; harmless when tests/conftest.py registers it too (one cluster).
-pytest_plugins = ["slurm_cluster"]
 
 CLUSTER_CLI = Path(__file__).resolve().parent / "slurm" / "cluster.py"
 
@@ -189,3 +187,28 @@ def test_cli_brings_a_second_cluster_up_and_down(slurm_cluster: SlurmCluster) ->
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z"
     assert slurm_cluster.run_command(["sinfo", "-h", "-o", "%t"]).stdout.strip() == "idle"
+
+
+def _config_value(cluster: SlurmCluster, key: str) -> str:
+    shown = cluster.run_command(["scontrol", "show", "config"]).stdout
+    return next(line.split("=", 1)[1].strip() for line in shown.splitlines() if line.startswith(f"{key} "))
+
+
+def test_limits_apply_in_place_and_are_restored(slurm_cluster: SlurmCluster) -> None:
+    """The session's one cluster serves the tests that need other limits (tests/fixtures/slurm.py)."""
+    before = {key: _config_value(slurm_cluster, key) for key in ("MaxArraySize", "MaxJobCount")}
+    with slurm_cluster.limits({"MaxArraySize": 7, "MaxJobCount": 50}):
+        assert (
+            _config_value(slurm_cluster, "MaxArraySize"),
+            _config_value(slurm_cluster, "MaxJobCount"),
+        ) == (
+            "7",
+            "50",
+        )
+        refused = slurm_cluster.run_command(["sbatch", "--array=0-7", "--wrap=true"], check=False)
+        assert refused.returncode != 0 and "array" in refused.stderr.lower()
+        job = slurm_cluster.sbatch("#!/bin/sh\ntrue\n", "--array=0-6", "-o", "/dev/null")
+        assert {j.state for j in slurm_cluster.wait_jobs(job, timeout=60)} == {"COMPLETED"}
+    assert {key: _config_value(slurm_cluster, key) for key in before} == before
+    job = slurm_cluster.sbatch("#!/bin/sh\ntrue\n", "--array=0-7", "-o", "/dev/null")
+    assert {j.state for j in slurm_cluster.wait_jobs(job, timeout=60)} == {"COMPLETED"}

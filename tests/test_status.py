@@ -45,14 +45,14 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("columns", ["100", "250"])
 def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_run: Path, columns: str) -> None:
-    done = run_status("results/sd_pretrain", cwd=demo_run, env={"COLUMNS": columns})
+    done = run_status("results/sd_860m_res_256", cwd=demo_run, env={"COLUMNS": columns})
     assert done.returncode == 0, done.stderr
     lines = [line.rstrip() for line in done.stdout.splitlines()]
     assert max(len(line) for line in lines) <= 100, done.stdout
-    title, header = lines.index("run results/sd_pretrain"), lines.index("run results/sd_pretrain") + 1
+    title, header = lines.index("run results/sd_860m_res_256"), lines.index("run results/sd_860m_res_256") + 1
     assert lines[header].split() == ["job", "id", "tasks", "by", "state", "exit", "newest", "log"]
     rows = lines[header + 1 : lines.index("", title)]
-    jobs = [r.name for r in manifest.load(demo_run / "results/sd_pretrain")]
+    jobs = [r.name for r in manifest.load(demo_run / "results/sd_860m_res_256")]
     assert [row.split()[0] for row in rows] == jobs and len(jobs) == 5, done.stdout
     for job, row in zip(jobs, rows, strict=True):
         assert row.split()[2:4] == [
@@ -64,7 +64,7 @@ def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_run: Pat
 
 
 def test_watch_of_a_finished_run_prints_once_and_ends(demo_run: Path) -> None:
-    done = run_status(str(demo_run / "results/sd_pretrain"), "--watch", "--interval", "0.2", cwd=REPO)
+    done = run_status(str(demo_run / "results/sd_860m_res_256"), "--watch", "--interval", "0.2", cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("make_demo_source ") == 1
 
@@ -104,10 +104,10 @@ def planned_training(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_status_says_where_tensorboard_events_go_and_how_to_open_them(planned_training: Path) -> None:
-    done = run_status("results/sd_pretrain", cwd=planned_training)
+    done = run_status("results/sd_860m_res_256", cwd=planned_training)
     assert done.returncode == 0, done.stderr
     assert "TensorBoard events: training/results (0 event file(s) so far)" in done.stdout
-    assert "  open them: tensorboard --logdir results/sd_pretrain/training/results" in done.stdout
+    assert "  open them: tensorboard --logdir results/sd_860m_res_256/training/results" in done.stdout
 
 
 PROBE_EXP_MANAGER = """
@@ -128,7 +128,7 @@ trainer.logger.finalize("success")
 def test_nemo_writes_tensorboard_events_where_status_says(planned_training: Path, nemo_python: str) -> None:
     """NeMo's exp_manager, given the exp_manager section of the config the launcher wrote, puts its
     TensorBoard event files in the folder `status` names."""
-    config = planned_training / "results/sd_pretrain/training/sd_860m_res_256.yaml"
+    config = planned_training / "results/sd_860m_res_256/training/sd_860m_res_256.yaml"
     assert OmegaConf.load(config).exp_manager.create_tensorboard_logger
     subprocess.run(
         [nemo_python, "-c", PROBE_EXP_MANAGER, str(config)],
@@ -137,6 +137,6 @@ def test_nemo_writes_tensorboard_events_where_status_says(planned_training: Path
         capture_output=True,
         timeout=300,
     )
-    done = run_status("results/sd_pretrain", cwd=planned_training)
+    done = run_status("results/sd_860m_res_256", cwd=planned_training)
     assert "TensorBoard events: training/results (1 event file(s) so far)" in done.stdout
-    assert list((planned_training / "results/sd_pretrain/training/results").glob("events.out.tfevents.*"))
+    assert list((planned_training / "results/sd_860m_res_256/training/results").glob("events.out.tfevents.*"))

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.data import make_dataset
+from fixtures.nemo import copy_folders
 from hf_fake_hub import FakeHub
-from nemo_cpu.harness import write_tiny_assets
 from nemo_cpu.tiny import TINY_OVERRIDES
-from test_data_check import make_dataset
 
 from launcher import manifest
 from launcher.cli import launch
@@ -67,11 +67,11 @@ def _launch(shared: Path, *overrides: str) -> dict[str, str]:
             ]
         )
     )
-    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
+    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_860m_res_256") if r.job_id}
 
 
 def _log(shared: Path, name: str, job_id: str) -> str:
-    return (shared / f"results/sd_pretrain/training/logs/{name}_{job_id}.out").read_text()
+    return (shared / f"results/sd_860m_res_256/training/logs/{name}_{job_id}.out").read_text()
 
 
 def test_sixteen_ranks_on_two_nodes_and_chained_jobs(slurm_cluster, shared: Path) -> None:
@@ -114,12 +114,12 @@ def test_failing_data_check_cancels_training(slurm_cluster, shared: Path) -> Non
     )
     assert slurm_cluster.wait_job(ids["data_check"], timeout=60).state == "FAILED"
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=30).state == "CANCELLED"
-    log = (shared / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out").read_text()
+    log = (shared / f"results/sd_860m_res_256/data_check/logs/data_check_{ids['data_check']}.out").read_text()
     assert "000000.tar" in log
 
 
 @pytest.fixture
-def real_data(shared: Path, nemo_python: str) -> Iterator[tuple[Path, FakeHub]]:
+def real_data(shared: Path, tiny_assets: Path) -> Iterator[tuple[Path, FakeHub]]:
     """16 real jpg/txt tars (one per rank), and the fake Hub serving tiny CLIP/VAE repos at the pinned
     commits, laid out like the real ones, for the pretrained_assets job to stage."""
     wdinfo = make_dataset(shared / "made", tars=16, per_tar=2)
@@ -127,7 +127,7 @@ def real_data(shared: Path, nemo_python: str) -> Iterator[tuple[Path, FakeHub]]:
     for tar in (shared / "made/shards").glob("*.tar"):
         tar.rename(tars / tar.name)
     (tars / "wdinfo.pkl").write_bytes(wdinfo.read_bytes())
-    write_tiny_assets(nemo_python, shared / "hub")
+    copy_folders(tiny_assets, shared / "hub", "models")
     (shared / "hub/models/sd-vae-ft-mse/config.json").write_text("{}")
     assets = compose_config([]).assets
     repos = {
@@ -167,13 +167,13 @@ def test_assets_then_model_check_then_training(
     jobs["sd_860m_res_256"] = slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=120)
     assert [job.state for job in jobs.values()] == ["COMPLETED"] * 3
     # In order: Slurm started each only after the previous one succeeded.
-    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_pretrain")}
+    edges = {r.name: r.depends_on for r in manifest.load(shared / "results/sd_860m_res_256")}
     assert edges == {
         "pretrained_assets": [],
         "data_check": ["afterok:pretrained_assets"],
         "sd_860m_res_256": ["afterok:data_check"],
     }
-    report = json.loads((shared / "results/sd_pretrain/data_check/report.json").read_text())
+    report = json.loads((shared / "results/sd_860m_res_256/data_check/report.json").read_text())
     assert report["ok"] and set(report["models"]) == {"unet", "vae", "text_encoder"}
     assert report["models"]["vae"]["file"] == str(
         shared / "models/sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
@@ -189,6 +189,6 @@ def test_failing_model_check_cancels_training(
     assert slurm_cluster.wait_job(ids["data_check"], timeout=300).state == "FAILED"
     assert slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=60).state == "CANCELLED"
     log = (
-        real_data[0] / f"results/sd_pretrain/data_check/logs/data_check_{ids['data_check']}.out"
+        real_data[0] / f"results/sd_860m_res_256/data_check/logs/data_check_{ids['data_check']}.out"
     ).read_text()
     assert "model.unet_config: NeMo cannot build it" in log and "enable_amp_o2_fp16" in log

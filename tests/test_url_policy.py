@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fixtures.data import download_cmd, run_in_repo
 from PIL import Image
-from test_download_images import download_cmd, run
 
 from data_prep import download_parquet as dp
 from data_prep.serve import serve_folder
@@ -117,7 +117,7 @@ def _samples(folder: Path) -> list[bytes]:
 
 
 def _download_images(parquet_dir: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return run(download_cmd(parquet_dir, out, 0, None))
+    return run_in_repo(download_cmd(parquet_dir, out, 0, None))
 
 
 @pytest.mark.slow

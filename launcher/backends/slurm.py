@@ -39,7 +39,12 @@ class SlurmBackend:
             for part in range(len(job.array.parts()) if job.array else 1):
                 previous = parts[-1] if parts else None
                 argv = [self.sbatch, *submit_argv(request.plan, job, job_ids, part, previous)[1:]]
-                done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                try:
+                    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                except FileNotFoundError:  # the launcher refuses this before writing (validate.check_facts)
+                    raise SubmitError(
+                        f"{self.sbatch} is not on this host's PATH: launch from a node of the cluster"
+                    ) from None
                 if done.returncode != 0:
                     submitted = {name: i for name, i in job_ids.items() if name not in dict(request.live_ids)}
                     manifest.save(request.plan.run_dir, records(request, job_ids, self.name))

@@ -11,10 +11,10 @@ from launcher.context import Context, Facts
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
-from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Range, SlurmTime, Text, described, ruled
+from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Pattern, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
-from launcher.stages import training_init, training_status
+from launcher.stages import training_init, training_record, training_status
 from launcher.stages.common import make_job
 
 NAME = "training"
@@ -85,16 +85,40 @@ class TrainingDataConfig:
     )
 
 
+# training.init_from: an earlier run folder or .ckpt, or `none` (training_init.FROM_SCRATCH): random weights
+# on purpose, which a preset that continues another (training.continues) asks to be said.
+INIT_FROM = Pattern(
+    f"{training_init.FROM_SCRATCH}|{ABS_PATH.regex}",
+    f"{ABS_PATH.allowed}: an earlier run folder or a NeMo .ckpt; or {training_init.FROM_SCRATCH}: "
+    "random weights on purpose",
+)
+# A training preset as `training=<preset>` names it: its path under conf/training/ less `.yaml`.
+PRESET = Pattern(
+    r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*",
+    "a training preset as training=<preset> names it, e.g. stable_diffusion/860m_res_256_pretrain",
+)
+
+
 @dataclass
 class TrainingConfig:
     run: TrainingRunConfig = field(default_factory=TrainingRunConfig)
+    continues: str | None = ruled(
+        PRESET,
+        None,
+        help=(
+            "The preset whose trained UNet this one continues (NVIDIA's curriculum: 512 px after 256 px); set "
+            "by the preset. Training is then refused without training.init_from (none = random weights on "
+            "purpose). null = a training from scratch."
+        ),
+    )
     init_from: str | None = ruled(
-        ABS_PATH,
+        INIT_FROM,
         None,
         help=(
             "Start the UNet from an earlier run folder (its newest finished checkpoint, EMA weights when kept; "
             "its final one when it still trains) or a NeMo .ckpt; optimizer, step and schedule start fresh. "
-            "null = from scratch (or training.model.unet_config.from_pretrained)."
+            "null = from scratch (or training.model.unet_config.from_pretrained), refused for a preset that "
+            "continues another (training.continues): none = from scratch on purpose."
         ),
     )
     init_resources: JobResources = field(
@@ -223,6 +247,7 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     if NAME in planned:
+        training_record.check(cfg)  # one training per run folder
         training_init.host_check(cfg)
 
 

@@ -9,16 +9,20 @@ picks the earlier run's newest finished checkpoint (its -EMA twin when that run 
 starts; while the earlier run's training is queued or running it waits (afterok) on that run's last
 training part, so it takes the final checkpoint.
 
-Refused before submission, naming training.init_from: a missing run or file, a run with no finished
-checkpoint and no live training, and a UNet that does not match this preset. NeMo discards tensors of
-another shape without a word, so the shapes are compared here, from the earlier run's model config (its
-hparams.yaml, or its training config while it still trains) rather than by loading a multi-GB checkpoint
-on the login node.
+Refused before submission, naming training.init_from: a preset that continues another (training.continues,
+set by the curriculum's 512 px presets) without init_from (`none` says "random weights on purpose"), a
+missing run or file, a run with no finished checkpoint and no live training, and a UNet that does not
+match this preset. NeMo discards tensors of another shape without a word, so the shapes are compared here,
+first from the earlier run's model config (its hparams.yaml, or its training config while it still
+trains), then in the checkpoint the init job would take now: its zip index and pickle are read for the
+`model.model.diffusion_model.*` names and shapes (launcher.checkpoint_index), no tensor loaded, so a
+truncated or foreign file fails here and not in the queue hours later.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,37 +30,16 @@ from typing import Any
 from launcher import manifest
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
+from launcher.init_unet import FROM_SCRATCH, UNET_PREFIX
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
 from launcher.sampling import checkpoints
 from launcher.spec import ExternalDependency, JobSpec
 from launcher.stages.common import cpu_resources, make_job
+from launcher.unet_shape import differences, tensor_problems, unet_shape
 
 KEY = "training.init_from"
-# NeMo's UNetModel arguments that change a parameter's shape or the set of parameters, with NeMo's
-# defaults (openaimodel.py); heads, flash attention and precision do not.
-UNET_SHAPE_ARGS: dict[str, Any] = {
-    "in_channels": None,
-    "out_channels": None,
-    "model_channels": None,
-    "num_res_blocks": None,
-    "attention_resolutions": None,
-    "channel_mult": [1, 2, 4, 8],
-    "conv_resample": True,
-    "dims": 2,
-    "num_classes": None,
-    "use_scale_shift_norm": False,
-    "resblock_updown": False,
-    "use_spatial_transformer": False,
-    "transformer_depth": 1,
-    "transformer_depth_middle": None,
-    "context_dim": None,
-    "n_embed": None,
-    "use_linear_in_transformer": False,
-    "adm_in_channels": None,
-    "num_attention_blocks": None,
-    "disable_self_attentions": None,
-}
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 @dataclass(frozen=True)
@@ -72,13 +55,36 @@ class Source:
     model_file: Path
 
 
-def unet_shape(model: dict[str, Any]) -> dict[str, Any]:
-    unet = model.get("unet_config") or {}
-    return {
-        key: list(value) if isinstance(value, (list, tuple)) else value
-        for key, default in UNET_SHAPE_ARGS.items()
-        for value in [unet.get(key, default)]
+def check_checkpoint(checkpoint: Path, model: Mapping[str, Any]) -> None:
+    """The file the init job would take is a torch checkpoint whose UNet has the shapes of `model`'s
+    (NeMo's model section); refused naming training.init_from. No tensor is loaded."""
+    from launcher import checkpoint_index
+
+    try:
+        state = checkpoint_index.tensor_shapes(checkpoint)
+    except checkpoint_index.NotACheckpoint as error:
+        raise ConfigError(KEY, f"{checkpoint} is {error}; allowed: a NeMo training .ckpt") from None
+    # The tensors the init job keeps; a UNet trained with model.inductor (torch.compile, on in the presets)
+    # is saved under `<prefix>_orig_mod.`, which NeMo's from_pretrained drops (openaimodel.py).
+    unet = {
+        name.removeprefix(UNET_PREFIX).removeprefix("_orig_mod."): dims
+        for name, dims in state.items()
+        if name.startswith(UNET_PREFIX)
     }
+    if not unet:
+        raise ConfigError(
+            KEY,
+            f"{checkpoint} holds no {UNET_PREFIX}* tensor ({len(state)} tensors in its state_dict): not a NeMo "
+            "Stable Diffusion checkpoint; allowed: a NeMo training .ckpt",
+        )
+    problems = tensor_problems(unet, unet_shape(model))
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise ConfigError(
+            KEY,
+            f"{checkpoint}'s UNet tensors do not match training.model.unet_config: {'; '.join(problems[:3])}{more}. "
+            "NeMo would train those from random weights; allowed: a checkpoint of the same UNet",
+        )
 
 
 def _load_model(path: Path, section: str) -> dict[str, Any]:
@@ -134,12 +140,18 @@ def _from_run(run: Path) -> Source:
     return Source(found, live, _load_model(configs[0], "model"), configs[0])
 
 
+def given(cfg: Any) -> str | None:
+    """training.init_from as a path, or None: unset (null) or random weights on purpose (none)."""
+    value = cfg.training.init_from
+    return None if value in (None, FROM_SCRATCH) else value
+
+
 def source(cfg: Any) -> Source | None:
     """training.init_from as found now, or None when unset; refused with the key named."""
-    given = cfg.training.init_from
-    if not given:
+    named = given(cfg)
+    if named is None:
         return None
-    path = Path(given)
+    path = Path(named)
     if path.suffix == ".ckpt":
         return _from_checkpoint(path)
     if not path.is_dir():
@@ -154,10 +166,43 @@ def source(cfg: Any) -> Source | None:
     return _from_run(path)
 
 
+def _continued_run_name(preset: str) -> str | None:
+    """The run name the preset `preset` trains under by default (its training.run.name), from conf/."""
+    import yaml
+
+    presets = CONF / "training"
+    file = presets / f"{preset}.yaml"
+    if not file.is_file():
+        known = sorted(str(p.relative_to(presets).with_suffix("")) for p in presets.rglob("*.yaml"))
+        raise ConfigError(
+            "training.continues", f"{preset!r} is not a training preset; allowed: {', '.join(known)}"
+        )
+    run = (yaml.safe_load(file.read_text()) or {}).get("run") or {}
+    return run.get("name")
+
+
+def _check_continuation(cfg: Any) -> None:
+    """A preset that continues another (training.continues) says which weights its UNet starts from."""
+    tr = cfg.training
+    unet = tr.model.get("unet_config") or {}
+    if tr.continues is None or tr.init_from is not None or unet.get("from_pretrained"):
+        return
+    name = _continued_run_name(tr.continues)
+    folder = f"{cfg.base_results_dir}/{name}" if name else "<its run folder>"
+    raise ConfigError(
+        KEY,
+        f"not set, but {tr.run.name} continues {tr.continues} (training.continues): its UNet starts from that "
+        f"training's weights. Allowed: that run's folder (by default {folder}) or one of its .ckpt files, or "
+        f"{KEY}={FROM_SCRATCH} to start from random weights on purpose",
+    )
+
+
 def check(cfg: Any) -> None:
-    """The config alone: init_from and an explicit unet_config.from_pretrained would contradict."""
+    """The config alone: a continuation names its start; init_from and an explicit
+    unet_config.from_pretrained would contradict."""
+    _check_continuation(cfg)
     unet = cfg.training.model.get("unet_config") or {}
-    if cfg.training.init_from and unet.get("from_pretrained"):
+    if given(cfg) and unet.get("from_pretrained"):
         raise ConfigError(
             KEY,
             f"is set and so is training.model.unet_config.from_pretrained ({unet.get('from_pretrained')}); "
@@ -170,10 +215,8 @@ def host_check(cfg: Any) -> None:
     found = source(cfg)
     if found is None:
         return
-    theirs, ours = unet_shape(found.model), unet_shape(dict(cfg.training.model))
-    differ = [
-        f"{key} {theirs[key]} there, {ours[key]} here" for key in UNET_SHAPE_ARGS if theirs[key] != ours[key]
-    ]
+    theirs, ours = unet_shape(found.model), unet_shape(cfg.training.model)
+    differ = differences(theirs, ours)
     if differ:
         raise ConfigError(
             KEY,
@@ -181,11 +224,13 @@ def host_check(cfg: Any) -> None:
             "NeMo would drop every tensor of another shape and train those from random weights; allowed: a "
             "run or checkpoint of the same UNet",
         )
+    if found.checkpoint is not None:
+        check_checkpoint(found.checkpoint, cfg.training.model)
 
 
 def probe(cfg: Any, facts: Facts) -> Facts:
     """The facts with the live earlier training's last part, which the init job waits for."""
-    if "training" not in cfg.stages or not cfg.training.init_from:
+    if "training" not in cfg.stages or not given(cfg):
         return facts
     found = source(cfg)
     return dataclasses.replace(facts, init_from_job=found.live_job if found else None)
@@ -194,14 +239,15 @@ def probe(cfg: Any, facts: Facts) -> Facts:
 def plan(ctx: Context, stage: str) -> JobSpec | None:
     """The init job (None without init_from): training's first part waits for it."""
     tr = ctx.cfg.training
-    if not tr.init_from:
+    start = given(ctx.cfg)
+    if start is None:
         return None
     out = TrainingOutputs(ctx.run_dir).init_unet
     job = make_job(
         ctx,
         stage=stage,
         name=f"{tr.run.name}_init",
-        argv=(tr.run.python or ctx.python, "-m", "launcher.init_unet", tr.init_from, str(out)),
+        argv=(tr.run.python or ctx.python, "-m", "launcher.init_unet", start, str(out)),
         resources=cpu_resources(ctx, tr.init_resources),
     )
     wait = ctx.facts.init_from_job
@@ -214,16 +260,19 @@ def plan(ctx: Context, stage: str) -> JobSpec | None:
 
 def notes(ctx: Context) -> tuple[str, ...]:
     tr = ctx.cfg.training
-    if not tr.init_from:
-        return ()
+    start = given(ctx.cfg)
+    if start is None:
+        return (
+            (f"training: the UNet starts from random weights ({KEY}={FROM_SCRATCH})",) if tr.continues else ()
+        )
     wait = ctx.facts.init_from_job
-    if Path(tr.init_from).suffix == ".ckpt":
+    if Path(start).suffix == ".ckpt":
         which = "that checkpoint"
     elif wait:
         which = f"its final checkpoint, once its training job {wait} has ended (afterok)"
     else:
         which = "its newest finished checkpoint when the init job starts"
     return (
-        f"training: UNet from {tr.init_from}: {which}, EMA weights when kept; optimizer, step and schedule "
+        f"training: UNet from {start}: {which}, EMA weights when kept; optimizer, step and schedule "
         f"start fresh. The {tr.run.name}_init job writes its UNet to {TrainingOutputs(ctx.run_dir).init_unet}",
     )

@@ -106,10 +106,15 @@ def slurm_states(ids: list[str]) -> dict[str, list[tuple[str, str]]]:
     }
 
 
+def tasks(record: JobRecord) -> int:
+    """How many tasks the job has: its array's (every part's together), else 1."""
+    return _array_size(record.array) if record.array else 1
+
+
 def local_states(run_dir: Path, record: JobRecord) -> list[tuple[str, str]]:
     path = RunPaths(run_dir).state_file(record.stage, record.name)
     if not path.exists():
-        return [("UNKNOWN", "?")]
+        return [("UNKNOWN", "?")] * tasks(record)
     state = json.loads(path.read_text())
     codes = state["exit_codes"] or ["-"]
     return [(state["state"], str(code)) for code in codes]
@@ -122,12 +127,14 @@ def status(run_dir: Path) -> list[JobStatus]:
     out = []
     for record in records:
         if record.backend == "dry_run" or not record.job_id:
-            rows = [("NOT_SUBMITTED", "-")]
+            rows = [("NOT_SUBMITTED", "-")] * tasks(record)  # every task of an array, as once submitted
         elif record.backend == "local":
             rows = local_states(run_dir, record)
         else:
             # An array split into parts is one job: its parts' tasks together.
-            rows = [row for i in record.ids for row in from_slurm.get(i, [])] or [("UNKNOWN", "?")]
+            rows = [row for i in record.ids for row in from_slurm.get(i, [])] or [("UNKNOWN", "?")] * tasks(
+                record
+            )
         out.append(JobStatus(record, Counter(s for s, _ in rows), Counter(c for _, c in rows)))
     return out
 

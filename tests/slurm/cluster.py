@@ -15,6 +15,7 @@ CLI: python tests/slurm/cluster.py up|down --state-dir DIR [--set MaxArraySize=6
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pwd
 import re
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the `slurm` package (this folder) importable
@@ -123,12 +125,8 @@ class SlurmCluster:
             raise ClusterError("the Slurm test cluster must be started as root")
         self._prepare_dirs()
         self._compile_plugin()
-        write_configs(
-            self.layout,
-            cluster_name=f"test{secrets.token_hex(4)}",
-            ports=free_ports(1 + len(NODES)),
-            extra=self.extra_conf,
-        )
+        self._name, self._ports = f"test{secrets.token_hex(4)}", free_ports(1 + len(NODES))
+        write_configs(self.layout, self._name, self._ports, self.extra_conf)
         self._start_munged()
         self._start("slurmctld", ["slurmctld", "-c", "-i", "-f", str(self.conf)])
         for node in NODES:
@@ -199,6 +197,29 @@ class SlurmCluster:
         raise ClusterError(
             f"nodes not idle after {timeout:.0f} s; sinfo says {states!r}\n{self.log_report()}"
         )
+
+    @contextlib.contextmanager
+    def limits(self, settings: dict[str, object]) -> Iterator[None]:
+        """This cluster with `settings` over its slurm.conf (e.g. {"MaxArraySize": 64}), restored afterwards.
+
+        Some limits (MaxJobCount) take effect only when slurmctld starts, so both ways every job is
+        cancelled and the controller restarted with a clean job table: a limit counts only the jobs
+        submitted under it, as on a new cluster, and the nodes are idle again."""
+        before = dict(self.extra_conf)
+        self._restart_controller({**before, **settings})
+        try:
+            yield
+        finally:
+            self._restart_controller(before)
+
+    def _restart_controller(self, extra_conf: dict[str, object], timeout: float = 30.0) -> None:
+        self._cancel_all(timeout)
+        self.extra_conf = extra_conf
+        write_configs(self.layout, self._name, self._ports, extra_conf)
+        _stop(self.layout.run_dir / "slurmctld.pid", timeout)
+        self._start("slurmctld", ["slurmctld", "-c", "-i", "-f", str(self.conf)])
+        self._wait_idle(timeout)
+        self.run_command(["scontrol", "reconfigure"])  # the slurmds read the new file too
 
     # ---- use ------------------------------------------------------------------------------------
     def run_command(

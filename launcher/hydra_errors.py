@@ -1,0 +1,101 @@
+"""Hydra's composition errors in the launcher's words: one line naming the key and what is allowed.
+
+Hydra answers a preset that is not there with its config search path, and a key that is not there with
+"Could not override 'foo.bar'" and a hint to append it with `+`. The user needs the group's presets
+and the keys nearest to the one typed:
+
+    >>> nearest("trainer.max_step", ["training", "training.trainer", "training.trainer.max_steps", "run_name"])
+    ['training.trainer.max_steps']
+    >>> nearest("precache.enable", ["data_check.enable", "data_preparation.precache.enable"])
+    ['data_preparation.precache.enable', 'data_check.enable']
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
+
+from launcher import groups
+from launcher.errors import ConfigError, LauncherError
+
+_UNKNOWN = re.compile(r"^Could not (?:override|delete from config\.) '([^']+)'")
+_UNCHOSEN = re.compile(r"^You must specify '([^']+)'")
+
+
+def key_paths(node: Any, prefix: str = "") -> Iterator[str]:
+    """Every dotted key of a plain nested dict, parents before their children."""
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        yield path
+        if isinstance(value, dict):
+            yield from key_paths(value, f"{path}.")
+
+
+def nearest(key: str, paths: list[str]) -> list[str]:
+    """Up to 3 known keys nearest to `key`: those it is the end of, then difflib's closest."""
+    import difflib
+
+    ends = [p for p in paths if p.endswith(f".{key}")]
+    return list(dict.fromkeys([*ends, *difflib.get_close_matches(key, paths, n=3, cutoff=0.6)]))[:3]
+
+
+def unknown_key(key: str, override: str, tree: dict[str, Any]) -> ConfigError:
+    """`key` is not in the composed `tree` (a plain dict): name the nearest keys, else those allowed
+    where it stops matching."""
+    paths = list(key_paths(tree))
+    parent, node = "", tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            break
+        parent, node = f"{parent}.{part}".lstrip("."), node[part]
+    adds = not override.startswith("~") and parent == key.rpartition(".")[0]
+    if adds and parent.rpartition(".")[2] == "env":  # documented: +env.NAME=value
+        return ConfigError(key, f"not set yet; a new variable takes a leading +: +{override.lstrip('+')}")
+    close = nearest(key, paths)
+    if close:
+        return ConfigError(key, f"unknown key; nearest: {', '.join(close)}")
+    known = ", ".join(node) if isinstance(node, dict) else "none (it is a value)"
+    return ConfigError(key, f"unknown key; allowed keys in {parent or 'the top level'}: {known}")
+
+
+def missing_preset(group: str, value: str | None) -> ConfigError:
+    """A `group=value` with no such preset, or (value None) a group nothing chose."""
+    shown = (
+        f"no preset {value!r}" if value is not None else "no preset chosen (the cluster preset names none)"
+    )
+    return ConfigError(group, f"{shown}; allowed: {', '.join(groups.options(group))}")
+
+
+def translate(
+    error: HydraException, overrides: list[str], compose: Callable[[list[str]], Any]
+) -> LauncherError | None:
+    """The one-line error for a composition Hydra refused, or None (not the user's override: keep
+    Hydra's words). `compose` composes other overrides, for the keys there are."""
+    message = str(error)
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
+        group, _, value = error.missing_cfg_file.partition("/")
+        if f"{group}={value}" in (o.lstrip("+~") for o in overrides):
+            return missing_preset(group, value)
+    if (found := _UNCHOSEN.match(message)) and found.group(1) in groups.names():
+        return missing_preset(found.group(1), None)
+    if not isinstance(error, ConfigCompositionException) or not (found := _UNKNOWN.match(message)):
+        return None
+    key = found.group(1)
+    given = [o for o in overrides if re.split(r"[=]", o.lstrip("+~"), maxsplit=1)[0] == key]
+    if not given:
+        return None
+    return unknown_key(key, given[0], _tree(overrides, given[0], compose))
+
+
+def _tree(overrides: list[str], bad: str, compose: Callable[[list[str]], Any]) -> dict[str, Any]:
+    """The config composed without the refused override (or, should another refuse too, without any)."""
+    from omegaconf import OmegaConf
+
+    try:
+        composed = compose([o for o in overrides if o != bad])
+    except HydraException:
+        composed = compose([])
+    return OmegaConf.to_container(composed, resolve=False)  # type: ignore[return-value]
