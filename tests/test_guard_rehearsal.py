@@ -206,3 +206,25 @@ def test_the_local_summary_says_what_it_found(tmp_path: Path, capsys: pytest.Cap
     _report(request.plan.run_dir, {"ok": False, "error": cause})
     summary.submitted(request, {}, "local", str(tmp_path / "data"))
     assert f"rehearsal: FAILED: {cause}\n" in capsys.readouterr().out
+
+
+def test_latents_of_another_resolution_are_a_finding() -> None:
+    """NeMo trains on latents of any size: the rehearsal compares what the UNet is fed with the crop."""
+    from omegaconf import OmegaConf
+
+    from data_prep.rehearsal_step import Probe, RehearsalFinding, check_latents
+
+    def config(crop: str) -> object:
+        data = {
+            "train": {"augmentations": {"center_crop_h_w": crop}},
+            "webdataset": {"local_root_path": "/d"},
+        }
+        return OmegaConf.create({"model": {"data": data}})
+
+    probe = Probe()
+    probe.unet_input = [1, 4, 32, 32]  # 256 px latents
+    check_latents(probe, config("256, 256"))
+    with pytest.raises(
+        RehearsalFinding, match=r"^training\.model\.data: the UNet is fed 4x32x32 latents from /d, "
+    ):
+        check_latents(probe, config("512, 512"))

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import SD_TRAIN_CPU, prepare_demo_data, write_tiny_assets
+from nemo_cpu.harness import SD_TRAIN_CPU
 from nemo_cpu.tiny import VAE, WIDTH
 
 from launcher import manifest
@@ -31,33 +28,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
 TRAINING = "sd_860m_res_256"
-
-
-# -- until tests/conftest.py has them (issue 28): the same names, so that switching is a deletion --------
-@pytest.fixture(scope="session")
-def tiny_assets(nemo_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny_assets")
-    write_tiny_assets(nemo_python, folder)
-    return folder
-
-
-@pytest.fixture(scope="session")
-def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("demo_data")
-    prepare_demo_data(folder)
-    return folder
-
-
-@pytest.fixture
-def nemo_shared(tiny_assets: Path, demo_data: Path) -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="nemo-", dir="/tmp") as tmp:
-        os.chmod(tmp, 0o755)
-        shutil.copytree(demo_data / "data", Path(tmp) / "data")
-        shutil.copytree(tiny_assets / "models", Path(tmp) / "models")
-        yield Path(tmp)
-
-
-# -------------------------------------------------------------------------------------------------------
 
 
 def _launch(shared: Path, nemo_python: str, *overrides: str) -> dict[str, str]:
@@ -96,7 +66,7 @@ def _launch(shared: Path, nemo_python: str, *overrides: str) -> dict[str, str]:
             ]
         )
     )
-    return {r.name: r.job_id for r in manifest.load(shared / "results/sd_pretrain") if r.job_id}
+    return {r.name: r.job_id for r in manifest.load(shared / "results" / TRAINING) if r.job_id}
 
 
 def _status(run: Path) -> str:
@@ -116,7 +86,7 @@ def test_a_correct_plan_rehearses_then_the_gpu_chain_runs(
     slurm_cluster, cluster_env: None, nemo_shared: Path, nemo_python: str
 ) -> None:
     ids = _launch(nemo_shared, nemo_python)
-    run = nemo_shared / "results/sd_pretrain"
+    run = nemo_shared / "results" / TRAINING
     edges = {r.name: r.depends_on for r in manifest.load(run)}
     assert edges == {"rehearsal": [], TRAINING: ["afterok:rehearsal"]}
     rehearsal = slurm_cluster.wait_job(ids["rehearsal"], timeout=600)
@@ -149,7 +119,7 @@ def test_a_plan_only_nemo_can_refuse_fails_the_rehearsal_and_no_gpu_job_starts(
     """The text encoder's path exists but holds the VAE, not a CLIP model: no login-node check can tell."""
     not_clip = nemo_shared / "models/sd-vae-ft-mse"
     ids = _launch(nemo_shared, nemo_python, f"training.model.cond_stage_config.version={not_clip}")
-    run = nemo_shared / "results/sd_pretrain"
+    run = nemo_shared / "results" / TRAINING
     assert slurm_cluster.wait_job(ids["rehearsal"], timeout=600).state == "FAILED"
     assert slurm_cluster.wait_job(ids[TRAINING], timeout=60).state == "CANCELLED"  # kill-on-invalid-dep
     assert not list((run / "training/logs").glob("*.out"))  # never started
