@@ -243,7 +243,9 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
     config = OmegaConf.load(args.config)
     check_latents(probe, config)
     if record["steps"] != args.step:
-        raise RehearsalFinding(f"NeMo stopped at step {record['steps']}, not {args.step}")
+        raise RehearsalFinding(
+            f"NeMo stopped at step {record['steps']}, not {args.step} (training.exp_manager.max_time_per_run?)"
+        )
     if args.step > 1 and not probe.resumed_from:
         raise RehearsalFinding(
             "NeMo started step 2 from scratch instead of resuming step 1's checkpoint: a chained or "

@@ -228,3 +228,13 @@ def test_latents_of_another_resolution_are_a_finding() -> None:
         RehearsalFinding, match=r"^training\.model\.data: the UNet is fed 4x32x32 latents from /d, "
     ):
         check_latents(probe, config("512, 512"))
+
+
+def test_status_takes_the_job_s_error_line_not_srun_s_after_it(tmp_path: Path) -> None:
+    from launcher.status.states import error_lines
+
+    log = tmp_path / "rehearsal_7.out"
+    log.write_text(
+        "Traceback ...\nrehearsal: error: what it found\nsrun: error: n1: task 0: Exited with exit code 1\n"
+    )
+    assert error_lines(tmp_path / "rehearsal_%j.out") == ["rehearsal: error: what it found"]
