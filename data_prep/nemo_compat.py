@@ -38,12 +38,14 @@ class GroupNorm(torch.nn.GroupNorm):
         return torch.nn.functional.silu(y) if self.act == "silu" else y
 
 
-def install() -> list[str]:
-    """Define GroupNorm in each NeMo SD module that lacks it; returns the modules changed."""
+def install(replace_apex: bool = False) -> list[str]:
+    """Define GroupNorm in each NeMo SD module that lacks it (with `replace_apex`, also where apex's is
+    there: a run on CPU inside NVIDIA's container, where apex's fused kernel needs CUDA); returns the
+    modules changed."""
     changed = []
     for name in MODULES_USING_APEX_GROUP_NORM:
         module = importlib.import_module(name)
-        if not hasattr(module, "GroupNorm"):
+        if replace_apex or not hasattr(module, "GroupNorm"):
             module.GroupNorm = GroupNorm  # type: ignore[attr-defined]
             changed.append(name)
     return changed

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from launcher.errors import LauncherError
 from launcher.limits import fit
 from launcher.paths import output_width
 from launcher.pipeline import build_plan
+from launcher.registry import STAGES
 from launcher.stages import training_init, training_record
 from launcher.validate import check_facts, to_schema
 
@@ -157,12 +159,27 @@ def _store_schema() -> None:
         store.store(group="schema", name=name, node=keys)
 
 
+def stage_switch(override: str) -> str:
+    """`<stage>=true|false` for a stage whose section has `enable` -> `<stage>.enable=...`: Hydra takes a
+    conf group's value as the name of an option and refuses a boolean.
+
+    >>> stage_switch("rehearsal=true"), stage_switch("data_check=False"), stage_switch("cluster=slurm")
+    ('rehearsal.enable=true', 'data_check.enable=false', 'cluster=slurm')
+    """
+    name, sep, value = override.partition("=")
+    switchable = {stage.name for stage in STAGES if "enable" in {f.name for f in fields(stage.config)}}
+    if sep and value.lower() in ("true", "false") and name in switchable:
+        return f"{name}.enable={value.lower()}"
+    return override
+
+
 def compose_config(overrides: list[str], with_hydra: bool = False) -> DictConfig:
     """The conf/ tree composed once (hydra.main would compose it twice per start); `with_hydra` adds
     Hydra's own section (hydra.runtime.choices: the preset each group got)."""
     _store_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
+        switched = [stage_switch(override) for override in overrides]
+        return compose(config_name="config", overrides=switched, return_hydra_config=with_hydra)
 
 
 def _help() -> str:

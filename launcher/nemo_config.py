@@ -228,3 +228,9 @@ def config_file(ctx: Context) -> tuple[Path, str]:
     if "nemo_config" not in ctx.derived:
         ctx.derived["nemo_config"] = (config_path(ctx), to_yaml(build(ctx)))
     return ctx.derived["nemo_config"]
+
+
+def config_files(ctx: Context) -> tuple[tuple[Path, str], ...]:
+    """A stage's `files` when its jobs read the config sd_train.py reads (training, data_check, the
+    rehearsal): the one file, written beside the scripts."""
+    return (config_file(ctx),)

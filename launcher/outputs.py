@@ -194,6 +194,31 @@ class DataCheckOutputs:
         return RunPaths(self.run_dir).stage_dir("data_check") / "report.json"
 
 
+@dataclass(frozen=True)
+class RehearsalOutputs:
+    """The rehearsal job (data_prep.rehearsal): in `work/` the tiny training config and NeMo's results
+    (checkpoints, hparams, TensorBoard) and each step's record; `sample.png`; `report.json`, which
+    `status` and the launch summary read."""
+
+    run_dir: Path
+
+    @property
+    def stage_dir(self) -> Path:
+        return RunPaths(self.run_dir).stage_dir("rehearsal")
+
+    @property
+    def workdir(self) -> Path:
+        return self.stage_dir / "work"
+
+    @property
+    def sample(self) -> Path:
+        return self.stage_dir / "sample.png"
+
+    @property
+    def report(self) -> Path:
+        return self.stage_dir / "report.json"
+
+
 def plots_dir(run_dir: Path) -> Path:
     """Where `python -m launcher plot` writes (no stage owns it: the command reads every stage's logs)."""
     return run_dir / "plots"

@@ -14,13 +14,23 @@ from typing import Any
 from launcher.config import CoreConfig
 from launcher.rules import Choice, Each, ruled
 from launcher.stage import StageSpec
-from launcher.stages import assets, benchmark, data_check, data_preparation, evaluation, samples, training
+from launcher.stages import (
+    assets,
+    benchmark,
+    data_check,
+    data_preparation,
+    evaluation,
+    rehearsal,
+    samples,
+    training,
+)
 
 # Pipeline order: a stage may need (wait for) only stages before it.
 STAGES: tuple[StageSpec, ...] = (
     assets.STAGE,
     data_preparation.STAGE,
     data_check.STAGE,
+    rehearsal.STAGE,
     benchmark.STAGE,
     training.STAGE,
     samples.STAGE,

@@ -147,4 +147,8 @@ def submitted(request: Request, job_ids: dict[str, str], backend: str, data_dir:
         for step, summary in data_counts(data_dir):
             print(f"{step}: {summary}")
         _data_check_summary(request)
+        if any(job.stage == "rehearsal" for job in request.plan.jobs):
+            from launcher.rehearsal_report import status_lines
+
+            print(*status_lines(request.plan.run_dir), sep="\n")
     _notes_and_commands(request)

@@ -96,6 +96,18 @@ CASES = {
         "training=stable_diffusion/860m_res_512_v2_0_base",
         "training.init_from=/fsx/results/sd_860m_res_256_v2_0_pretrain",
     ],
+    "aws_p5_rehearsal_init_from": [
+        "cluster=aws_p5",
+        "stages=[benchmark,training]",
+        "rehearsal=true",
+        "training=stable_diffusion/860m_res_512_v1_1",
+        "training.init_from=/fsx/results/sd_256",
+        "training.trainer.num_nodes=1",
+        "training.model.global_batch_size=512",
+        "training.run.wandb_api_key_file=/fsx/secrets/wandb",
+        "benchmark.nodes=[1]",
+        "benchmark.micro_batch_sizes=[64]",
+    ],
     "aws_p5_benchmark": [
         "cluster=aws_p5",
         "stages=[benchmark]",

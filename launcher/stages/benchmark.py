@@ -232,8 +232,9 @@ def _notes(ctx: Context) -> tuple[str, ...]:
 
 def _needs(cfg: Any) -> tuple[str, ...]:
     """The staged models (the sweep builds the training model); the prepared data, and the data check
-    that guards GPU time, only when it reads real data."""
-    return ("assets",) if cfg.benchmark.synthetic_data else ("assets", "data_preparation", "data_check")
+    that guards GPU time, only when it reads real data; the rehearsal of the training it measures."""
+    data = () if cfg.benchmark.synthetic_data else ("data_preparation", "data_check")
+    return ("assets", *data, "rehearsal")
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config, nemo_python
@@ -81,11 +80,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         nemo_config.check(cfg)
 
 
-def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    """It reads the training config that sd_train.py would read."""
-    return (nemo_config.config_file(ctx),)
-
-
 STAGE = StageSpec(
     name=NAME,
     config=DataCheckConfig,
@@ -94,5 +88,5 @@ STAGE = StageSpec(
     auto=lambda cfg: cfg.data_check.enable,
     check=_check,
     nemo_jobs=lambda cfg: (JOB,),
-    files=_files,
+    files=nemo_config.config_files,
 )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from launcher import cost, nemo_config, nemo_python
@@ -248,9 +247,11 @@ def _nemo_jobs(cfg: Any) -> tuple[NemoJob, ...]:
 
 
 def _needs(cfg: Any) -> tuple[str, ...]:
-    """The prepared data (unless synthetic), the data check that guards it, the staged CLIP and VAE."""
+    """The prepared data (unless synthetic), the data check and the rehearsal that guard it, the staged
+    CLIP and VAE."""
     synthetic = cfg.training.model.get("data", {}).get("synthetic_data")
-    return ("assets", "data_check") if synthetic else ("assets", "data_preparation", "data_check")
+    data = () if synthetic else ("data_preparation",)
+    return ("assets", *data, "data_check", "rehearsal")
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
@@ -263,10 +264,6 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     if NAME in planned:
         training_record.check(cfg)  # one training per run folder
         training_init.host_check(cfg)
-
-
-def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    return (nemo_config.config_file(ctx),)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
@@ -288,7 +285,7 @@ STAGE = StageSpec(
     check=_check,
     host_check=_host_check,
     nemo_jobs=_nemo_jobs,
-    files=_files,
+    files=nemo_config.config_files,
     notes=_notes,
     status=training_status.status_lines,
 )

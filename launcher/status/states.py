@@ -140,8 +140,9 @@ def status(run_dir: Path) -> list[JobStatus]:
 
 
 # The one line a data step ends its log with on an error it expected or a fault of the environment
-# (data_prep.faults.step_main): `<step>: error: <path>: <cause>`.
-_ERROR_LINE = re.compile(rb"^[\w.-]+: error: .*$", re.MULTILINE)
+# (data_prep.faults.step_main): `<step>: error: <path>: <cause>`. srun's own line after it (`srun: error:
+# n1: task 0: Exited with exit code 1`) only repeats the exit code: not the job's.
+_ERROR_LINE = re.compile(rb"^(?!srun: )[\w.-]+: error: .*$", re.MULTILINE)
 _TAIL_BYTES = 16_384
 
 

@@ -26,14 +26,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sd_train_cpu import patch_for_cpu, run_hydra_entry
 
+from data_prep.nemo_cpu import patch_sampler_for_cpu
+
 CPU_OVERRIDE = "trainer.accelerator=cpu"
 
 
 def patch_infer_for_cpu() -> list[str]:
     import torch
-    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.samplers import base_sampler
 
-    done = patch_for_cpu()
+    done = [*patch_for_cpu(), *patch_sampler_for_cpu()]
     from lightning.fabric.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
 
     # Lightning modules override Module.cuda (it asks torch.cuda.current_device() for an index).
@@ -41,11 +42,6 @@ def patch_infer_for_cpu() -> list[str]:
         module_class.cuda = lambda self, *_a, **_k: self  # type: ignore[method-assign]
     done.append("torch.nn.Module.cuda() and Lightning's module .cuda() -> the module itself")
 
-    def register_buffer(self: Any, name: str, attr: Any) -> None:
-        setattr(self, name, attr)
-
-    base_sampler.AbstractBaseSampler.register_buffer = register_buffer
-    done.append("samplers AbstractBaseSampler.register_buffer: .to('cuda') -> tensor kept on CPU")
     sys.argv.append(CPU_OVERRIDE)
     done.append(f"Hydra override {CPU_OVERRIDE}")
     return done

@@ -3,9 +3,10 @@
     <nemo python> tests/nemo_cpu/sd_train_cpu.py --config-path DIR --config-name NAME.yaml
 
 NeMo's SD training is written for NVIDIA's container: a few calls need CUDA or apex (not on PyPI).
-`patch_for_cpu()` replaces exactly those, each named below with why; everything else (Hydra config
-loading, MegatronTrainerBuilder, exp_manager, MegatronLatentDiffusion, its data loader, Lightning's
-fit loop, checkpointing and resume) is NeMo's and Lightning's own code, unchanged.
+`patch_for_cpu()` (data_prep/nemo_cpu.py, which the rehearsal job uses too) replaces exactly those,
+each named there with why; everything else (Hydra config loading, MegatronTrainerBuilder, exp_manager,
+MegatronLatentDiffusion, its data loader, Lightning's fit loop, checkpointing and resume) is NeMo's and
+Lightning's own code, unchanged.
 
 The entry point itself, `examples/multimodal/text_to_image/stable_diffusion/sd_train.py`, is not in
 any package that CI can install (not in NeMo's wheel nor its sdist, only in NeMo's git tree and
@@ -18,7 +19,6 @@ presets (capture_cudagraph_iters -1, no peft), and are refused here rather than 
 
 from __future__ import annotations
 
-import functools
 import os
 import runpy
 import sys
@@ -27,104 +27,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class _TorchAllocatingOnCpu:
-    """The torch module as one module sees it, with torch.zeros ignoring its device argument."""
-
-    def __getattr__(self, name: str) -> Any:
-        import torch
-
-        return getattr(torch, name)
-
-    @staticmethod
-    def zeros(*args: Any, device: Any = None, **kwargs: Any) -> Any:
-        import torch
-
-        return torch.zeros(*args, **kwargs)
-
-
-def patch_for_cpu() -> list[str]:
-    """Replace the CUDA/apex-only calls; returns what was patched, one line each."""
-    import torch
-
-    sys.path.insert(0, str(REPO))
-    import data_prep.nemo_compat as compat  # apex GroupNorm -> torch GroupNorm (+SiLU), same params
-
-    done = [
-        f"apex GroupNorm -> torch.nn.GroupNorm(+SiLU) in {len(compat.MODULES_USING_APEX_GROUP_NORM)} modules"
-    ]
-
-    # MegatronBaseModel reads the NGC container's version string and fails on None outside NGC;
-    # 24.07 is the PyTorch container nemo:24.09 is built on.
-    os.environ.setdefault("NVIDIA_PYTORCH_VERSION", "24.07")
-    done.append("NVIDIA_PYTORCH_VERSION=24.07 (NGC's variable)")
-
-    # torch.cuda.set_device(local_rank) is called while the model is built; there is no CUDA device.
-    torch.cuda.set_device = lambda *_a, **_k: None
-    done.append("torch.cuda.set_device -> no-op")
-
-    # ddpm.py allocates with device=torch.cuda.current_device() and moves batches with .cuda().
-    # On a GPU the whole step runs under CUDA autocast (bf16-mixed), which also casts cached latents and
-    # text embeddings (stored float16) to the compute dtype; CPU has no CUDA autocast, so a float16 batch
-    # tensor is upcast to float32 where ddpm.py moves it to the device (images are float32 already).
-    torch.cuda.current_device = lambda: "cpu"
-    torch.Tensor.cuda = lambda self, *_a, **_k: self.float() if self.dtype == torch.float16 else self
-    done.append("torch.cuda.current_device -> 'cpu', Tensor.cuda() -> the tensor itself (float16 -> float32)")
-
-    # NLPDDPStrategy refuses to start without apex, though the SD path uses none of apex's parallel code.
-    from nemo.collections.nlp.parts import nlp_overrides
-
-    nlp_overrides.HAVE_APEX = True
-    done.append("nlp_overrides.HAVE_APEX -> True")
-
-    # optim.name fused_adam is apex's FusedAdam (CUDA); torch's AdamW is the same update, unfused.
-    from nemo.core import optim
-    from nemo.core.optim import optimizers
-
-    nemo_get_optimizer = optimizers.get_optimizer
-
-    def get_optimizer(name: str, **kwargs: Any) -> Any:
-        return (
-            functools.partial(torch.optim.AdamW, **kwargs)
-            if name == "fused_adam"
-            else nemo_get_optimizer(name, **kwargs)
-        )
-
-    optim.get_optimizer = optimizers.get_optimizer = get_optimizer
-    done.append("optim fused_adam (apex FusedAdam) -> torch.optim.AdamW")
-
-    # megatron-core's no-pipelining schedule counts tokens in torch.zeros(..., device="cuda").
-    from megatron.core.pipeline_parallel import schedules
-
-    schedules.torch = _TorchAllocatingOnCpu()
-    done.append('megatron.core schedules: torch.zeros(device="cuda") -> CPU')
-
-    # gradient_clip_val goes through NeMo's clip_grad_norm_fp32 (apex amp_C, CUDA tensors only);
-    # torch's clip_grad_norm_ computes the same global norm and scaling.
-    from nemo.collections.nlp.models.language_modeling import megatron_base_model
-
-    def clip_grad_norm(parameters: Any, max_norm: float, norm_type: float = 2, **_kw: Any) -> Any:
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
-
-    megatron_base_model.clip_grad_norm_fp32 = clip_grad_norm
-    done.append("gradient clipping clip_grad_norm_fp32 (apex amp_C) -> torch.nn.utils.clip_grad_norm_")
-
-    # On resume, EMAOptimizer.load_state_dict takes the saved EMA tensors (nn.Parameters) through
-    # .to(self.device): on a GPU that is a copy off the CPU-loaded checkpoint, here it returns the
-    # Parameter itself, and the first EMA weight swap then fails on an in-place copy into a leaf
-    # that requires grad. Detaching gives what the GPU path gets: tensors EMA may overwrite.
-    from nemo.collections.common.callbacks.ema import EMAOptimizer
-
-    nemo_load_state_dict = EMAOptimizer.load_state_dict
-
-    def load_state_dict(self: Any, state_dict: Any) -> None:
-        nemo_load_state_dict(self, state_dict)
-        self.ema_params = tuple(param.detach() for param in self.ema_params)
-
-    EMAOptimizer.load_state_dict = load_state_dict
-    done.append("EMAOptimizer.load_state_dict: restored EMA tensors detached, as .to('cuda') gives on a GPU")
-    return done
+sys.path.insert(0, str(REPO))
+from data_prep.nemo_cpu import patch_for_cpu  # noqa: E402
 
 
 def report_unet_load() -> None:

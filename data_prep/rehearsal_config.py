@@ -1,0 +1,116 @@
+"""The rehearsal's training config: the planned one, as sd_train.py will read it, made to run on one CPU.
+
+What changes is listed by `derive` (one line each, printed in the job's log and kept in its report):
+the world (one CPU process), the steps (2, a checkpoint every step), the batch (1), the UNet's width
+(`tiny_width`: same class, same arguments, same depth, tiny channels), the CUDA-only kernels (flash
+attention, inductor, CUDA graphs, FP8) and what a tiny UNet cannot load (a full-size checkpoint). The
+data, the VAE and text encoder files, the keys NeMo reads, exp_manager's resume and EMA, the optimizer
+and the precision stay as planned. Plain dicts only (no torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+STEPS = 2  # step 1 from scratch, its checkpoint, then a new process resumes it for step 2
+GROUPS = 32  # NeMo's UNet normalizes in 32 groups: its channels must be a multiple of 32
+
+
+def tiny_width(unet: dict[str, Any]) -> int:
+    """The rehearsal UNet's model_channels: 32, or what its attention heads need; the planned width
+    when that is already as small.
+
+    >>> tiny_width({"model_channels": 320, "num_heads": 8})
+    32
+    >>> tiny_width({"model_channels": 320, "num_heads": -1, "num_head_channels": 64})
+    64
+    >>> tiny_width({"model_channels": 32, "num_heads": 2})
+    32
+    """
+    planned = int(unet.get("model_channels", GROUPS))
+    head_channels = int(unet.get("num_head_channels", -1) or -1)
+    heads = int(unet.get("num_heads", -1) or -1)
+    # NeMo's attention blocks use num_head_channels when set (heads = width / it), else num_heads.
+    per_head = head_channels if head_channels > 0 else max(heads, 1)
+    return min(planned, math.lcm(GROUPS, per_head))
+
+
+def _set(section: dict[str, Any], key: str, value: Any, why: str, changes: list[str], path: str) -> None:
+    """Set `key` and note the change, only where it changes something."""
+    if section.get(key) != value:
+        changes.append(f"{path}.{key}: {section.get(key)!r} -> {value!r} ({why})")
+        section[key] = value
+
+
+def _world(config: dict[str, Any], results: Path, changes: list[str]) -> None:
+    trainer = config.setdefault("trainer", {})
+    for key, value in (("accelerator", "cpu"), ("devices", 1), ("num_nodes", 1)):
+        _set(trainer, key, value, "one CPU process", changes, "trainer")
+    _set(trainer, "max_steps", STEPS, "step 1, its checkpoint, step 2 resumed", changes, "trainer")
+    _set(trainer, "log_every_n_steps", 1, "each step in the log", changes, "trainer")
+    if str(trainer.get("precision")) in ("16", "16-mixed"):
+        _set(trainer, "precision", "bf16-mixed", "16-bit autocast is CUDA's", changes, "trainer")
+    exp = config.setdefault("exp_manager", {})
+    _set(exp, "explicit_log_dir", str(results), "the rehearsal's own folder", changes, "exp_manager")
+    _set(exp, "create_wandb_logger", False, "no W&B run for a rehearsal", changes, "exp_manager")
+    _set(exp, "resume_from_checkpoint", None, "a full-size checkpoint", changes, "exp_manager")
+    params = exp.setdefault("checkpoint_callback_params", {})
+    _set(
+        params,
+        "every_n_train_steps",
+        1,
+        "a checkpoint to resume",
+        changes,
+        "exp_manager.checkpoint_callback_params",
+    )
+
+
+def _model(model: dict[str, Any], synthetic: bool, changes: list[str]) -> None:
+    for key, value in (("micro_batch_size", 1), ("global_batch_size", 1)):
+        _set(model, key, value, "one CPU process", changes, "model")
+    for key, value in (("inductor", False), ("capture_cudagraph_iters", -1)):
+        if key in model:
+            _set(model, key, value, "a CUDA kernel", changes, "model")
+    _set(model, "ckpt_path", None, "a full-size checkpoint", changes, "model")
+    if "nsys_profile" in model:
+        _set(model["nsys_profile"], "enabled", False, "a CUDA profiler", changes, "model.nsys_profile")
+    data = model.setdefault("data", {})
+    _set(data, "num_workers", 1, "one loader worker is enough for 2 batches", changes, "model.data")
+    if synthetic:
+        _set(data, "synthetic_data", True, "the sweep alone: it reads no data", changes, "model.data")
+    unet = model.setdefault("unet_config", {})
+    _set(
+        unet, "model_channels", tiny_width(unet), "a tiny UNet of the same kind", changes, "model.unet_config"
+    )
+    if unet.get("from_pretrained"):
+        why = "a full-size UNet: the rehearsal checks it on its own (training.init_from)"
+        _set(unet, "from_pretrained", None, why, changes, "model.unet_config")
+    for key in ("use_flash_attention", "use_te_fp8"):
+        if key in unet:
+            _set(unet, key, False, "a CUDA kernel", changes, "model.unet_config")
+    cond = model.get("cond_stage_config") or {}
+    if "device" in cond:
+        _set(cond, "device", "cpu", "no GPU", changes, "model.cond_stage_config")
+
+
+def derive(
+    planned: dict[str, Any], results: Path, synthetic: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """(the rehearsal's config, what it changed) from the resolved training config.
+
+    >>> planned = {"trainer": {"devices": 8, "num_nodes": 4, "max_steps": 82500},
+    ...            "model": {"micro_batch_size": 128, "unet_config": {"model_channels": 320, "num_heads": 8}}}
+    >>> config, changes = derive(planned, Path("/r/rehearsal/work/results"))
+    >>> config["model"]["unet_config"]["model_channels"], config["trainer"]["devices"]
+    (32, 1)
+    >>> changes[0]
+    "trainer.accelerator: None -> 'cpu' (one CPU process)"
+    """
+    config = copy.deepcopy(planned)
+    changes: list[str] = []
+    _world(config, results, changes)
+    _model(config.setdefault("model", {}), synthetic, changes)
+    return config, changes
