@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conftest import REPO
 from fixtures.docs import GENERIC_SLURM, generic_slurm_commands
+from fixtures.launches import readme_commands
 
 from launcher import manifest
 from launcher.cli import main
@@ -51,12 +52,6 @@ def test_every_key_in_the_table_is_in_the_command() -> None:
     assert len(rows) >= 10
     for key, group, value in rows:
         assert given.get(key) == (group or value), (key, given.get(key))
-
-
-def readme_commands() -> list[str]:
-    """The README's cluster commands run with the checkout's venv (indented code lines)."""
-    lines = (REPO / "README.md").read_text().splitlines()
-    return [line.strip() for line in lines if line.startswith("       .venv/bin/python ")]
 
 
 def test_the_readme_cluster_commands_work_as_printed_from_the_checkout(tmp_path: Path) -> None:

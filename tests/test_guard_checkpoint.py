@@ -21,7 +21,7 @@ import pytest
 import torch_checkpoints
 import yaml
 from conftest import FIXED_FACTS, REPO
-from test_init_from import UNET_860M as UNET_CONFIG
+from fixtures.launches import UNET_860M as UNET_CONFIG
 from torch_checkpoints import UNET_860M, UNET_PREFIX, VAE, unet_860m
 
 from launcher import checkpoint_index

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, compose_config
-from test_documented_commands import readme_commands
-from test_status import run_status
+from fixtures.launches import readme_commands, run_status
 
 from launcher import manifest
 from launcher.cli import host_facts, main

@@ -110,7 +110,9 @@ def test_no_nemo_interpreter_without_a_container_is_refused(tmp_path: Path) -> N
     overrides = [f"cluster.shared_dir={tmp_path}", "stages=[rehearsal]", "data_check.enable=false"]
     cfg = to_schema(compose_config(overrides))
     with pytest.raises(
-        ConfigError, match=r"^rehearsal\.python: None and this checkout has no NeMo interpreter"
+        ConfigError,
+        match=r"^training\.run\.python: null, and neither a container nor a NeMo venv .* to run rehearsal with; "
+        r".*rehearsal\.python for one",
     ):
         check_facts(cfg, dataclasses.replace(FIXED_FACTS, nemo_python=None))
     check_facts(cfg, dataclasses.replace(FIXED_FACTS, nemo_python="/opt/venv-nemo/bin/python"))

@@ -15,8 +15,8 @@ import pytest
 import torch_checkpoints
 import yaml
 from conftest import compose_config
+from fixtures.launches import standin_training
 from omegaconf import OmegaConf
-from test_init_from_slurm import standin_training
 
 from launcher import manifest
 from launcher.cli import launch

@@ -17,6 +17,7 @@ import pytest
 import torch_checkpoints
 import yaml
 from conftest import FIXED_FACTS
+from fixtures.launches import UNET_860M
 
 from launcher import nemo_config
 from launcher.backends import prepare, records
@@ -35,20 +36,6 @@ CKPT = "stable-diffusion--reduced_train_loss=0.99-step={step}-consumed_samples=8
 
 
 # The 860M preset's UNet as an earlier run's hparams.yaml records it (heads do not change shapes).
-UNET_860M = {
-    "in_channels": 4,
-    "out_channels": 4,
-    "model_channels": 320,
-    "attention_resolutions": [4, 2, 1],
-    "num_res_blocks": 2,
-    "channel_mult": [1, 2, 4, 4],
-    "use_spatial_transformer": True,
-    "transformer_depth": 1,
-    "context_dim": 768,
-    "num_heads": 2,
-}
-
-
 def _earlier_run(
     folder: Path,
     *names: str,

@@ -8,40 +8,16 @@ really extracts the UNet; the rest (sbatch, dependencies, the init job, the NeMo
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from fixtures.launches import standin_training
 
 from launcher import manifest
 from launcher.cli import compose_config, launch
 from launcher.outputs import TrainingOutputs
 
 pytestmark = pytest.mark.slow
-STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
-
-
-def standin_training(shared: Path, run: str, nemo_python: str, *overrides: str) -> list[str]:
-    """A training run `run` on the test cluster's CPU nodes, the stand-in for sd_train.py, synthetic data."""
-    return [
-        f"cluster.shared_dir={shared}",
-        "cluster=slurm",
-        "container=none",
-        f"container.python={sys.executable}",
-        "stages=[training]",
-        f"run_name={run}",
-        "data_check.enable=false",
-        "assets.enable=false",
-        "training.model.data.synthetic_data=true",
-        f"training.run.script={STANDIN}",
-        f"training.run.python={nemo_python}",  # torch: real checkpoints, and the init job
-        "training.trainer.num_nodes=1",
-        "training.model.micro_batch_size=4",
-        "training.model.global_batch_size=32",
-        "cluster.gpu_job_mem=1G",
-        "training.init_resources.mem=1G",
-        *overrides,
-    ]
 
 
 def _train(shared: Path, run: str, nemo_python: str, *overrides: str) -> dict[str, str]:

@@ -4,15 +4,14 @@ against NeMo's own exp_manager)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import REPO, compose_config
+from fixtures.launches import run_status
 from omegaconf import OmegaConf
 
 from launcher import manifest
@@ -20,19 +19,6 @@ from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
 from launcher.cli import launch
 from launcher.spec import JobSpec, Plan, Resources
-
-
-def run_status(
-    run: str, *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", "status", run, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100", **(env or {})},
-    )
 
 
 @pytest.fixture(scope="module")
