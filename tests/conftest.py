@@ -75,17 +75,3 @@ def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     stub.chmod(0o755)
     monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
     return calls
-
-
-# Under pytest-xdist (`-n 2 --dist loadgroup`, as tests/run.sh runs), each worker builds its own session
-# fixtures. The tests that run NeMo go to one worker together, so that the tiny assets, the demo data and
-# the tiny training are built once; the other tests spread over the workers (each with its own cluster).
-NEMO_FIXTURES = frozenset(
-    {"nemo_python", "tiny_assets", "demo_data", "new_shared", "nemo_shared", "tiny_training"}
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if NEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("nemo"))

@@ -19,12 +19,12 @@ export REQUIRE_SLURM=1 REQUIRE_TOOLS=1 REQUIRE_NEMO=1
 export NEMO_PYTHON="$PWD/.venv-nemo/bin/python"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# Two workers (pytest-xdist; the NeMo tests together on one, tests/conftest.py), the 25 slowest set-ups,
+# Two workers (pytest-xdist; each builds its own session fixtures), the 25 slowest set-ups,
 # calls and teardowns, then the total: the suite's budget is 15 minutes of pytest on a 2-core machine
 # (docs/development.md). A fixed order here; a bare `pytest` shuffles it (pytest-randomly), which the
 # suite must pass too.
 status=0
-.venv/bin/python -m pytest -n 2 --dist loadgroup -p no:randomly --durations=25 "$@" || status=$?
+.venv/bin/python -m pytest -n 2 -p no:randomly --durations=25 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "error: pytest collected no tests" >&2
   exit 1
