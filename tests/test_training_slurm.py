@@ -8,6 +8,7 @@ import json
 import pickle
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,7 +98,15 @@ def test_sixteen_ranks_on_two_nodes_and_chained_jobs(slurm_cluster, shared: Path
 def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -> None:
     """A job Slurm requeues (node failure, preemption) resumes from its checkpoint."""
     ids = _launch(shared, "+env.STANDIN_REQUEUE_ONCE=1", "training.trainer.max_steps=5")
-    job = slurm_cluster.wait_job(ids["sd_860m_res_256"], timeout=240)
+    job_id = ids["sd_860m_res_256"]
+    # Slurm holds a requeued job back for two minutes (BeginTime); the test lets it start at once.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(
+        (j.state, j.reason) == ("PENDING", "BeginTime") for j in slurm_cluster.jobs(job_id)
+    ):
+        time.sleep(0.5)
+    slurm_cluster.run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=False)
+    job = slurm_cluster.wait_job(job_id, timeout=240)
     assert job.state == "COMPLETED"
     log = _log(shared, "sd_860m_res_256", ids["sd_860m_res_256"])
     assert "standin starting from scratch" in log and "standin resumed from step=1" in log
