@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,10 @@ def composition(overrides: list[str]) -> list[tuple[str, str]]:
     from launcher.cli import compose_config
 
     composed = compose_config(overrides)
-    return [(key, OmegaConf.to_yaml(OmegaConf.create({key: composed[key]}))) for key in composed]
+    texts = [(key, OmegaConf.to_yaml(OmegaConf.create({key: composed[key]}))) for key in composed]
+    # The folders that default to the working folder (or this checkout) are named, not spelled out, so
+    # that the stored file holds in any clone, run from anywhere.
+    return [(key, text.replace(os.getcwd(), "<cwd>").replace(str(REPO), "<repo>")) for key, text in texts]
 
 
 def _digest(text: str) -> str:
