@@ -69,16 +69,25 @@ def _doing(this_role: str) -> str:
     )
 
 
+def _holder(fd: int, wait_s: float = 5.0) -> dict:
+    """What the lock's holder wrote into it. It writes just after it takes the lock: a launch refused in
+    between waits for those few bytes (briefly) instead of naming no run."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return json.loads(os.pread(fd, 4096, 0).decode(errors="replace"))
+        except ValueError:
+            if time.monotonic() > deadline:
+                return {}
+            time.sleep(0.02)
+
+
 def _refuse_holder(data_dir: Path, fd: int, this_role: str) -> None:
     """Raise when another launch holds the lock exclusively (a writer submitting, or running locally)."""
     try:
         fcntl.flock(fd, (fcntl.LOCK_EX if this_role == "writes" else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
-        text = os.pread(fd, 4096, 0).decode(errors="replace")
-        try:
-            holder = json.loads(text)
-        except ValueError:
-            holder = {}
+        holder = _holder(fd)
         jobs = ", ".join(holder.get("jobs", [])) or "?"
         other = holder.get("run_dir", "?")
         raise LauncherError(
