@@ -24,7 +24,7 @@ export NEMO_PYTHON="$PWD/.venv-nemo/bin/python"
 # (docs/development.md). A fixed order here; a bare `pytest` shuffles it (pytest-randomly), which the
 # suite must pass too.
 status=0
-.venv/bin/python -m pytest -n 2 -p no:randomly --durations=25 "$@" || status=$?
+.venv/bin/python -m pytest -n 2 --dist loadgroup -p no:randomly --durations=25 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "error: pytest collected no tests" >&2
   exit 1
