@@ -5,6 +5,7 @@ before anything is submitted; nemo_config.check calls `check` for SDXL configs (
   computes the size/crop conditioning from the image after `resize_smallest_side` and crops it square;
   with a `center_crop_h_w` key it yields no size/crop keys and the size embedders fail with a KeyError.
 - `precache_mode`: NeMo reads two cached forms (text, both) that nothing in this launcher writes yet.
+- `data.synthetic_data`: SD's random-tensor mode; NeMo's SDXL engine ignores it and reads the tars.
 - The widths: the conditioner concatenates its embedders' outputs, so the UNet's `context_dim` must be the
   sum of the text encoders' widths and `adm_in_channels` the sum of the vector outputs (pooled text and 2 x
   outdim per size/crop embedder). Checked only where the config names the widths: an open_clip arch or a
@@ -91,6 +92,12 @@ def _check_augmentations(model: Any) -> None:
 
 def check(model: Any, assets: Any) -> None:
     """Every refusal of an SDXL `model` section (`assets`: the launcher's validated assets section)."""
+    if (model.get("data") or {}).get("synthetic_data"):
+        raise ConfigError(
+            f"{MODEL}.data.synthetic_data",
+            "is true, but NeMo's SDXL training has no synthetic data: MegatronDiffusionEngine builds its "
+            "webdataset loader whatever the key says. Allowed: false (for the sweep: benchmark.synthetic_data=false)",
+        )
     if model.get("precache_mode") is not None:
         raise ConfigError(
             f"{MODEL}.precache_mode",

@@ -83,6 +83,11 @@ def test_the_sd_latents_switch_is_refused_for_sdxl(make_config: Callable) -> Non
         ),
         ("training.model.precache_mode=both", "training.model.precache_mode", "Allowed: null"),
         (
+            "+training.model.data.synthetic_data=true",
+            "training.model.data.synthetic_data",
+            "benchmark.synthetic_data=false",
+        ),
+        (
             "training.model.unet_config.context_dim=1024",
             "training.model.unet_config.context_dim",
             "768 + 1280 = 2048",
