@@ -110,6 +110,8 @@ def test_stage_1_trains_from_scratch_on_the_staged_encoders_and_vae(shared: Path
     assert f"{shared}/data_sdxl_256/tarfiles_reorganized" in text
     assert "center_crop_h_w" not in text and "fsdp: false" in text
     assert "sd_xl_train_cpu: running" in stage_1.log
+    assert f"Attempting to load vae weights from {shared}/models/{SDXL_VAE_FILE}" in stage_1.log
+    assert "keys are missing during loading VAE weights" not in stage_1.log
     assert "Attempting to load pretrained unet" not in stage_1.log  # random weights: stage 1 is from scratch
     assert stage_1.outputs.newest_checkpoint(ema=False) is not None
 
