@@ -1,4 +1,5 @@
-"""Training: NeMo's sd_train.py, one srun task per GPU, on N nodes, optionally chained."""
+"""Training: NeMo's sd_train.py (sd_xl_train.py for the SDXL presets: training.run.script), one srun task per GPU, on N
+nodes, optionally chained."""
 
 from __future__ import annotations
 
