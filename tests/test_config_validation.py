@@ -60,6 +60,24 @@ BAD_INPUTS = [
         "container.mounts",
     ),
     (
+        [
+            "stages=[assets]",
+            "training=sdxl/sdxl_base_train_res_256_stage_1",
+            "assets.sdxl_vae.nemo_vae.file=vae/config.json",
+        ],
+        "assets.sdxl_vae.nemo_vae.file",
+        "is one of assets.sdxl_vae.files",
+    ),
+    (
+        [
+            "stages=[assets]",
+            "training=sdxl/sdxl_base_train_res_256_stage_1",
+            "assets.sdxl_vae.nemo_vae.source=vae.bin",
+        ],
+        "assets.sdxl_vae.nemo_vae.source",
+        "'vae.bin' is not one of assets.sdxl_vae.files",
+    ),
+    (
         ["stages=[assets]", "assets.text_encoder.files=[]"],
         "assets.text_encoder.files",
         "a file name in the repo",
