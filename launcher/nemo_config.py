@@ -15,7 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
-from launcher import latents
+from launcher import fsdp, latents
 from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.init_unet import FROM_SCRATCH
@@ -148,6 +148,7 @@ def check(cfg: Any) -> None:
     where there are GPUs (without them the config is written for data_check, as a world of one)."""
     _check_pretrained(cfg)
     latents.check(cfg)
+    fsdp.check(cfg)
     _check_time(cfg)
     if cfg.cluster.gpus_per_node >= 1:
         _check_shape(cfg)
