@@ -7,7 +7,8 @@ SDXL loader (build_sdxl_train_valid_datasets) crops a square of `resize_smallest
 
 >>> trained_size({"data": {"train": {"augmentations": {"resize_smallest_side": 256, "center_crop_h_w": "256, 256"}}}})
 (256, 256)
->>> trained_size({"conditioner_config": {"emb_models": []}, "data": {"train": {"augmentations": {"resize_smallest_side": 512}}}})
+>>> sdxl = {"conditioner_config": {"emb_models": []}}
+>>> trained_size({**sdxl, "data": {"train": {"augmentations": {"resize_smallest_side": 512}}}})
 (512, 512)
 """
 
