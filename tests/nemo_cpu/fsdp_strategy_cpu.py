@@ -1,0 +1,133 @@
+"""NeMo's FSDP strategy for a rendered SDXL training config, built on CPU as sd_xl_train.py (v2.4.0) builds it.
+
+    <nemo python> tests/nemo_cpu/fsdp_strategy_cpu.py CONFIG.yaml    # prints a JSON report
+
+sd_xl_train.py's MegatronStableDiffusionTrainerBuilder: the real class from NEMO_SD_XL_TRAIN=<path to
+examples/multimodal/text_to_image/stable_diffusion/sd_xl_train.py> when set (the file is executed as a
+module, its main not run), else `Builder` below, its `_training_strategy` as v2.4.0 writes it (the file is
+not in NeMo's wheel). create_trainer() builds the strategy and then the precision plugins in that order;
+here the same two calls, then what Lightning hands the strategy before fit: a one-rank world (gloo) and
+setup_environment(), where NeMo initialises its parallel state and takes the data-parallel group as FSDP's
+process group. Wrapping a module is where torch stops on a CPU ("FSDP needs a non-CPU accelerator
+device"): that message is recorded too. Sharded training itself is not run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+
+def builder_class() -> type:
+    from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
+    from nemo.collections.nlp.parts.nlp_overrides import NLPDDPStrategy, NLPFSDPStrategy
+
+    if os.environ.get("NEMO_SD_XL_TRAIN"):
+        return runpy.run_path(os.environ["NEMO_SD_XL_TRAIN"])["MegatronStableDiffusionTrainerBuilder"]
+
+    class Builder(MegatronTrainerBuilder):
+        """v2.4.0 sd_xl_train.py's _training_strategy (its interactive-notebook branch aside)."""
+
+        def _training_strategy(self) -> Any:
+            if self.cfg.model.get("fsdp", False):
+                assert self.cfg.model.optim.get("name") != "distributed_fused_adam", (
+                    "Distributed optimizer cannot be used with FSDP."
+                )
+                if self.cfg.model.get("megatron_amp_O2", False):
+                    self.cfg.model.megatron_amp_O2 = False
+                return NLPFSDPStrategy(
+                    limit_all_gathers=self.cfg.model.get("fsdp_limit_all_gathers", True),
+                    sharding_strategy=self.cfg.model.get("fsdp_sharding_strategy", "full"),
+                    cpu_offload=self.cfg.model.get("fsdp_cpu_offload", False),
+                    grad_reduce_dtype=self.cfg.model.get("fsdp_grad_reduce_dtype", 32),
+                    precision=self.cfg.trainer.precision,
+                    use_orig_params=self.cfg.model.inductor,
+                    set_buffer_dtype=self.cfg.get("fsdp_set_buffer_dtype", None),
+                )
+            return NLPDDPStrategy(
+                no_ddp_communication_hook=(not self.cfg.model.get("ddp_overlap")),
+                gradient_as_bucket_view=self.cfg.model.gradient_as_bucket_view,
+                find_unused_parameters=False,
+            )
+
+    return Builder
+
+
+def _name(value: Any) -> str:
+    return getattr(value, "name", None) or getattr(value, "__name__", None) or str(value)
+
+
+def strategy_report(strategy: Any, plugins: list[Any]) -> dict[str, Any]:
+    kwargs = strategy.kwargs
+    precision = kwargs["mixed_precision"]
+    wrap = kwargs["auto_wrap_policy"]
+    return {
+        "class": type(strategy).__name__,
+        "sharding_strategy": _name(kwargs["sharding_strategy"]),
+        "param_dtype": str(precision.param_dtype),
+        "reduce_dtype": str(precision.reduce_dtype),
+        "buffer_dtype": str(precision.buffer_dtype),
+        "auto_wrap": _name(wrap.func),
+        "wrapped_layers": sorted(cls.__name__ for cls in wrap.keywords["transformer_layer_cls"]),
+        "backward_prefetch": _name(kwargs["backward_prefetch"]),
+        "limit_all_gathers": kwargs.get("limit_all_gathers"),
+        "use_orig_params": kwargs.get("use_orig_params"),
+        "cpu_offload": bool(getattr(strategy, "cpu_offload", None) and strategy.cpu_offload.offload_params),
+        "sharded_checkpoint": strategy.sharded_checkpoint,
+        "plugins": [f"{type(p).__name__}:{getattr(p, 'precision', '')}" for p in plugins],
+    }
+
+
+def process_group_report(strategy: Any) -> dict[str, Any]:
+    """A one-rank world (gloo), then NeMo's own setup_environment: the process group FSDP shards over."""
+    import torch
+    import torch.distributed as dist
+    from lightning.pytorch.accelerators import CPUAccelerator
+    from lightning.pytorch.plugins.environments import LightningEnvironment
+    from megatron.core import parallel_state
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
+    strategy.accelerator = CPUAccelerator()
+    strategy.cluster_environment = LightningEnvironment()
+    strategy.parallel_devices = [torch.device("cpu")]
+    strategy._process_group_backend = "gloo"
+    strategy.setup_environment()
+    group = strategy.kwargs["process_group"]
+    report = {
+        "world_size": dist.get_world_size(),
+        "process_group_size": dist.get_world_size(group),
+        "is_data_parallel_group": group is parallel_state.get_data_parallel_group(with_context_parallel=True),
+    }
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    try:
+        FullyShardedDataParallel(torch.nn.Linear(2, 2), process_group=group)
+        report["wrap_error"] = None
+    except Exception as exc:  # torch's refusal on a CPU-only machine
+        report["wrap_error"] = f"{type(exc).__name__}: {exc}"
+    return report
+
+
+def main() -> None:
+    from omegaconf import OmegaConf
+
+    from data_prep.nemo_cpu import patch_for_cpu
+
+    patch_for_cpu()  # apex's flag (NLPFSDPStrategy refuses to start without apex) and torch.cuda calls
+    cfg = OmegaConf.load(sys.argv[1])
+    builder = builder_class()(cfg)
+    strategy = builder._training_strategy()  # create_trainer's order: the strategy, then the plugins
+    report = strategy_report(strategy, builder._plugins())
+    report |= process_group_report(strategy)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
