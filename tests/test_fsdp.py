@@ -1,6 +1,6 @@
 """SDXL's FSDP training job as the launcher renders it: the same sbatch, srun and NCCL/EFA environment as SD's
-training job, and the FSDP values NeMo 2.4 would reject refused before anything is written.
-(tests/test_nemo_fsdp.py builds NeMo's own strategy from the rendered config.)"""
+training job. (tests/test_nemo_fsdp.py builds NeMo's own strategy from the rendered config; the FSDP values
+NeMo 2.4 rejects are refused in tests/test_config_validation.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from conftest import compose_config
 
 from launcher.cli import launch
-from launcher.errors import ConfigError
 
 SDXL = "training=sdxl/sdxl_base_train_res_256_stage_1"
 SD = "training=stable_diffusion/860m_res_256_pretrain"
@@ -47,33 +46,3 @@ def test_sdxl_trains_in_the_same_job_environment_as_sd(tmp_path: Path, cluster: 
     assert "#SBATCH --nodes=4" in sdxl
     if cluster.startswith("aws"):
         assert "export FI_PROVIDER=efa" in sdxl and any(line.startswith("export NCCL_") for line in sdxl)
-
-
-@pytest.mark.parametrize(
-    ("override", "key", "hint"),
-    [
-        (
-            "+training.model.fsdp_sharding_strategy=hybrid",
-            "training.model.fsdp_sharding_strategy",
-            "'full' or 'grad'",
-        ),
-        ("training.trainer.precision=32-true", "training.trainer.precision", "FSDP mixed-precision recipe"),
-        (
-            "training.model.optim.name=distributed_fused_adam",
-            "training.model.optim.name",
-            "Distributed optimizer",
-        ),
-    ],
-)
-def test_fsdp_values_nemo_rejects_are_refused_first(
-    tmp_path: Path, override: str, key: str, hint: str
-) -> None:
-    overrides = [f"cluster.shared_dir={tmp_path}", "cluster=slurm", "stages=[training]", SDXL, override]
-    overrides.append("data_preparation.precache.enable=false")
-    with pytest.raises(ConfigError) as error:
-        launch(compose_config(overrides))
-    assert key in str(error.value) and hint in str(error.value), error.value
-    assert list(tmp_path.iterdir()) == []
-    launch(
-        compose_config([*overrides, "training.model.fsdp=false", "dry_run=true"])
-    )  # without FSDP: NeMo's DDP
