@@ -65,12 +65,13 @@ def _name(value: Any) -> str:
 
 
 def strategy_report(strategy: Any, plugins: list[Any]) -> dict[str, Any]:
+    """What Lightning's FSDPStrategy (which NLPFSDPStrategy extends) keeps of NeMo's arguments."""
     kwargs = strategy.kwargs
-    precision = kwargs["mixed_precision"]
+    precision = strategy.mixed_precision
     wrap = kwargs["auto_wrap_policy"]
     return {
         "class": type(strategy).__name__,
-        "sharding_strategy": _name(kwargs["sharding_strategy"]),
+        "sharding_strategy": _name(strategy.sharding_strategy),
         "param_dtype": str(precision.param_dtype),
         "reduce_dtype": str(precision.reduce_dtype),
         "buffer_dtype": str(precision.buffer_dtype),
@@ -79,19 +80,34 @@ def strategy_report(strategy: Any, plugins: list[Any]) -> dict[str, Any]:
         "backward_prefetch": _name(kwargs["backward_prefetch"]),
         "limit_all_gathers": kwargs.get("limit_all_gathers"),
         "use_orig_params": kwargs.get("use_orig_params"),
-        "cpu_offload": bool(getattr(strategy, "cpu_offload", None) and strategy.cpu_offload.offload_params),
+        "cpu_offload": strategy.cpu_offload.offload_params,
         "sharded_checkpoint": strategy.sharded_checkpoint,
         "plugins": [f"{type(p).__name__}:{getattr(p, 'precision', '')}" for p in plugins],
     }
 
 
-def process_group_report(strategy: Any) -> dict[str, Any]:
-    """A one-rank world (gloo), then NeMo's own setup_environment: the process group FSDP shards over."""
+def process_group_report(strategy: Any, model: Any) -> dict[str, Any]:
+    """A one-rank world (gloo), the parallel sizes the model's constructor records (MegatronBaseModel's
+    initialize_model_parallel_for_nemo call, with the config's sizes; building the full-size model is not
+    needed for it), then NeMo's own setup_environment: the process group FSDP shards over."""
     import torch
     import torch.distributed as dist
     from lightning.pytorch.accelerators import CPUAccelerator
     from lightning.pytorch.plugins.environments import LightningEnvironment
     from megatron.core import parallel_state
+    from nemo.collections.nlp.modules.common.megatron.megatron_init import initialize_model_parallel_for_nemo
+
+    initialize_model_parallel_for_nemo(
+        world_size=1,
+        global_rank=0,
+        local_rank=0,
+        tensor_model_parallel_size=model.get("tensor_model_parallel_size", 1),
+        pipeline_model_parallel_size=model.get("pipeline_model_parallel_size", 1),
+        context_parallel_size=model.get("context_parallel_size", 1),
+        micro_batch_size=model.get("micro_batch_size"),
+        global_batch_size=model.get("global_batch_size"),
+        seed=model.get("seed", 1234),
+    )
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
     strategy.accelerator = CPUAccelerator()
@@ -125,7 +141,7 @@ def main() -> None:
     builder = builder_class()(cfg)
     strategy = builder._training_strategy()  # create_trainer's order: the strategy, then the plugins
     report = strategy_report(strategy, builder._plugins())
-    report |= process_group_report(strategy)
+    report |= process_group_report(strategy, cfg.model)
     print(json.dumps(report))
 
 
