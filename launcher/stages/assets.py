@@ -39,10 +39,12 @@ class NemoVaeConfig:
     """A VAE file of the asset rewritten once, after its download, under the key names NeMo 2.4's
     AutoencoderKL reads (data_prep/vae_names.py: current diffusers' attention names are not mapped)."""
 
-    source: str = ruled(REPO_FILE, MISSING, help="The downloaded VAE file (one of the asset's files).")
-    file: str = ruled(
+    source: str | None = ruled(
+        REPO_FILE, None, help="The downloaded VAE file to convert (one of the asset's files); null: none."
+    )
+    file: str | None = ruled(
         REPO_FILE,
-        MISSING,
+        None,
         help="Where the converted copy is written, relative to local_dir (none of the asset's files): "
         "training's first_stage_config.from_pretrained names it.",
     )
@@ -66,11 +68,7 @@ class AssetConfig:
     local_dir: str = ruled(
         ABS_PATH, MISSING, help="Where the files are staged; training and the checks read them there."
     )
-    nemo_vae: NemoVaeConfig | None = described(
-        None,
-        help="{source: one of files, file: a path under local_dir}: the job also writes the VAE file source "
-        "as file, under the key names NeMo's AutoencoderKL reads (the SDXL VAE); null: none.",
-    )
+    nemo_vae: NemoVaeConfig = field(default_factory=NemoVaeConfig)
 
 
 @dataclass
@@ -125,8 +123,8 @@ def by_name(cfg: Any) -> dict[str, AssetConfig]:
 def _asset_args(name: str, asset: AssetConfig, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     files = [*asset.files, *(f for f in extra if f not in asset.files)]
     args = ("--asset", name, asset.repo_id, asset.revision, asset.local_dir, *files)
-    if asset.nemo_vae:
-        args += ("--nemo-vae", name, asset.nemo_vae.source, asset.nemo_vae.file)
+    if asset.nemo_vae.source:
+        args += ("--nemo-vae", name, asset.nemo_vae.source, str(asset.nemo_vae.file))
     return args
 
 
@@ -176,15 +174,18 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
 
 
 def _check_nemo_vae(name: str, asset: AssetConfig) -> None:
-    vae = asset.nemo_vae
-    if vae and vae.source not in asset.files:
+    vae, key = asset.nemo_vae, f"assets.{name}.nemo_vae"
+    if (vae.source is None) != (vae.file is None):
+        missing = "file" if vae.file is None else "source"
+        raise ConfigError(f"{key}.{missing}", "is null but the other is set: give both (or neither)")
+    if vae.source is not None and vae.source not in asset.files:
         raise ConfigError(
-            f"assets.{name}.nemo_vae.source",
+            f"{key}.source",
             f"{vae.source!r} is not one of assets.{name}.files {list(asset.files)}",
         )
-    if vae and vae.file in asset.files:
+    if vae.file is not None and vae.file in asset.files:
         raise ConfigError(
-            f"assets.{name}.nemo_vae.file",
+            f"{key}.file",
             f"{vae.file!r} is one of assets.{name}.files: the converted copy must not replace the downloaded "
             "file (allowed: another path under local_dir)",
         )
