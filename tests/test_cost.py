@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from fixtures.estimates import aws_p5_cfg, write_sweep
 
 from launcher import cost
@@ -77,3 +78,12 @@ def test_sdxl_flops_between_counted_sides_and_with_text_cached() -> None:
     scaled, how = cost.sdxl_gflop(768, "images")  # nearest counted side 512 (ties go to the first)
     assert scaled == pytest.approx(sum(cost.SDXL_GFLOP[512].values()) * (768 / 512) ** 2)
     assert "scaled to 768 px by pixel count" in how
+
+
+def test_docs_state_the_sdxl_estimates_the_code_makes() -> None:
+    text = " ".join((REPO / "docs/training.md").read_text().split())
+    h100 = [242 * cost.SD_STEP_GFLOP / sum(cost.SDXL_GFLOP[side].values()) for side in (256, 512, 1024)]
+    assert (
+        f"about {h100[0]:.0f} img/s per H100 at 256 px, {h100[1]:.0f} at 512 and {h100[2]:.0f} at 1024"
+        in text
+    )
