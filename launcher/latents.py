@@ -18,6 +18,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from data_prep import latent_format as fmt
+from data_prep.model_family import is_sdxl
 from launcher.errors import ConfigError
 from launcher.layout import DataLayout
 
@@ -148,8 +149,20 @@ def _check_unet(cfg: Any, crop: tuple[int, int]) -> None:
         )
 
 
+def _check_family(cfg: Any) -> None:
+    """The latent tars hold SD 1.x/2.0 inputs (VAE moments, one text encoder's output): SDXL reads images."""
+    if enabled(cfg) and is_sdxl(cfg.training.model):
+        raise ConfigError(
+            SWITCH,
+            "is true, but the cached latents are SD 1.x/2.0's (VAE moments and one text encoder's output), "
+            "which NeMo's SDXL training (training.model.conditioner_config) cannot read. Allowed: "
+            f"{SWITCH}=false with an SDXL preset (training reads the image tars)",
+        )
+
+
 def check(cfg: Any) -> None:
     """Every refusal of the switch's settings (the keys are checked whether it is on or off)."""
+    _check_family(cfg)
     _check_keys(cfg)
     if not enabled(cfg):
         return
