@@ -1,10 +1,11 @@
 """NeMo's three Stable Diffusion modules built from the resolved training config, on CPU, offline.
 
 Before any GPU time, data_check (with --model-check) instantiates the config's `_target_`s the way
-NeMo does (hydra.utils.instantiate): the UNet (an unknown key fails here, not after the queue), the
-VAE built by NeMo's own class from its staged file, with NeMo's own diffusers->NeMo key renaming (NeMo
-only PRINTS missing or unexpected keys; here any one fails, naming the fix), and the text encoder from its
-local folder, which encodes one caption whose width must match the UNet's cross-attention (context_dim).
+NeMo does (hydra.utils.instantiate), for SD and SDXL configs alike: the UNet (an unknown key fails here,
+not after the queue), the VAE built by NeMo's own class from its staged file, with NeMo's own
+diffusers->NeMo key renaming (NeMo only PRINTS missing or unexpected keys; here any one fails, naming the
+fix), and each text encoder from its staged folder or file, which encodes one caption: their widths together
+must be the UNet's cross-attention width (context_dim).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.latent_format import uses_open_clip
+from data_prep.model_family import text_encoders
 
 CAPTION = "a photograph of an astronaut riding a horse"
 
@@ -113,24 +114,39 @@ def check_vae(model: DictConfig) -> dict[str, Any]:
     return {"file": path, "class": section._target_, "missing": 0, "unexpected": 0}
 
 
+def _encode(key: str, section: DictConfig) -> tuple[str, Any]:
+    """One text encoder built by NeMo from its staged weights, and its token embeddings of CAPTION."""
+    version = section.get("version")
+    # OpenCLIP (SD 2.0, SDXL's second encoder) reads one weights file; Hugging Face CLIP a folder.
+    is_file = "OpenCLIP" in str(section.get("_target_", ""))
+    kind, exists = ("file", Path.is_file) if is_file else ("folder", Path.is_dir)
+    if not version or not exists(Path(version)):
+        raise ModelCheckError(
+            f"model.{key}.version={version!r}: no such {kind}; run the pretrained_assets job or fix it"
+        )
+    out = _instantiate(section, key, device="cpu").encode([CAPTION])
+    return version, out[0] if isinstance(out, (tuple, list)) else out  # SDXL's pooled output aside
+
+
 def check_text_encoder(model: DictConfig) -> dict[str, Any]:
-    key = "cond_stage_config.version"
-    folder = model.cond_stage_config.get("version")
-    # OpenCLIP (SD 2.0) reads one weights file; Hugging Face CLIP a folder.
-    kind, exists = ("file", Path.is_file) if uses_open_clip(model) else ("folder", Path.is_dir)
-    if not folder or not exists(Path(folder)):
-        raise ModelCheckError(
-            f"model.{key}={folder!r}: no such {kind}; run the pretrained_assets job or fix it"
-        )
-    encoder = _instantiate(model.cond_stage_config, "cond_stage_config", device="cpu")
-    embedding = encoder.encode([CAPTION])
+    """Each text encoder (SD's cond_stage_config, SDXL's caption embedders); the UNet's cross-attention
+    width is their token widths together (SDXL's conditioner concatenates them)."""
+    found = {key: _encode(key, section) for key, section in text_encoders(model)}
+    widths = [tokens.shape[-1] for _, tokens in found.values()]
     context_dim = model.unet_config.get("context_dim")
-    if context_dim is not None and embedding.shape[-1] != context_dim:
+    if context_dim is not None and sum(widths) != context_dim:
+        (key, (version, _)), *more = found.items()
+        where = f"model.{key}.version={version}" if not more else "model.unet_config.context_dim"
+        given = " + ".join(map(str, widths)) + (f" = {sum(widths)}" if more else "")
         raise ModelCheckError(
-            f"model.{key}={folder}: the text encoder gives {embedding.shape[-1]}-wide "
-            f"embeddings but model.unet_config.context_dim is {context_dim}"
+            f"{where}: the text encoder{'s give' if more else ' gives'} {given}-wide embeddings but "
+            f"model.unet_config.context_dim is {context_dim}"
         )
-    return {"folder": folder, "embedding_shape": list(embedding.shape)}
+    reports = {
+        key: {"folder": version, "embedding_shape": list(tokens.shape)}
+        for key, (version, tokens) in found.items()
+    }
+    return next(iter(reports.values())) if len(reports) == 1 else reports
 
 
 def check_models(model: DictConfig) -> tuple[dict[str, Any], list[str]]:

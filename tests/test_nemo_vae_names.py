@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.tiny import VAE, VAE_FILE
+from nemo_cpu.harness import render_training, run_data_check
+from nemo_cpu.tiny import OPEN_CLIP_WIDTH, SDXL_OVERRIDES, VAE, VAE_FILE, WIDTH
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
@@ -46,8 +47,12 @@ def _section(preset: str, tmp_path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def report(tiny_assets: Path, nemo_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    work = tmp_path_factory.mktemp("vae_names")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vae_names")
+
+
+@pytest.fixture(scope="module")
+def report(tiny_assets: Path, nemo_python: str, work: Path) -> dict:
     sections = work / "sections.json"
     sections.write_text(json.dumps({name: _section(preset, work) for name, preset in PRESETS.items()}))
     done = subprocess.run(
@@ -86,3 +91,30 @@ def test_the_converted_vae_loads_every_key_as_trained(report: dict, target: str)
 def test_the_sd_vae_with_old_names_still_passes_unchanged(report: dict, target: str) -> None:
     assert report[target]["sd"]["report"]["missing"] == 0, report[target]["sd"]
     assert report["renamed_sd"] == 0  # the conversion leaves old names alone
+
+
+def test_data_check_refuses_the_sdxl_config_on_a_current_diffusers_vae(
+    report: dict, work: Path, new_shared, nemo_python: str
+) -> None:
+    """The data_check stage's model check on the rendered tiny SDXL preset (its own encoders and UNet build),
+    its from_pretrained pointed at the current-names file: refused before any GPU time, the rest reported."""
+    shared = new_shared()
+    (shared / "data_sdxl_256").symlink_to("data")  # the preset's own data folder: the demo's tars
+    current = work / "current/vae/diffusion_pytorch_model.safetensors"
+    vae = f"training.model.first_stage_config.from_pretrained={current}"
+    preset = "sdxl_base_train_res_256_stage_1"
+    config = render_training(shared, "sdxl_check", f"training=sdxl/{preset}", vae, tiny=SDXL_OVERRIDES)
+    config = config.parent / f"{preset}.yaml"
+    code, checked = run_data_check(
+        nemo_python, config, config.parent / "report.json", "--model-check", "--batches", "1"
+    )
+    assert code == 1 and len(checked["errors"]) == 1, checked["errors"]
+    assert checked["errors"][0].startswith(f"training.model.first_stage_config.from_pretrained={current}")
+    assert "AutoencoderKLInferenceWrapper" in checked["errors"][0] and "16 missing" in checked["errors"][0]
+    models = checked["models"]
+    assert models["unet"]["parameters"] > 0 and "vae" not in models
+    encoders = models["text_encoder"]  # CLIP (hidden layer 11) and OpenCLIP, padded to 80 tokens each
+    assert [shape[-1] for shape in (e["embedding_shape"] for e in encoders.values())] == [
+        WIDTH,
+        OPEN_CLIP_WIDTH,
+    ]
