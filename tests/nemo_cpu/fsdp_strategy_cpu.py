@@ -4,12 +4,13 @@
 
 sd_xl_train.py's MegatronStableDiffusionTrainerBuilder: the real class from NEMO_SD_XL_TRAIN=<path to
 examples/multimodal/text_to_image/stable_diffusion/sd_xl_train.py> when set (the file is executed as a
-module, its main not run), else `Builder` below, its `_training_strategy` as v2.4.0 writes it (the file is
-not in NeMo's wheel). create_trainer() builds the strategy and then the precision plugins in that order;
-here the same two calls, then what Lightning hands the strategy before fit: a one-rank world (gloo) and
-setup_environment(), where NeMo initialises its parallel state and takes the data-parallel group as FSDP's
-process group. Wrapping a module is where torch stops on a CPU ("FSDP needs a non-CPU accelerator
-device"): that message is recorded too. Sharded training itself is not run.
+module, its main not run), else the SDXL CPU harness's replica (sd_xl_train_cpu.trainer_builder; the file
+is not in NeMo's wheel); both give the same report (checked with v2.4.0's file). create_trainer() builds
+the strategy and then the precision plugins, in that order; here the same two calls, then what Lightning
+hands the strategy before fit: a one-rank world (gloo) and setup_environment(), where NeMo initialises its
+parallel state and takes the data-parallel group as FSDP's process group. Wrapping a module is where torch
+stops on a CPU ("FSDP needs a non-CPU accelerator device"): that message is recorded too. Sharded training
+itself is not run.
 """
 
 from __future__ import annotations
@@ -22,42 +23,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
+from sd_xl_train_cpu import trainer_builder  # noqa: E402
 
 
 def builder_class() -> type:
-    from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
-    from nemo.collections.nlp.parts.nlp_overrides import NLPDDPStrategy, NLPFSDPStrategy
-
     if os.environ.get("NEMO_SD_XL_TRAIN"):
         return runpy.run_path(os.environ["NEMO_SD_XL_TRAIN"])["MegatronStableDiffusionTrainerBuilder"]
-
-    class Builder(MegatronTrainerBuilder):
-        """v2.4.0 sd_xl_train.py's _training_strategy (its interactive-notebook branch aside)."""
-
-        def _training_strategy(self) -> Any:
-            if self.cfg.model.get("fsdp", False):
-                assert self.cfg.model.optim.get("name") != "distributed_fused_adam", (
-                    "Distributed optimizer cannot be used with FSDP."
-                )
-                if self.cfg.model.get("megatron_amp_O2", False):
-                    self.cfg.model.megatron_amp_O2 = False
-                return NLPFSDPStrategy(
-                    limit_all_gathers=self.cfg.model.get("fsdp_limit_all_gathers", True),
-                    sharding_strategy=self.cfg.model.get("fsdp_sharding_strategy", "full"),
-                    cpu_offload=self.cfg.model.get("fsdp_cpu_offload", False),
-                    grad_reduce_dtype=self.cfg.model.get("fsdp_grad_reduce_dtype", 32),
-                    precision=self.cfg.trainer.precision,
-                    use_orig_params=self.cfg.model.inductor,
-                    set_buffer_dtype=self.cfg.get("fsdp_set_buffer_dtype", None),
-                )
-            return NLPDDPStrategy(
-                no_ddp_communication_hook=(not self.cfg.model.get("ddp_overlap")),
-                gradient_as_bucket_view=self.cfg.model.gradient_as_bucket_view,
-                find_unused_parameters=False,
-            )
-
-    return Builder
+    return trainer_builder()
 
 
 def _name(value: Any) -> str:
