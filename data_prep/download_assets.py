@@ -5,13 +5,21 @@
             config.json model.safetensors vocab.json merges.txt tokenizer_config.json \
             special_tokens_map.json \
         --asset vae stabilityai/sd-vae-ft-mse <sha> /fsx/models/sd-vae-ft-mse \
-            config.json diffusion_pytorch_model.safetensors
+            config.json diffusion_pytorch_model.safetensors \
+        --asset sdxl_vae stabilityai/stable-diffusion-xl-base-1.0 <sha> /fsx/models/sdxl-vae \
+            vae/config.json vae/diffusion_pytorch_model.safetensors \
+        --nemo-vae sdxl_vae vae/diffusion_pytorch_model.safetensors diffusion_pytorch_model.safetensors
 
 Each `--asset NAME REPO_ID REVISION LOCAL_DIR FILE...` ends with `LOCAL_DIR/.complete.json`, the
 completion record (repo, revision, each file's size and sha256), written last and atomically. A
 rerun whose record matches (same repo, revision and file list, files still of the recorded size)
 does nothing and makes no HTTP request, so a cluster without internet can use a folder copied from
 elsewhere, record included.
+
+`--nemo-vae NAME SOURCE FILE` also writes LOCAL_DIR/FILE, the VAE file SOURCE with its attention keys
+renamed as NeMo 2.4's AutoencoderKL reads them (data_prep/vae_names.py), after the download and its
+checks and before the record, which names it (source, size, keys renamed): a rerun whose record matches
+converts nothing again. The downloaded file stays as the Hub has it.
 
 Design:
 - huggingface_hub's `hf_hub_download(local_dir=...)` does the transfer: it writes under
@@ -42,6 +50,7 @@ from data_prep.atomic import write_json_atomic
 from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
 from data_prep.faults import step_main
 from data_prep.progress import log, read_json
+from data_prep.vae_names import VaeFileError, convert
 
 STEP = "download_assets"
 RECORD = ".complete.json"
@@ -58,6 +67,8 @@ class Asset:
     revision: str
     local_dir: Path
     files: tuple[str, ...]
+    # (SOURCE, FILE): FILE is SOURCE under the key names NeMo's VAE loader reads (--nemo-vae).
+    nemo_vae: tuple[str, str] | None = None
 
     @property
     def label(self) -> str:
@@ -88,7 +99,28 @@ def record_matches(asset: Asset) -> bool:
         path = asset.local_dir / name
         if not path.is_file() or path.stat().st_size != info.get("size"):
             return False
-    return True
+    return _nemo_vae_matches(asset, record.get("nemo_vae"))
+
+
+def _nemo_vae_matches(asset: Asset, done: Any) -> bool:
+    if asset.nemo_vae is None:
+        return done is None
+    source, file = asset.nemo_vae
+    if not isinstance(done, dict) or (done.get("source"), done.get("file")) != (source, file):
+        return False
+    path = asset.local_dir / file
+    return path.is_file() and path.stat().st_size == done.get("size")
+
+
+def _write_nemo_vae(asset: Asset, source: str, file: str) -> dict[str, Any]:
+    """The converted VAE beside the downloaded one, and what the record says of it."""
+    try:
+        renamed = convert(asset.local_dir / source, asset.local_dir / file)
+    except VaeFileError as exc:
+        raise AssetError(f"{asset.label}: --nemo-vae: {exc}") from None
+    size = (asset.local_dir / file).stat().st_size
+    log(STEP, f"{asset.name}: {file} written from {source} for NeMo's VAE loader, {renamed} key(s) renamed")
+    return {"source": source, "file": file, "size": size, "renamed": renamed}
 
 
 def _remote_files(asset: Asset, endpoint: str | None) -> dict[str, Remote]:
@@ -173,18 +205,24 @@ def stage(asset: Asset) -> bool:
     total = sum(r.size for r in remote.values())
     log(STEP, f"{asset.label}: {len(asset.files)} files, {total:,} bytes into {asset.local_dir}")
     files = {name: _fetch_file(asset, name, remote[name], endpoint) for name in asset.files}
-    write_json_atomic(
-        asset.local_dir / RECORD, {"repo_id": asset.repo_id, "revision": asset.revision, "files": files}
-    )
+    record: dict[str, Any] = {"repo_id": asset.repo_id, "revision": asset.revision, "files": files}
+    if asset.nemo_vae:
+        record["nemo_vae"] = _write_nemo_vae(asset, *asset.nemo_vae)
+    write_json_atomic(asset.local_dir / RECORD, record)
     log(STEP, f"{asset.label}: complete, {RECORD} written")
     return True
 
 
-def parse_asset(words: Sequence[str]) -> Asset:
+def parse_asset(words: Sequence[str], nemo_vaes: dict[str, tuple[str, str]]) -> Asset:
     if len(words) < 5:
         raise AssetError(f"--asset {' '.join(words)}: expected NAME REPO_ID REVISION LOCAL_DIR FILE...")
     name, repo_id, revision, local_dir, *files = words
-    return Asset(name=name, repo_id=repo_id, revision=revision, local_dir=Path(local_dir), files=tuple(files))
+    nemo_vae = nemo_vaes.get(name)
+    if nemo_vae and (nemo_vae[0] not in files or nemo_vae[1] in files):
+        raise AssetError(
+            f"--nemo-vae {name} {' '.join(nemo_vae)}: SOURCE must be one of the asset's files and FILE none of them"
+        )
+    return Asset(name, repo_id, revision, Path(local_dir), tuple(files), nemo_vae)
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -216,15 +254,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar=("NAME", "URL", "SHA256", "PATH"),
         help="one file from a URL, pinned by its sha256 (data_prep/download_file.py)",
     )
+    parser.add_argument(
+        "--nemo-vae",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("NAME", "SOURCE", "FILE"),
+        help="after asset NAME is staged, write LOCAL_DIR/FILE: its VAE file SOURCE with the attention keys "
+        "renamed as NeMo's AutoencoderKL reads them (current diffusers' to_q/to_k/to_v/to_out.0)",
+    )
     args = parser.parse_args(argv)
     if not args.asset and not args.file:
         parser.error("give at least one --asset or --file")
+    nemo_vaes = {name: (source, file) for name, source, file in args.nemo_vae}
+    unknown = sorted(set(nemo_vaes) - {words[0] for words in args.asset})
+    if unknown:
+        parser.error(f"--nemo-vae names no --asset: {', '.join(unknown)}")
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # a Slurm log gets one line per file, not a redrawn bar
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     log(STEP, "token: " + ("HF_TOKEN is set" if os.environ.get("HF_TOKEN") else "none (public repos only)"))
-    for asset in [parse_asset(words) for words in args.asset]:
+    for asset in [parse_asset(words, nemo_vaes) for words in args.asset]:
         stage(asset)
     for name, url, sha256, path in args.file:
         stage_file(FileAsset(name, url, sha256, Path(path)))

@@ -1,10 +1,11 @@
 """NeMo's three Stable Diffusion modules built from the resolved training config, on CPU, offline.
 
 Before any GPU time, data_check (with --model-check) instantiates the config's `_target_`s the way
-NeMo does (hydra.utils.instantiate): the UNet (an unknown key fails here, not after the queue), the
-VAE with the staged weights loaded through NeMo's own diffusers->NeMo key renaming (NeMo only PRINTS
-missing or unexpected keys; here any one fails), and the text encoder from its local folder, which
-encodes one caption whose width must match the UNet's cross-attention (context_dim).
+NeMo does (hydra.utils.instantiate), for SD and SDXL configs alike: the UNet (an unknown key fails here,
+not after the queue), the VAE built by NeMo's own class from its staged file, with NeMo's own
+diffusers->NeMo key renaming (NeMo only PRINTS missing or unexpected keys; here any one fails, naming the
+fix), and each text encoder from its staged folder or file, which encodes one caption: their widths together
+must be the UNet's cross-attention width (context_dim).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.latent_format import uses_open_clip
+from data_prep.model_family import text_encoders
 
 CAPTION = "a photograph of an astronaut riding a horse"
 
@@ -48,30 +49,55 @@ def check_unet(model: DictConfig) -> dict[str, Any]:
     return {"parameters": sum(p.numel() for p in unet.parameters()), "notes": notes}
 
 
-def _read_state_dict(path: str) -> dict[str, Any]:
-    """The file as AutoencoderKL(from_pretrained=...) reads it."""
-    import torch
+VAE_KEY = "training.model.first_stage_config.from_pretrained"
+# Current diffusers' names of the VAE's middle attention, which NeMo 2.4's key mapping does not know.
+CURRENT_DIFFUSERS_ATTENTION = (".to_q.", ".to_k.", ".to_v.", ".to_out.0.")
 
-    if path.endswith("safetensors"):
-        from safetensors.torch import load_file
 
-        state = load_file(path)
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    return state.get("state_dict", state)
+def _load_with_nemo(section: DictConfig) -> tuple[list[Any], ...]:
+    """NeMo's own load: the config's first-stage class (AutoencoderKL, or SDXL's AutoencoderKLInferenceWrapper)
+    built with its from_pretrained file, as training builds it. Its __init__ reads the file, renames the keys
+    and loads them through _load_pretrained_model, then only prints what did not fit: here that method's
+    answer (missing, unexpected, mismatched, load errors) is kept on the way out, NeMo's code unchanged."""
+    from unittest import mock
+
+    from hydra.utils import get_class
+
+    cls = get_class(section._target_)
+    answers: list[tuple[list[Any], ...]] = []
+    nemo_load = cls._load_pretrained_model
+
+    def load_and_keep(self: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = nemo_load(self, *args, **kwargs)
+        answers.append(answer)
+        return answer
+
+    with mock.patch.object(cls, "_load_pretrained_model", load_and_keep):
+        _instantiate(section, "first_stage_config")
+    if not answers:
+        raise ModelCheckError(f"{VAE_KEY}: {section._target_} loaded no weights from it")
+    return answers[0]
+
+
+def _vae_fix(unexpected: list[str]) -> str:
+    if any(name in key for key in unexpected for name in CURRENT_DIFFUSERS_ATTENTION):
+        return (
+            "its middle attention has current diffusers' names (to_q/to_k/to_v/to_out.0), which NeMo 2.4 "
+            "does not map, so those layers would train random; fix: give the asset it comes from "
+            "assets.<name>.nemo_vae (assets.sdxl_vae has it), rerun the pretrained_assets job and point "
+            f"{VAE_KEY} at the converted file (<local_dir>/<nemo_vae.file>)"
+        )
+    return f"fix: point {VAE_KEY} at the VAE this model's first_stage_config describes"
 
 
 def check_vae(model: DictConfig) -> dict[str, Any]:
-    key = "first_stage_config.from_pretrained"
     path = model.first_stage_config.get("from_pretrained")
     if not path or not os.path.isfile(path):
         raise ModelCheckError(
-            f"model.{key}={path!r}: no such file; run the pretrained_assets job or fix the path"
+            f"{VAE_KEY}={path!r}: no such file; run the pretrained_assets job or fix the path"
         )
-    vae = _instantiate(model.first_stage_config, "first_stage_config", from_pretrained=None)
-    state = _read_state_dict(path)
-    from_nemo = bool(model.first_stage_config.get("from_NeMo", False))
-    missing, unexpected, mismatched, errors = vae._load_pretrained_model(state, from_NeMo=from_nemo)
+    section = OmegaConf.create(OmegaConf.to_container(model.first_stage_config, resolve=True))
+    missing, unexpected, mismatched, errors = _load_with_nemo(section)
     problems = {
         "missing": sorted(missing),
         "unexpected": sorted(unexpected),
@@ -82,30 +108,45 @@ def check_vae(model: DictConfig) -> dict[str, Any]:
     if found:
         detail = "; ".join(f"{len(v)} {name} (e.g. {v[0]})" for name, v in found.items())
         raise ModelCheckError(
-            f"model.{key}={path}: the weights do not fit NeMo's AutoencoderKL "
-            f"(from_NeMo={from_nemo}): {detail}"
+            f"{VAE_KEY}={path}: the weights do not fit NeMo's {section._target_.rsplit('.', 1)[-1]} "
+            f"(from_NeMo={bool(section.get('from_NeMo', False))}): {detail}; {_vae_fix(problems['unexpected'])}"
         )
-    return {"file": path, "tensors": len(state)}
+    return {"file": path, "class": section._target_, "missing": 0, "unexpected": 0}
+
+
+def _encode(key: str, section: DictConfig) -> tuple[str, Any]:
+    """One text encoder built by NeMo from its staged weights, and its token embeddings of CAPTION."""
+    version = section.get("version")
+    # OpenCLIP (SD 2.0, SDXL's second encoder) reads one weights file; Hugging Face CLIP a folder.
+    is_file = "OpenCLIP" in str(section.get("_target_", ""))
+    kind, exists = ("file", Path.is_file) if is_file else ("folder", Path.is_dir)
+    if not version or not exists(Path(version)):
+        raise ModelCheckError(
+            f"model.{key}.version={version!r}: no such {kind}; run the pretrained_assets job or fix it"
+        )
+    out = _instantiate(section, key, device="cpu").encode([CAPTION])
+    return version, out[0] if isinstance(out, (tuple, list)) else out  # SDXL's pooled output aside
 
 
 def check_text_encoder(model: DictConfig) -> dict[str, Any]:
-    key = "cond_stage_config.version"
-    folder = model.cond_stage_config.get("version")
-    # OpenCLIP (SD 2.0) reads one weights file; Hugging Face CLIP a folder.
-    kind, exists = ("file", Path.is_file) if uses_open_clip(model) else ("folder", Path.is_dir)
-    if not folder or not exists(Path(folder)):
-        raise ModelCheckError(
-            f"model.{key}={folder!r}: no such {kind}; run the pretrained_assets job or fix it"
-        )
-    encoder = _instantiate(model.cond_stage_config, "cond_stage_config", device="cpu")
-    embedding = encoder.encode([CAPTION])
+    """Each text encoder (SD's cond_stage_config, SDXL's caption embedders); the UNet's cross-attention
+    width is their token widths together (SDXL's conditioner concatenates them)."""
+    found = {key: _encode(key, section) for key, section in text_encoders(model)}
+    widths = [tokens.shape[-1] for _, tokens in found.values()]
     context_dim = model.unet_config.get("context_dim")
-    if context_dim is not None and embedding.shape[-1] != context_dim:
+    if context_dim is not None and sum(widths) != context_dim:
+        (key, (version, _)), *more = found.items()
+        where = f"model.{key}.version={version}" if not more else "model.unet_config.context_dim"
+        given = " + ".join(map(str, widths)) + (f" = {sum(widths)}" if more else "")
         raise ModelCheckError(
-            f"model.{key}={folder}: the text encoder gives {embedding.shape[-1]}-wide "
-            f"embeddings but model.unet_config.context_dim is {context_dim}"
+            f"{where}: the text encoder{'s give' if more else ' gives'} {given}-wide embeddings but "
+            f"model.unet_config.context_dim is {context_dim}"
         )
-    return {"folder": folder, "embedding_shape": list(embedding.shape)}
+    reports = {
+        key: {"folder": version, "embedding_shape": list(tokens.shape)}
+        for key, (version, tokens) in found.items()
+    }
+    return next(iter(reports.values())) if len(reports) == 1 else reports
 
 
 def check_models(model: DictConfig) -> tuple[dict[str, Any], list[str]]:

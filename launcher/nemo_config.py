@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
 from data_prep.model_family import is_sdxl, text_encoders
-from launcher import latents, sdxl_config
+from launcher import fsdp, latents, sdxl_config
 from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.init_unet import FROM_SCRATCH
@@ -163,6 +163,7 @@ def check(cfg: Any) -> None:
     where there are GPUs (without them the config is written for data_check, as a world of one)."""
     _check_pretrained(cfg)
     latents.check(cfg)
+    fsdp.check(cfg)
     if is_sdxl(cfg.training.model):
         sdxl_config.check(cfg.training.model, cfg.assets)
     _check_time(cfg)

@@ -432,3 +432,17 @@ def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pyte
     # A GPU's long name may wrap onto the next line; the numbers stay on the row.
     rows = [" ".join(line.split()) for line in printed]
     assert any(r.endswith(" 1 1 8 8 images 1,000 1,000 1.00x (100%) - 0.8 GiB ok") for r in rows), printed
+
+
+def test_an_sdxl_sweep_runs_sd_xl_train_on_the_prepared_data() -> None:
+    sdxl = ("training=sdxl/sdxl_base_train_res_256_stage_1", "data_preparation.precache.enable=false")
+    with pytest.raises(ConfigError) as error:  # NeMo's SDXL loader has no synthetic data
+        _cfg(*SWEEP, *sdxl)
+    assert error.value.key == "benchmark.synthetic_data" and "no synthetic data" in str(error.value)
+    plan = build_plan(_cfg(*SWEEP, *sdxl, "benchmark.synthetic_data=false"), FIXED_FACTS)
+    assert "sd_xl_train.py" in plan.job("bench_n2").argv[-1]
+    config = yaml.safe_load(dict(plan.files)[plan.run_dir / "benchmark/configs/n2_mbs64.yaml"])
+    assert config["model"]["fsdp"] is True and config["model"]["global_batch_size"] == 64 * 2 * 8
+    assert config["model"]["data"]["train"]["dataset_path"] == [
+        "/fsx/data_sdxl_256/tarfiles_reorganized/wdinfo.pkl"
+    ]

@@ -13,6 +13,7 @@ from launcher.cli import launch, main
 from launcher.context import Facts
 from launcher.errors import ConfigError
 
+SDXL = "training=sdxl/sdxl_base_train_res_256_stage_1"
 BAD_INPUTS = [
     (["stages=[data_prep]"], "stages", "data_preparation"),
     (["+cluster.gpu_per_node=8"], "cluster.gpu_per_node", "gpus_per_node"),
@@ -58,6 +59,48 @@ BAD_INPUTS = [
         ["cluster=aws_p5", "stages=[training]", "assets.dir=/models"],
         "assets.text_encoder.local_dir",
         "container.mounts",
+    ),
+    (
+        [
+            "stages=[assets]",
+            SDXL,
+            "assets.sdxl_vae.nemo_vae.file=vae/config.json",
+        ],
+        "assets.sdxl_vae.nemo_vae.file",
+        "is one of assets.sdxl_vae.files",
+    ),
+    (
+        [
+            "stages=[assets]",
+            SDXL,
+            "assets.sdxl_vae.nemo_vae.source=vae.bin",
+        ],
+        "assets.sdxl_vae.nemo_vae.source",
+        "'vae.bin' is not one of assets.sdxl_vae.files",
+    ),
+    *(
+        (
+            ["cluster=slurm", "stages=[training]", SDXL, "data_preparation.precache.enable=false", override],
+            key,
+            hint,
+        )
+        for override, key, hint in (
+            (
+                "+training.model.fsdp_sharding_strategy=hybrid",
+                "training.model.fsdp_sharding_strategy",
+                "'full' or",
+            ),
+            (
+                "training.trainer.precision=32-true",
+                "training.trainer.precision",
+                "FSDP mixed-precision recipe",
+            ),
+            (
+                "training.model.optim.name=distributed_fused_adam",
+                "training.model.optim.name",
+                "Distributed optim",
+            ),
+        )
     ),
     (
         ["stages=[assets]", "assets.text_encoder.files=[]"],

@@ -5,7 +5,9 @@ lists from conf/assets/default.yaml)."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ import pytest
 from conftest import REPO
 from hf_fake_hub import FakeHub
 
+from data_prep.vae_names import read_header
 from launcher.context import Facts
 from launcher.pipeline import build_plan
 from launcher.registry import RootConfig
@@ -36,15 +39,17 @@ EXTRA = {
         ".gitattributes",
     ],
     "vae": ["diffusion_pytorch_model.bin", "README.md", ".gitattributes"],
+    "open_clip_bigg": ["open_clip_model.safetensors", "config.json", "README.md"],
+    "sdxl_vae": ["vae_1_0/diffusion_pytorch_model.safetensors", "unet/config.json", "README.md"],
 }
 
 
 def _fill(folder: Path, names: list[str], seed: str) -> None:
     """Small files named as in the real repo; weights are random bytes (nothing here parses them)."""
-    folder.mkdir(parents=True)
     for name in names:
         size = BIG if name.endswith(".safetensors") else 200
         data = os.urandom(size) if size == BIG else f"{seed} {name}\n".encode().ljust(size, b"#")
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
 
 
@@ -72,6 +77,11 @@ class Setup:
 @pytest.fixture
 def setup(tmp_path: Path, make_config: Callable[..., RootConfig]) -> Iterator[Setup]:
     cfg = make_config("stages=[assets]", f"container.python={sys.executable}")
+    yield from _serve(tmp_path, cfg)
+
+
+def _serve(tmp_path: Path, cfg: RootConfig) -> Iterator[Setup]:
+    """The fake Hub serving the assets `cfg` stages, at their pinned commits and at OLD_COMMIT."""
     repos: dict[str, dict[str, Path]] = {}
     folders = {}
     for name, asset in assets.by_name(cfg).items():
@@ -222,3 +232,86 @@ def test_help_explains_the_asset_arguments() -> None:
     )
     assert done.returncode == 0
     assert "NAME REPO_ID REVISION LOCAL_DIR FILE" in done.stdout and ".complete.json" in done.stdout
+
+
+SDXL = "training=sdxl/sdxl_base_train_res_256_stage_1"
+WIDTH = 4  # the mid attention's channels in the stand-in VAE
+
+
+def _write_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
+    """A float32 safetensors file (stdlib only: the launcher's venv has no safetensors) of distinct values."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    data = b""
+    for name, shape in tensors.items():
+        count = math.prod(shape)
+        values = struct.pack(f"<{count}f", *(len(data) + i for i in range(count)))
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + len(values)]}
+        data += values
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def _current_diffusers_vae(path: Path) -> None:
+    """The SDXL VAE's middle attention as current diffusers saves it (Linear weights), and a conv."""
+    tensors = {"encoder.conv_in.weight": [WIDTH, 3, 3, 3]}
+    for half in ("encoder", "decoder"):
+        attention = f"{half}.mid_block.attentions.0"
+        tensors |= {f"{attention}.group_norm.weight": [WIDTH], f"{attention}.group_norm.bias": [WIDTH]}
+        for name in ("to_q", "to_k", "to_v", "to_out.0"):
+            tensors |= {f"{attention}.{name}.weight": [WIDTH, WIDTH], f"{attention}.{name}.bias": [WIDTH]}
+    _write_safetensors(path, tensors)
+
+
+@pytest.fixture
+def sdxl_setup(tmp_path: Path, make_config: Callable[..., RootConfig]) -> Iterator[Setup]:
+    cfg = make_config("stages=[assets]", SDXL, f"container.python={sys.executable}")
+    for served in _serve(tmp_path, cfg):
+        _current_diffusers_vae(served.repos["sdxl_vae"] / cfg.assets.sdxl_vae.nemo_vae.source)
+        yield served
+
+
+def test_sdxl_stages_its_encoders_and_a_vae_named_as_nemo_reads_it_once(sdxl_setup: Setup) -> None:
+    assert list(sdxl_setup.by_name) == ["text_encoder", "open_clip_bigg", "sdxl_vae"]  # not the SD VAE
+    first = sdxl_setup.run()
+    assert first.returncode == 0, first.stderr
+    vae = sdxl_setup.cfg.assets.sdxl_vae
+    local, source = sdxl_setup.local("sdxl_vae"), vae.nemo_vae.source
+    assert (local / source).read_bytes() == (sdxl_setup.repos["sdxl_vae"] / source).read_bytes()
+    converted = local / vae.nemo_vae.file
+    header, start = read_header(converted)
+    original, original_start = read_header(local / source)
+    attention = "decoder.mid_block.attentions.0"
+    assert header[f"{attention}.proj_attn.weight"]["shape"] == [WIDTH, WIDTH, 1, 1]
+    assert header[f"{attention}.query.bias"] == original[f"{attention}.to_q.bias"]
+    assert header[f"{attention}.group_norm.weight"] == original[f"{attention}.group_norm.weight"]
+    assert not [key for key in header if ".to_" in key] and len(header) == len(original)
+    assert converted.read_bytes()[start:] == (local / source).read_bytes()[original_start:]  # same tensors
+    assert "sdxl_vae: diffusion_pytorch_model.safetensors written from vae/" in first.stdout
+    assert "16 key(s) renamed" in first.stdout
+    record = json.loads((local / ".complete.json").read_text())
+    size = converted.stat().st_size
+    assert record["nemo_vae"] == {"source": source, "file": vae.nemo_vae.file, "size": size, "renamed": 16}
+
+    sdxl_setup.hub.requests.clear()
+    again = sdxl_setup.run()  # the record matches: no request, nothing converted again
+    assert again.returncode == 0 and again.stdout.count("nothing to do") == 3
+    assert sdxl_setup.repo_requests() == [] and "renamed" not in again.stdout
+
+    converted.unlink()  # the record no longer holds: converted again from the file in place
+    third = sdxl_setup.run()
+    assert third.returncode == 0, third.stderr
+    assert converted.stat().st_size == size and "16 key(s) renamed" in third.stdout
+    assert not _get_seen(sdxl_setup.hub, vae.repo_id, source)  # not downloaded again
+
+
+def test_a_nemo_vae_must_name_a_downloaded_file(tmp_path: Path) -> None:
+    source, file = "vae/diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors"
+    args = ["--asset", "sdxl_vae", "org/repo", "a" * 40, str(tmp_path), "vae/config.json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "data_prep.download_assets", *args, "--nemo-vae", "sdxl_vae", source, file],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "SOURCE must be one of the asset's files" in done.stderr

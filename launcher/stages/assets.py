@@ -12,8 +12,10 @@ from typing import Any
 from omegaconf import MISSING
 
 from data_prep.latent_format import uses_open_clip
+from data_prep.model_family import is_sdxl
 from launcher.config import JobResources, Runtime
 from launcher.context import Context
+from launcher.errors import ConfigError
 from launcher.rules import ABS_PATH, Each, Pattern, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import AssetNeeds, StageSpec
@@ -30,6 +32,22 @@ REPO_FILE = Pattern(
     r"(?!-)(?!.*(?:^|/)\.\.(?:/|$))[^/\x00-\x1f][^\x00-\x1f]*",
     "a file name in the repo (a relative path, no '..', not starting with '-' or '/')",
 )
+
+
+@dataclass
+class NemoVaeConfig:
+    """A VAE file of the asset rewritten once, after its download, under the key names NeMo 2.4's
+    AutoencoderKL reads (data_prep/vae_names.py: current diffusers' attention names are not mapped)."""
+
+    source: str | None = ruled(
+        REPO_FILE, None, help="The downloaded VAE file to convert (one of the asset's files); null: none."
+    )
+    file: str | None = ruled(
+        REPO_FILE,
+        None,
+        help="Where the converted copy is written, relative to local_dir (none of the asset's files): "
+        "training's first_stage_config.from_pretrained names it.",
+    )
 
 
 @dataclass
@@ -50,6 +68,7 @@ class AssetConfig:
     local_dir: str = ruled(
         ABS_PATH, MISSING, help="Where the files are staged; training and the checks read them there."
     )
+    nemo_vae: NemoVaeConfig = field(default_factory=NemoVaeConfig)
 
 
 @dataclass
@@ -78,7 +97,7 @@ class AssetsConfig:
     vae: AssetConfig = field(default_factory=AssetConfig)
     # Staged only when the training preset's text encoder is OpenCLIP (the SD 2.0 presets).
     open_clip: AssetConfig = field(default_factory=AssetConfig)
-    # SDXL's OpenCLIP ViT-bigG-14 and VAE (placeholders: the sdxl-assets branch stages them).
+    # Staged instead of `vae` when the training preset is SDXL, with CLIP ViT-L/14 (text_encoder).
     open_clip_bigg: AssetConfig = field(default_factory=AssetConfig)
     sdxl_vae: AssetConfig = field(default_factory=AssetConfig)
     # Staged only when a planned stage needs it (StageSpec.assets: evaluation's FID network).
@@ -88,15 +107,25 @@ class AssetsConfig:
 
 def by_name(cfg: Any) -> dict[str, AssetConfig]:
     """Every asset the planned stages read, under the name its config key has (and the job's log uses)."""
+    model = cfg.training.model
+    if is_sdxl(model):  # CLIP ViT-L/14, OpenCLIP ViT-bigG-14 and SDXL's own VAE
+        return {
+            "text_encoder": cfg.assets.text_encoder,
+            "open_clip_bigg": cfg.assets.open_clip_bigg,
+            "sdxl_vae": cfg.assets.sdxl_vae,
+        }
     assets = {"text_encoder": cfg.assets.text_encoder, "vae": cfg.assets.vae}
-    if uses_open_clip(cfg.training.model):
+    if uses_open_clip(model):
         assets["open_clip"] = cfg.assets.open_clip
     return assets
 
 
 def _asset_args(name: str, asset: AssetConfig, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     files = [*asset.files, *(f for f in extra if f not in asset.files)]
-    return ("--asset", name, asset.repo_id, asset.revision, asset.local_dir, *files)
+    args = ("--asset", name, asset.repo_id, asset.revision, asset.local_dir, *files)
+    if asset.nemo_vae.source:
+        args += ("--nemo-vae", name, asset.nemo_vae.source, str(asset.nemo_vae.file))
+    return args
 
 
 def needs(ctx: Context) -> AssetNeeds:
@@ -134,12 +163,32 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    """The container must see the folders where training reads the staged models (a stage that declares
-    a single-file asset checks its own mount)."""
-    if NAME not in planned or cfg.container.runtime is not Runtime.pyxis:
+    """A converted VAE names a downloaded file and replaces none; the container must see the folders where
+    training reads the staged models (a stage that declares a single-file asset checks its own mount)."""
+    if NAME not in planned:
         return
     for name, asset in by_name(cfg).items():
-        require_mounted(f"assets.{name}.local_dir", asset.local_dir, cfg.container.mounts)
+        _check_nemo_vae(name, asset)
+        if cfg.container.runtime is Runtime.pyxis:
+            require_mounted(f"assets.{name}.local_dir", asset.local_dir, cfg.container.mounts)
+
+
+def _check_nemo_vae(name: str, asset: AssetConfig) -> None:
+    vae, key = asset.nemo_vae, f"assets.{name}.nemo_vae"
+    if (vae.source is None) != (vae.file is None):
+        missing = "file" if vae.file is None else "source"
+        raise ConfigError(f"{key}.{missing}", "is null but the other is set: give both (or neither)")
+    if vae.source is not None and vae.source not in asset.files:
+        raise ConfigError(
+            f"{key}.source",
+            f"{vae.source!r} is not one of assets.{name}.files {list(asset.files)}",
+        )
+    if vae.file is not None and vae.file in asset.files:
+        raise ConfigError(
+            f"{key}.file",
+            f"{vae.file!r} is one of assets.{name}.files: the converted copy must not replace the downloaded "
+            "file (allowed: another path under local_dir)",
+        )
 
 
 STAGE = StageSpec(

@@ -1,8 +1,9 @@
 """benchmark: a throughput sweep of NeMo's own training, and a report after it.
 
 Per node count one array job over the micro batch sizes; task i runs `launcher.bench.task`, which
-starts NeMo's sd_train.py on the case's config (the resolved training config plus only the sweep's
-values) and samples GPU memory beside it. A report job follows all arrays whatever their state
+starts the preset's NeMo script (training.run.script: sd_train.py, or sd_xl_train.py for SDXL, which
+has no synthetic data and reads the prepared data) on the case's config (the resolved training config
+plus only the sweep's values) and samples GPU memory beside it. A report job follows all arrays whatever their state
 (afterany): an out-of-memory task is a result, not a reason to cancel the report.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from data_prep.model_family import is_sdxl
 from launcher import latents, nemo_config, nemo_python
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
 from launcher.config import BackendName, JobResources
@@ -251,6 +253,13 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         )
     if NAME not in planned:
         return
+    if b.synthetic_data and is_sdxl(cfg.training.model):
+        # build_sdxl_train_valid_datasets (NeMo 2.4) has no synthetic branch: it would read the data path.
+        raise ConfigError(
+            "benchmark.synthetic_data",
+            "is true, but NeMo's SDXL training (MegatronDiffusionEngine) has no synthetic data; allowed: "
+            "false (the sweep reads the prepared data under data_dir, as training does)",
+        )
     if "latents" in b.inputs and not b.synthetic_data and not cfg.data_preparation.precache.enable:
         raise ConfigError(
             "benchmark.inputs",

@@ -25,23 +25,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sd_train_cpu import patch_for_cpu, report_unet_load, run_hydra_entry
 
 
-def sd_xl_train_main(cfg: Any) -> None:
-    """What sd_xl_train.py's main() does for the presets (see the module docstring)."""
-    import torch
-    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.diffusion_engine import (
-        MegatronDiffusionEngine,
-    )
+def trainer_builder() -> type:
+    """v2.4.0 sd_xl_train.py's MegatronStableDiffusionTrainerBuilder: NeMo's MegatronTrainerBuilder with its
+    _training_strategy (NLPFSDPStrategy with model.fsdp, NLPDDPStrategy without; the notebook branch aside).
+    tests/nemo_cpu/fsdp_strategy_cpu.py builds its strategy from the rendered configs."""
     from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
     from nemo.collections.nlp.parts.nlp_overrides import NLPDDPStrategy, NLPFSDPStrategy
-    from nemo.utils.exp_manager import exp_manager
-
-    if cfg.model.get("peft"):
-        raise SystemExit("PEFT needs the real sd_xl_train.py (set NEMO_SD_XL_TRAIN)")
 
     class Builder(MegatronTrainerBuilder):
         def _training_strategy(self) -> NLPDDPStrategy:
             if self.cfg.model.get("fsdp", False):
-                assert self.cfg.model.optim.get("name") != "distributed_fused_adam"
+                assert self.cfg.model.optim.get("name") != "distributed_fused_adam", (
+                    "Distributed optimizer cannot be used with FSDP."
+                )
+                if self.cfg.model.get("megatron_amp_O2", False):
+                    self.cfg.model.megatron_amp_O2 = False  # v2.4.0: FSDP is not compatible with O2
                 return NLPFSDPStrategy(
                     limit_all_gathers=self.cfg.model.get("fsdp_limit_all_gathers", True),
                     sharding_strategy=self.cfg.model.get("fsdp_sharding_strategy", "full"),
@@ -57,8 +55,22 @@ def sd_xl_train_main(cfg: Any) -> None:
                 find_unused_parameters=False,
             )
 
+    return Builder
+
+
+def sd_xl_train_main(cfg: Any) -> None:
+    """What sd_xl_train.py's main() does for the presets (see the module docstring)."""
+    import torch
+    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.diffusion_engine import (
+        MegatronDiffusionEngine,
+    )
+    from nemo.utils.exp_manager import exp_manager
+
+    if cfg.model.get("peft"):
+        raise SystemExit("PEFT needs the real sd_xl_train.py (set NEMO_SD_XL_TRAIN)")
+
     torch.backends.cuda.matmul.allow_tf32 = True
-    trainer = Builder(cfg).create_trainer()
+    trainer = trainer_builder()(cfg).create_trainer()
     exp_manager(trainer, cfg.exp_manager)
     model = MegatronDiffusionEngine(cfg.model, trainer)
     trainer.fit(model)
