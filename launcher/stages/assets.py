@@ -78,6 +78,9 @@ class AssetsConfig:
     vae: AssetConfig = field(default_factory=AssetConfig)
     # Staged only when the training preset's text encoder is OpenCLIP (the SD 2.0 presets).
     open_clip: AssetConfig = field(default_factory=AssetConfig)
+    # SDXL's OpenCLIP ViT-bigG-14 and VAE (placeholders: the sdxl-assets branch stages them).
+    open_clip_bigg: AssetConfig = field(default_factory=AssetConfig)
+    sdxl_vae: AssetConfig = field(default_factory=AssetConfig)
     # Staged only when a planned stage needs it (StageSpec.assets: evaluation's FID network).
     inception: FileAssetConfig = field(default_factory=FileAssetConfig)
     resources: JobResources = field(default_factory=JobResources)
