@@ -9,9 +9,10 @@ to every process of every array task (worker = array task x tasks per job + SLUR
 becomes a latent tar of the same name whose samples, in the image tar's key order, each hold one
 `<key>.pickle` member (data_prep.latent_format) computed by NeMo's own VAE and text encoder
 (data_prep.latent_encoder); for SDXL (data_prep.model_family.is_sdxl) a `<key>.pickle` of the caption
-embedders' outputs and the image as `<key>.png` (data_prep.text_cache, NeMo's precache_mode text). A tar is written under a temporary name and renamed, then its count record
-`_counts/<name>.json` commits it; a rerun skips every tar whose record matches this run's fingerprint
-(the image tar's size, the training config's encode-relevant keys, the VAE file), so a killed process
+embedders' outputs and the image as `<key>.png` (data_prep.text_cache, NeMo's precache_mode text).
+A tar is written under a temporary name and renamed, then its count record `_counts/<name>.json` commits
+it; a rerun skips every tar whose record matches this run's fingerprint (the image tar's size, the
+training config's encode-relevant keys, the VAE file for SD), so a killed process
 loses at most the tar it was writing. Batches never span tars, so a tar's bytes do not depend on the
 slicing (on CPU the same input gives the same bytes).
 

@@ -182,8 +182,9 @@ def _check_sdxl(cfg: Any) -> None:
             f"no embedder reads {text_cache.CAPTIONS!r}: there is no text to cache. Allowed: the preset's "
             f"conditioner, or {SWITCH}=false",
         )
+    entries = model.get("conditioner_config", {}).get("emb_models")
     for index in keys:
-        if model.conditioner_config.emb_models[index].get("legacy_ucg_value") is not None:
+        if entries[index].get("legacy_ucg_value") is not None:
             raise ConfigError(
                 f"training.model.conditioner_config.emb_models.{index}.legacy_ucg_value",
                 "replaces captions in the batch, which training from cached text embeddings does not "
