@@ -164,16 +164,8 @@ def _check_unet(cfg: Any, crop: tuple[int, int]) -> None:
 def _check_sdxl(cfg: Any) -> None:
     """SDXL caches the caption embedders' outputs only (NeMo's precache_mode text): the images, their
     augmentations and the size/crop conditioning stay as they are."""
-    model, on = cfg.training.model, bool(cfg.data_preparation.precache.enable)
-    mode = model.get("precache_mode")
-    if mode is not None:
-        raise ConfigError(
-            "training.model.precache_mode",
-            f"{mode!r}: {SWITCH} sets it ({SWITCH}={str(on).lower()}). Allowed: null. NeMo's 'text' "
-            "needs tars no NeMo step writes (the switch writes them); 'both' drops the size/crop "
-            "conditioning the SDXL presets train with (docs/latents.md)",
-        )
-    if not on:
+    model = cfg.training.model  # precache_mode set by hand is refused with the preset (launcher.sdxl_config)
+    if not enabled(cfg):
         return
     keys = text_cache.caption_keys(model)
     if not keys:

@@ -15,7 +15,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
-from launcher import latents
+from data_prep.model_family import is_sdxl, text_encoders
+from launcher import latents, sdxl_config
 from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.init_unet import FROM_SCRATCH
@@ -91,8 +92,19 @@ def _check_time(cfg: Any) -> None:
         )
 
 
+# Where each family's staged VAE and text encoders are (the preset's defaults), by NeMo's encoder class.
+_STAGED_VAE = {False: "${assets.vae.local_dir}", True: "${assets.sdxl_vae.local_dir}"}
+_STAGED_TEXT = {
+    "FrozenCLIPEmbedder": "an absolute folder holding the tokenizer and text model (default "
+    "${assets.text_encoder.local_dir}, staged by the pretrained_assets job)",
+    "FrozenOpenCLIPEmbedder": "the open_clip weights file (${assets.open_clip.local_dir}/open_clip_pytorch_model.bin)",
+    "FrozenOpenCLIPEmbedder2": "the open_clip weights file "
+    "(${assets.open_clip_bigg.local_dir}/open_clip_pytorch_model.bin)",
+}
+
+
 def _check_pretrained(cfg: Any) -> None:
-    """Real data needs the real VAE and a local text encoder (the job runs with the Hub offline)."""
+    """Real data needs the real VAE and local text encoders (the job runs with the Hub offline)."""
     model = cfg.training.model
     if model.get("data", {}).get("synthetic_data"):
         return
@@ -101,18 +113,21 @@ def _check_pretrained(cfg: Any) -> None:
         raise ConfigError(
             "training.model.first_stage_config.from_pretrained",
             "is null: NeMo would train against a random, frozen VAE and every checkpoint would be useless. "
-            "Allowed: a VAE file (the default is the staged ${assets.vae.local_dir}/diffusion_pytorch_model"
+            f"Allowed: a VAE file (the default is the staged {_STAGED_VAE[is_sdxl(model)]}/diffusion_pytorch_model"
             ".safetensors); only synthetic data (training.model.data.synthetic_data=true) may run without one",
         )
-    version = str((model.get("cond_stage_config") or {}).get("version", "/"))
-    if not version.startswith("/"):
-        raise ConfigError(
-            "training.model.cond_stage_config.version",
-            f"{version!r} is not a local path: ranks run with HF_HUB_OFFLINE=1 and cannot download it. "
-            "Allowed: an absolute folder holding the tokenizer and text model (default "
-            "${assets.text_encoder.local_dir}, staged by the pretrained_assets job), or for OpenCLIP (SD 2.0) "
-            "its weights file (${assets.open_clip.local_dir}/open_clip_pytorch_model.bin)",
-        )
+    for key, encoder in text_encoders(model):
+        kind = str(encoder.get("_target_", "")).rsplit(".", 1)[-1]
+        # NeMo's own default version of these classes is a Hub name (or open_clip's download tag).
+        version = str(encoder.get("version", "" if kind in _STAGED_TEXT else "/"))
+        if not version.startswith("/"):
+            shown = repr(version) if version else "unset (NeMo's default, a download),"
+            raise ConfigError(
+                f"training.model.{key}.version",
+                f"{shown} is not a local path: ranks run with "
+                "HF_HUB_OFFLINE=1 and cannot download it. Allowed: "
+                + _STAGED_TEXT.get(kind, "an absolute path to the staged weights"),
+            )
 
 
 def shape(cfg: Any) -> TrainingShape:
@@ -148,6 +163,8 @@ def check(cfg: Any) -> None:
     where there are GPUs (without them the config is written for data_check, as a world of one)."""
     _check_pretrained(cfg)
     latents.check(cfg)
+    if is_sdxl(cfg.training.model):
+        sdxl_config.check(cfg.training.model, cfg.assets)
     _check_time(cfg)
     if cfg.cluster.gpus_per_node >= 1:
         _check_shape(cfg)

@@ -47,7 +47,13 @@ def files(tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> dict[st
         "unet_860m": unet_860m(),
         "compiled": unet_860m(compiled=True),
         "wide": unet_860m(**WIDE),
-        "sd2_context": unet_860m(**{"middle_block.1.transformer_blocks.0.attn2.to_k.weight": (1280, 1024)}),
+        "sd2_context": unet_860m(
+            **{
+                name: (dims[0], 1024)
+                for name, dims in UNET_860M.items()
+                if name.endswith("attn2.to_k.weight")
+            }
+        ),
         "fewer_blocks": {
             name: shape
             for name, shape in unet_860m().items()
@@ -164,6 +170,23 @@ def test_the_860m_tensors_used_here_are_those_of_one_unet() -> None:
     from launcher.unet_shape import tensor_problems, unet_shape
 
     assert tensor_problems(UNET_860M, unet_shape(MODEL)) == []
+
+
+def test_another_transformer_depth_is_refused_naming_each_block() -> None:
+    """SDXL's presets set transformer_depth per level ([1, 2, 10]): a level deeper than the checkpoint's."""
+    from launcher.unet_shape import tensor_problems, unet_shape
+
+    deeper = {"unet_config": {**MODEL["unet_config"], "transformer_depth": [1, 1, 2, 1]}}
+    blocks = [
+        "input_blocks.7.1",
+        "input_blocks.8.1",
+        "output_blocks.3.1",
+        "output_blocks.4.1",
+        "output_blocks.5.1",
+    ]
+    assert tensor_problems(UNET_860M, unet_shape(deeper)) == [
+        f"1 transformer blocks in {block}, 2 here" for block in blocks
+    ]
 
 
 def test_the_reader_needs_only_the_standard_library() -> None:

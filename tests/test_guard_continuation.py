@@ -17,14 +17,33 @@ from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
 
-PRESETS = REPO / "conf/training/stable_diffusion"
-GPU = ["cluster=slurm", "cluster.gpus_per_node=8", "data_check.enable=false", "stages=[training]"]
-# NVIDIA's curriculum: each 512 px stage and the stage whose UNet it continues, with that stage's run folder.
+PRESETS = REPO / "conf/training"
+# (SDXL reads the image tars: the slurm preset's SD latents switch is off.)
+GPU = [
+    "cluster=slurm",
+    "cluster.gpus_per_node=8",
+    "data_check.enable=false",
+    "stages=[training]",
+    "data_preparation.precache.enable=false",
+]
+# NVIDIA's curricula: each stage after the first, the stage whose UNet it continues, and that stage's
+# run folder; SDXL's 1024 px stage continues the 512 px one (NVIDIA's file names stage 1's checkpoint).
 CONTINUES = {
-    "860m_res_512_v1_1": ("860m_res_256_pretrain", "sd_860m_res_256"),
-    "860m_res_512_v1_2": ("860m_res_512_v1_1", "sd_860m_res_512_v1_1"),
-    "860m_res_512_v1_5": ("860m_res_512_v1_2", "sd_860m_res_512_v1_2"),
-    "860m_res_512_v2_0_base": ("860m_res_256_v2_0_pretrain", "sd_860m_res_256_v2_0_pretrain"),
+    "stable_diffusion/860m_res_512_v1_1": ("stable_diffusion/860m_res_256_pretrain", "sd_860m_res_256"),
+    "stable_diffusion/860m_res_512_v1_2": ("stable_diffusion/860m_res_512_v1_1", "sd_860m_res_512_v1_1"),
+    "stable_diffusion/860m_res_512_v1_5": ("stable_diffusion/860m_res_512_v1_2", "sd_860m_res_512_v1_2"),
+    "stable_diffusion/860m_res_512_v2_0_base": (
+        "stable_diffusion/860m_res_256_v2_0_pretrain",
+        "sd_860m_res_256_v2_0_pretrain",
+    ),
+    "sdxl/sdxl_base_train_res_512_stage_2": (
+        "sdxl/sdxl_base_train_res_256_stage_1",
+        "sdxl_base_train_res_256_stage_1",
+    ),
+    "sdxl/sdxl_base_train_res_1024_stage_3": (
+        "sdxl/sdxl_base_train_res_512_stage_2",
+        "sdxl_base_train_res_512_stage_2",
+    ),
 }
 
 
@@ -34,10 +53,11 @@ def test_a_continuation_without_init_from_is_refused_naming_what_it_continues(
 ) -> None:
     continued, run = CONTINUES[preset]
     with pytest.raises(ConfigError) as refused:
-        make_config(*GPU, f"training=stable_diffusion/{preset}")
+        make_config(*GPU, f"training={preset}")
     message = str(refused.value)
     assert refused.value.key == "training.init_from"
-    assert f"sd_{preset} continues stable_diffusion/{continued} (training.continues)" in message
+    name = yaml.safe_load((PRESETS / f"{preset}.yaml").read_text())["run"]["name"]
+    assert f"{name} continues {continued} (training.continues)" in message
     assert f"by default {tmp_path}/results/{run})" in message
     assert "training.init_from=none to start from random weights on purpose" in message
 
@@ -45,18 +65,24 @@ def test_a_continuation_without_init_from_is_refused_naming_what_it_continues(
 def test_every_preset_that_continues_one_says_so_in_its_own_file() -> None:
     """The relation is data in the preset files (inherited by none: each continuation names its own)."""
     said = {}
-    for path in sorted(PRESETS.glob("*.yaml")):
+    for path in sorted(PRESETS.rglob("*.yaml")):
         continues = yaml.safe_load(path.read_text()).get("continues")
         if continues:
-            said[path.stem] = continues
-    assert said == {preset: f"stable_diffusion/{was}" for preset, (was, _) in CONTINUES.items()}
+            said[str(path.relative_to(PRESETS).with_suffix(""))] = continues
+    assert said == {preset: was for preset, (was, _) in CONTINUES.items()}
 
 
 @pytest.mark.parametrize(
-    "preset", ["860m_res_256_pretrain", "860m_res_256_1node", "860m_res_256_v2_0_pretrain"]
+    "preset",
+    [
+        "stable_diffusion/860m_res_256_pretrain",
+        "stable_diffusion/860m_res_256_1node",
+        "stable_diffusion/860m_res_256_v2_0_pretrain",
+        "sdxl/sdxl_base_train_res_256_stage_1",
+    ],
 )
 def test_a_preset_from_scratch_needs_no_init_from(make_config: Callable, preset: str) -> None:
-    cfg = make_config(*GPU, f"training=stable_diffusion/{preset}")
+    cfg = make_config(*GPU, f"training={preset}")
     assert cfg.training.continues is None and cfg.training.init_from is None
 
 

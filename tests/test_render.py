@@ -96,6 +96,27 @@ CASES = {
         "training=stable_diffusion/860m_res_512_v2_0_base",
         "training.init_from=/fsx/results/sd_860m_res_256_v2_0_pretrain",
     ],
+    # SDXL reads the image tars: the aws_p5 preset's SD latents switch is off.
+    "aws_p5_sdxl_256_stage_1": [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        "training=sdxl/sdxl_base_train_res_256_stage_1",
+        "data_preparation.precache.enable=false",
+    ],
+    "aws_p5_sdxl_512_stage_2": [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        "training=sdxl/sdxl_base_train_res_512_stage_2",
+        "training.init_from=/fsx/results/sdxl_base_train_res_256_stage_1",
+        "data_preparation.precache.enable=false",
+    ],
+    "aws_p5_sdxl_1024_stage_3": [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        "training=sdxl/sdxl_base_train_res_1024_stage_3",
+        "training.init_from=/fsx/results/sdxl_base_train_res_512_stage_2",
+        "data_preparation.precache.enable=false",
+    ],
     "aws_p5_rehearsal_init_from": [
         "cluster=aws_p5",
         "stages=[benchmark,training]",

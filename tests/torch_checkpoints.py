@@ -15,7 +15,20 @@ from pathlib import Path
 UNET_PREFIX = "model.model.diffusion_model."
 # A few tensors of the 860M preset's UNet, names and shapes as NeMo 2.4.1's UNetModel builds it (its
 # state_dict on the meta device): the time embedding, the first and last convolutions, one tensor of each
-# input and output block, and the cross-attention keys of the middle block (context_dim 768).
+# input and output block, and the cross-attention keys of each spatial transformer (context_dim 768; one
+# transformer block each: transformer_depth 1).
+_ATTENTION = {
+    "input_blocks.1.1": 320,
+    "input_blocks.2.1": 320,
+    "input_blocks.4.1": 640,
+    "input_blocks.5.1": 640,
+    "input_blocks.7.1": 1280,
+    "input_blocks.8.1": 1280,
+    "middle_block.1": 1280,
+    **{f"output_blocks.{n}.1": 1280 for n in (3, 4, 5)},
+    **{f"output_blocks.{n}.1": 640 for n in (6, 7, 8)},
+    **{f"output_blocks.{n}.1": 320 for n in (9, 10, 11)},
+}
 UNET_860M: dict[str, tuple[int, ...]] = {
     "time_embed.0.weight": (1280, 320),
     "input_blocks.0.0.weight": (320, 4, 3, 3),
@@ -30,7 +43,6 @@ UNET_860M: dict[str, tuple[int, ...]] = {
     "input_blocks.9.0.op.weight": (1280, 1280, 3, 3),
     "input_blocks.10.0.in_layers.0.weight": (1280,),
     "input_blocks.11.0.in_layers.0.weight": (1280,),
-    "middle_block.1.transformer_blocks.0.attn2.to_k.weight": (1280, 768),
     "output_blocks.0.0.in_layers.0.weight": (2560,),
     "output_blocks.1.0.in_layers.0.weight": (2560,),
     "output_blocks.2.0.in_layers.0.weight": (2560,),
@@ -43,6 +55,9 @@ UNET_860M: dict[str, tuple[int, ...]] = {
     "output_blocks.9.0.in_layers.0.weight": (960,),
     "output_blocks.10.0.in_layers.0.weight": (640,),
     "output_blocks.11.0.in_layers.0.weight": (640,),
+    **{
+        f"{block}.transformer_blocks.0.attn2.to_k.weight": (width, 768) for block, width in _ATTENTION.items()
+    },
     "out.1.weight": (4, 320, 3, 3),
 }
 # Beside the UNet, as in every NeMo SD checkpoint: the VAE.
