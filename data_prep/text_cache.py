@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-CAPTIONS = "captions"  # the key NeMo's SDXL loader yields the caption under
+from data_prep.model_family import SDXL_TEXT_KEY, sdxl_embedders
+
+CAPTIONS = SDXL_TEXT_KEY  # the key NeMo's SDXL loader yields the caption under
 PRECACHE_MODE = "text"
 PRECACHED = "nemo.collections.multimodal.modules.stable_diffusion.encoders.modules.PrecachedEmbModel"
 MEMBERS = ("pickle", "png")  # pickle first: a tar's first member says "cached" (launcher.preflight)
@@ -38,7 +40,7 @@ TOKENS, TOKEN_PAD = 77, 8  # both NeMo embedders tokenize to 77 and pad their ou
 
 
 def _entries(model: Any) -> list[Any]:
-    return list((model.get("conditioner_config") or {}).get("emb_models") or [])
+    return [entry for _, entry in sdxl_embedders(model)]
 
 
 def _outputs(emb_model: Any) -> int:

@@ -227,27 +227,23 @@ def test_the_switch_sets_text_mode_and_the_readers_and_the_storage_note_counts_f
 
 
 @pytest.mark.parametrize(
-    ("enable", "change", "key"),
+    ("change", "key"),
     [
-        (False, {"precache_mode": "text"}, "training.model.precache_mode"),
-        (True, {"precache_mode": "both"}, "training.model.precache_mode"),
         (
-            True,
             {"data": {"train": {"filterings": {"resolution": {"value": 256}}}}},
             "training.model.data.train.filterings",
         ),
-        (True, {"conditioner_config": {"emb_models": []}}, "training.model.conditioner_config.emb_models"),
+        ({"conditioner_config": {"emb_models": []}}, "training.model.conditioner_config.emb_models"),
     ],
 )
-def test_what_the_cached_text_path_cannot_serve_is_refused_naming_the_key(
-    enable: bool, change: dict, key: str
-) -> None:
+def test_what_the_cached_text_path_cannot_serve_is_refused_naming_the_key(change: dict, key: str) -> None:
     from launcher import latents
     from launcher.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
-        latents.check(_cfg(enable, **change))
+        latents.check(_cfg(**change))
     assert key in str(err.value)
+    latents.check(_cfg(False, **change))  # with the switch off, nothing of this is read
 
 
 def test_a_legacy_caption_replacement_is_refused() -> None:
