@@ -1,5 +1,5 @@
-"""data_check's NeMo part: NeMo's own Stable Diffusion train dataset, built in a real data-parallel world
-of one (gloo) on CPU, and a DataLoader like LatentDiffusion's that draws a few batches, counting the
+"""data_check's NeMo part: NeMo's own Stable Diffusion (or SDXL) train dataset, built in a real data-parallel
+world of one (gloo) on CPU, and a DataLoader like LatentDiffusion's that draws a few batches, counting the
 errors webdataset swallows (a loader that drops every sample would otherwise look merely slow)."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import warnings
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from data_prep.model_family import SDXL_TEXT_KEY, is_sdxl
 
 
 def _free_port() -> int:
@@ -39,6 +41,14 @@ def _count_loader_failures(counter: Any, first: Any, _worker_id: int | None = No
     warnings.showwarning = hook  # type: ignore[assignment]
 
 
+def _batch_keys(model: DictConfig) -> tuple[str, str]:
+    """The batch keys of the images (or latents) and captions (or text embeddings) the model reads: SD's
+    first/cond_stage_key; SDXL's DiffusionEngine input_key and the captions its text encoders embed."""
+    if is_sdxl(model):
+        return model.get("input_key", "images"), SDXL_TEXT_KEY
+    return model.first_stage_key, model.cond_stage_key
+
+
 def _draw(loader: Any, batches: int, model: DictConfig) -> dict[str, Any]:
     """Draw up to `batches` batches; shapes of the first, timing of all."""
     start = time.perf_counter()
@@ -46,7 +56,7 @@ def _draw(loader: Any, batches: int, model: DictConfig) -> dict[str, Any]:
     for batch in loader:
         if drawn == 0:
             first_s = time.perf_counter() - start
-            images, captions = batch[model.first_stage_key], batch[model.cond_stage_key]
+            images, captions = (batch[key] for key in _batch_keys(model))
             shapes = {
                 "images": list(images.shape),
                 "images_dtype": str(images.dtype),
@@ -92,9 +102,14 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(1, 1)
-        # NeMo's own choice (ddpm.py build_train_valid_test_datasets): latent keys read .pickle members.
-        latent = is_latent_key(cfg.first_stage_key)
-        build = sd_data.build_train_valid_precached_datasets if latent else sd_data.build_train_valid_datasets
+        # NeMo's own choice (ddpm.py build_train_valid_test_datasets): latent keys read .pickle members;
+        # SDXL's (diffusion_engine.py, precache_mode null): its loader, with the size/crop conditioning.
+        if is_sdxl(cfg):
+            build = sd_data.build_sdxl_train_valid_datasets
+        elif is_latent_key(cfg.first_stage_key):
+            build = sd_data.build_train_valid_precached_datasets
+        else:
+            build = sd_data.build_train_valid_datasets
         train_ds, _ = build(cfg, consumed_samples=0)
         failures, first = multiprocessing.Value("i", 0), multiprocessing.Array("c", 300)
         # LatentDiffusion's loader settings; the worker_init_fn only counts swallowed errors.

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.latent_check import check_latent_members, count_errors
 from data_prep.latent_format import MEMBER_EXT, is_latent_key
+from data_prep.model_family import is_sdxl
 from data_prep.tario import split_key
 from data_prep.wdinfo import read_wdinfo, shard_plan
 
@@ -22,9 +23,8 @@ KNOWN_AUGMENTATIONS = frozenset(
     {"resize_smallest_side", "center_crop_h_w", "random_crop_h_w", "horizontal_flip"}
 )
 OTHER_IMAGE_EXTS = frozenset({"png", "jpeg", "webp", "ppm", "bmp", "gif"})
+SD_MODEL_KEYS = ("first_stage_key", "cond_stage_key")  # SD's loader's; SDXL's reads images and captions
 REQUIRED_MODEL_KEYS = (
-    "first_stage_key",
-    "cond_stage_key",
     "micro_batch_size",
     "data.num_workers",
     "data.train.dataset_path",
@@ -45,7 +45,7 @@ def load_model_config(path: Path) -> DictConfig:
     model = cfg.get("model") if isinstance(cfg, DictConfig) else None
     if not isinstance(model, DictConfig):
         raise DataCheckError(f"{path}: no 'model' section; pass the resolved NeMo training config")
-    for key in REQUIRED_MODEL_KEYS:
+    for key in (*(() if is_sdxl(model) else SD_MODEL_KEYS), *REQUIRED_MODEL_KEYS):
         if OmegaConf.select(model, key, default=None) is None:
             raise DataCheckError(f"{path}: model.{key} is missing; the NeMo SD loader needs it")
     return model
@@ -66,6 +66,8 @@ def check_data_source(model: DictConfig) -> bool:
         raise DataCheckError(
             "model.data.synthetic_data is true: training feeds random tensors, not your dataset; set it false"
         )
+    if is_sdxl(model):  # jpg + txt (the launcher refuses SDXL's precache_mode: nothing writes its caches)
+        return False
     if str(model.cond_stage_key).endswith("clip_encoded"):
         raise DataCheckError(
             f"model.cond_stage_key={model.cond_stage_key} selects NeMo's CLIP-embedding tars (.pyd members), "

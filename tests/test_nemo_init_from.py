@@ -7,16 +7,14 @@ every tensor as saved, then trains 2 steps from step 0 in its own folder.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from fixtures.nemo import TinyTraining
-from nemo_cpu.harness import REPO, render_training, run_sd_train
+from nemo_cpu.harness import init_job_argv, render_training, run_init_job, run_sd_train, unet_load_report
 from omegaconf import OmegaConf
 
-from launcher import checkpoint_index, manifest
+from launcher import checkpoint_index
 from launcher.init_unet import UNET_PREFIX
 from launcher.outputs import TrainingOutputs
 from launcher.stages import training_init
@@ -34,14 +32,6 @@ def _size(px: int) -> tuple[str, str]:
 def shared(new_shared) -> Path:
     """The demo's data and the tiny assets (tests/fixtures/nemo.py), this module's own copy."""
     return new_shared()
-
-
-def _init_job_argv(run: Path) -> list[str]:
-    """The init job's command as its rendered script runs it (the manifest names the script)."""
-    record = next(r for r in manifest.load(run) if r.name.endswith("_init"))
-    script = Path(record.script).read_text()
-    line = next(line for line in script.splitlines() if "launcher.init_unet" in line)
-    return line.split("launcher.init_unet", 1)[1].replace("\\", "").split()
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +63,8 @@ def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
     assert f"from_pretrained: {later.init_unet}" in text and "from_NeMo: true" in text
     assert "center_crop_h_w: 128, 128" in text
 
-    source, out = _init_job_argv(later.run_dir)
-    assert (source, out) == (str(earlier.run_dir), str(later.init_unet))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    extract = subprocess.run(
-        [nemo_python, "-m", "launcher.init_unet", source, out], env=env, capture_output=True, text=True
-    )
+    assert init_job_argv(later.run_dir) == [str(earlier.run_dir), str(later.init_unet)]
+    extract = run_init_job(nemo_python, later.run_dir)
     assert extract.returncode == 0, extract.stderr[-4000:]
     assert later.init_source.read_text().strip() == str(final)  # the EMA weights of the last step
     # The login node's reading (no torch, no tensor loaded) finds the tensors torch.load finds.
@@ -89,12 +75,10 @@ def test_a_512_style_run_starts_its_unet_from_the_256_style_run(
     assert trained.returncode == 0, trained.stderr[-4000:]
     log = (shared / "res128.log").read_text()
     assert f"Attempting to load pretrained unet from {later.init_unet}" in log
-    report = next(line for line in log.splitlines() if "unet from_pretrained:" in line)
+    report, counts = unet_load_report(log)
     print(extract.stdout.strip(), report, sep="\n")  # shown with -s: the numbers the report quotes
-    counts = dict(word.split("=") for word in report.split(":", 2)[2].split() if "=" in word)
-    assert (counts["missing"], counts["unexpected"], counts["mismatched"], counts["errors"]) == ("0",) * 4
-    total = int(report.rsplit(" of ", 1)[1])
-    assert int(counts["equal"]) == total > 0  # every UNet tensor as the earlier run saved it
+    assert (counts["missing"], counts["unexpected"], counts["mismatched"], counts["errors"]) == (0,) * 4
+    assert counts["equal"] == counts["total"] > 0  # every UNet tensor as the earlier run saved it
     assert "Restored all states" not in log  # optimizer, step and schedule start fresh
     progress = read_training_progress(shared / "res128.log", global_batch_size=2, num_gpus=1)
     assert progress is not None and (progress.last_step, progress.consumed_samples) == (2, 4)

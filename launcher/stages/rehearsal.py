@@ -14,9 +14,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from data_prep.model_family import is_sdxl
 from launcher import nemo_config, nemo_python, rehearsal_report
 from launcher.config import JobResources
 from launcher.context import Context
+from launcher.errors import ConfigError
 from launcher.nemo_python import NemoJob
 from launcher.outputs import RehearsalOutputs
 from launcher.rules import Text, described, ruled
@@ -112,8 +114,16 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME in planned:
-        nemo_config.check(cfg)
+    if NAME not in planned:
+        return
+    if is_sdxl(cfg.training.model):
+        raise ConfigError(
+            "rehearsal.enable",
+            "is true, but the rehearsal drives SD's MegatronLatentDiffusion and its sampler "
+            "(data_prep/rehearsal_step.py), not SDXL's MegatronDiffusionEngine. Allowed with an SDXL preset: "
+            "rehearsal.enable=false",
+        )
+    nemo_config.check(cfg)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:

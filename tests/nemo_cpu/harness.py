@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.cli import compose_config, launch
@@ -12,6 +13,7 @@ from nemo_cpu.tiny import TINY_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[2]
 SD_TRAIN_CPU = Path(__file__).resolve().parent / "sd_train_cpu.py"
+SD_XL_TRAIN_CPU = Path(__file__).resolve().parent / "sd_xl_train_cpu.py"
 TRAINING_CONFIG = "training/sd_860m_res_256.yaml"
 
 
@@ -20,20 +22,26 @@ def prepare_demo_data(shared_dir: Path) -> None:
     launch(compose_config([f"cluster.shared_dir={shared_dir}"]))
 
 
-def write_tiny_assets(nemo_python: str, shared_dir: Path, open_clip: bool = False) -> None:
-    """Tiny CLIP + VAE (+ OpenCLIP) where the assets job puts the real ones (<shared_dir>/models/...)."""
+def write_tiny_assets(
+    nemo_python: str, shared_dir: Path, open_clip: bool = False, sdxl: bool = False
+) -> None:
+    """Tiny CLIP + VAE (+ OpenCLIP, + SDXL's) where the assets job puts the real ones (<shared_dir>/models/...)."""
     tiny = [nemo_python, str(Path(__file__).resolve().parent / "tiny.py"), str(shared_dir / "models")]
     subprocess.run(
-        [*tiny, *(["--open-clip"] if open_clip else [])],
+        [*tiny, *(["--open-clip"] if open_clip else []), *(["--sdxl"] if sdxl else [])],
         check=True,
         capture_output=True,
         timeout=600,
     )
 
 
-def render_training(shared_dir: Path, run_name: str, *overrides: str) -> Path:
-    """The training config exactly as `stages=[training]` writes it for a 1-GPU node, made tiny; from the
-    demo's image tars unless an override turns the cached latents on (the slurm preset's default)."""
+def render_training(
+    shared_dir: Path, run_name: str, *overrides: str, tiny: Sequence[str] = TINY_OVERRIDES
+) -> Path:
+    """The training config exactly as `stages=[training]` writes it for a 1-GPU node, made tiny (`tiny`:
+    SD's sizes by default); from the demo's image tars unless an override turns the cached latents on
+    (the slurm preset's default). Returns the 256 px SD preset's config path: another preset's config is
+    beside it, named after its training.run.name."""
     launch(
         compose_config(
             [
@@ -46,7 +54,7 @@ def render_training(shared_dir: Path, run_name: str, *overrides: str) -> Path:
                 "dry_run=true",
                 f"run_name={run_name}",
                 "data_preparation.precache.enable=false",
-                *TINY_OVERRIDES,
+                *tiny,
                 *overrides,
             ]
         )
@@ -54,14 +62,17 @@ def render_training(shared_dir: Path, run_name: str, *overrides: str) -> Path:
     return shared_dir / "results" / run_name / TRAINING_CONFIG
 
 
-def run_sd_train(nemo_python: str, config: Path, log: Path) -> subprocess.CompletedProcess[str]:
-    """NeMo's sd_train entry on CPU, offline as the training job runs it; output also kept in `log`."""
+def run_sd_train(
+    nemo_python: str, config: Path, log: Path, runner: Path = SD_TRAIN_CPU
+) -> subprocess.CompletedProcess[str]:
+    """NeMo's sd_train entry on CPU (`runner`: SD_XL_TRAIN_CPU for SDXL), offline as the training job runs
+    it; output also kept in `log`."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [
             nemo_python,
             "-u",
-            str(SD_TRAIN_CPU),
+            str(runner),
             "--config-path",
             str(config.parent),
             "--config-name",
@@ -98,6 +109,34 @@ def run_data_check(nemo_python: str, config: Path, report: Path, *args: str) -> 
         timeout=600,
     )
     return proc.returncode, json.loads(report.read_text())
+
+
+def init_job_argv(run: Path) -> list[str]:
+    """training.init_from's job command (SOURCE OUT) as its rendered script runs it (the manifest names
+    the script)."""
+    from launcher import manifest
+
+    record = next(r for r in manifest.load(run) if r.name.endswith("_init"))
+    script = Path(record.script).read_text()
+    line = next(line for line in script.splitlines() if "launcher.init_unet" in line)
+    return line.split("launcher.init_unet", 1)[1].replace("\\", "").split()
+
+
+def run_init_job(nemo_python: str, run: Path) -> subprocess.CompletedProcess[str]:
+    """The init job of `run` (launcher.init_unet) with NeMo's interpreter, as its script runs it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [nemo_python, "-m", "launcher.init_unet", *init_job_argv(run)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def unet_load_report(log: str) -> tuple[str, dict[str, int]]:
+    """The line sd_train_cpu.report_unet_load printed in a training log, and its counts (missing,
+    unexpected, mismatched, errors, equal, total)."""
+    line = next(line for line in log.splitlines() if "unet from_pretrained:" in line)
+    counts = {
+        key: int(value) for key, value in (w.split("=") for w in line.split(":", 2)[2].split() if "=" in w)
+    }
+    return line, {**counts, "total": int(line.rsplit(" of ", 1)[1])}
 
 
 CONVERT_CPU = Path(__file__).resolve().parent / "convert_cpu.py"

@@ -1,4 +1,5 @@
-"""Tiny stand-ins for the pretrained CLIP text encoder and SD VAE, and the sizes that fit a CPU.
+"""Tiny stand-ins for the pretrained CLIP text encoder and SD VAE (and SD 2.0's and SDXL's other parts),
+and the sizes that fit a CPU.
 
 The assets are laid out exactly as the pretrained_assets job lays out the real ones
 (`<assets.dir>/clip-vit-large-patch14/` from `save_pretrained`, and
@@ -6,7 +7,7 @@ The assets are laid out exactly as the pretrained_assets job lays out the real o
 NeMo loads them through the same code paths: `FrozenCLIPEmbedder(version=<folder>)` and
 `AutoencoderKL(from_pretrained=<file>)` with its diffusers -> NeMo key renaming.
 
-    <nemo python> tests/nemo_cpu/tiny.py ASSETS_DIR [--open-clip]    # writes the tiny assets
+    <nemo python> tests/nemo_cpu/tiny.py ASSETS_DIR [--open-clip] [--sdxl]    # writes the tiny assets
 
 Importable without torch (the overrides are plain strings); building the assets needs NeMo's venv.
 """
@@ -14,6 +15,7 @@ Importable without torch (the overrides are plain strings); building the assets 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -22,8 +24,8 @@ WIDTH = 32  # GroupNorm(32 groups) needs channels divisible by 32
 VAE = {"ch": WIDTH, "ch_mult": [1, 1, 1, 1], "num_res_blocks": 1}  # 4 levels: the real 8x downsampling
 
 # Launcher overrides that change only sizes, the device and CUDA-only kernels; everything else is
-# the preset as users get it.
-TINY_OVERRIDES = [
+# the preset as users get it. TINY_SIZES holds those of SD's and SDXL's presets alike.
+TINY_SIZES = [
     "training.trainer.accelerator=cpu",
     "training.model.micro_batch_size=2",
     "training.model.global_batch_size=2",
@@ -32,14 +34,17 @@ TINY_OVERRIDES = [
     "training.model.unet_config.channel_mult=[1,2]",
     "training.model.unet_config.attention_resolutions=[1]",
     "training.model.unet_config.num_res_blocks=1",
-    "training.model.unet_config.num_heads=2",
-    f"training.model.unet_config.context_dim={WIDTH}",
     # flash-attn and torch.compile (inductor) are the CUDA kernels of the preset: off on CPU.
     "training.model.unet_config.use_flash_attention=false",
     "training.model.inductor=false",
     f"training.model.first_stage_config.ddconfig.ch={VAE['ch']}",
     f"training.model.first_stage_config.ddconfig.ch_mult={VAE['ch_mult']}".replace(" ", ""),
     f"training.model.first_stage_config.ddconfig.num_res_blocks={VAE['num_res_blocks']}",
+]
+TINY_OVERRIDES = [
+    *TINY_SIZES,
+    "training.model.unet_config.num_heads=2",
+    f"training.model.unet_config.context_dim={WIDTH}",
     "training.model.cond_stage_config.device=cpu",
 ]
 
@@ -54,6 +59,26 @@ SD2_OVERRIDES = [
     "training.model.unet_config.num_heads=-1",  # the preset's: heads follow num_head_channels
     f"training.model.unet_config.context_dim={OPEN_CLIP_WIDTH}",
     f"training.model.cond_stage_config.arch={OPEN_CLIP_ARCH}",
+]
+# SDXL (the sdxl/ presets) at CPU size: the tiny CLIP and the same tiny open_clip arch as SD 2.0's, staged
+# where the assets job stages OpenCLIP ViT-bigG-14 (a link to SD 2.0's file: the same weights, no second
+# copy), and a tiny VAE where it stages SDXL's. The conditioner's widths follow: cross-attention CLIP +
+# OpenCLIP, vector pooled OpenCLIP + 3 size/crop embedders x 2 x 256. FSDP needs a GPU: off.
+OPEN_CLIP_BIGG_FILE = "CLIP-ViT-bigG-14-laion2B-39B-b160k/open_clip_pytorch_model.bin"
+SDXL_VAE_FILE = "sdxl-vae/diffusion_pytorch_model.safetensors"
+SDXL_CONDITIONER = "training.model.conditioner_config.emb_models"
+SDXL_OVERRIDES = [
+    *TINY_SIZES,
+    "training.model.unet_config.model_channels=64",  # num_head_channels 64: one head needs 64 channels
+    "training.model.unet_config.attention_resolutions=[1,2]",
+    "training.model.unet_config.transformer_depth=[1,2]",  # a list per level, as the preset's [1, 2, 10]
+    f"training.model.unet_config.context_dim={WIDTH + OPEN_CLIP_WIDTH}",
+    f"training.model.unet_config.adm_in_channels={OPEN_CLIP_WIDTH + 3 * 2 * 256}",
+    f"{SDXL_CONDITIONER}.0.emb_model.device=cpu",
+    f"{SDXL_CONDITIONER}.1.emb_model.device=cpu",
+    f"{SDXL_CONDITIONER}.1.emb_model.arch={OPEN_CLIP_ARCH}",
+    "training.model.fsdp=false",
+    "training.model.data.train.augmentations.resize_smallest_side=64",
 ]
 CLIP_DIR = "clip-vit-large-patch14"
 VAE_FILE = "sd-vae-ft-mse/diffusion_pytorch_model.safetensors"
@@ -70,7 +95,8 @@ def _byte_vocab() -> dict[str, int]:
 
 
 def write_clip(folder: Path) -> None:
-    """A 2-layer CLIP text encoder and its tokenizer, saved like `openai/clip-vit-large-patch14`."""
+    """A 12-layer CLIP text encoder (SDXL reads hidden layer 11) and its tokenizer, saved like
+    `openai/clip-vit-large-patch14`."""
     import torch
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
@@ -84,7 +110,7 @@ def write_clip(folder: Path) -> None:
         vocab_size=len(vocab),
         hidden_size=WIDTH,
         intermediate_size=2 * WIDTH,
-        num_hidden_layers=2,
+        num_hidden_layers=12,
         num_attention_heads=2,
         max_position_embeddings=77,
         bos_token_id=vocab[_SPECIAL[0]],
@@ -154,15 +180,20 @@ def write_open_clip(path: Path) -> None:
     torch.save(open_clip.create_model(OPEN_CLIP_ARCH).state_dict(), path)
 
 
-def write_assets(assets_dir: Path, open_clip: bool = False) -> None:
+def write_assets(assets_dir: Path, open_clip: bool = False, sdxl: bool = False) -> None:
     write_clip(assets_dir / CLIP_DIR)
     write_vae(assets_dir / VAE_FILE)
-    if open_clip:
+    if open_clip or sdxl:
         write_open_clip(assets_dir / OPEN_CLIP_FILE)
+    if sdxl:
+        link = assets_dir / OPEN_CLIP_BIGG_FILE
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(assets_dir / OPEN_CLIP_FILE, link.parent))
+        write_vae(assets_dir / SDXL_VAE_FILE)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import data_prep.nemo_compat  # noqa: F401  (NeMo's SD modules need a GroupNorm without apex)
 
-    write_assets(Path(sys.argv[1]), open_clip="--open-clip" in sys.argv[2:])
+    write_assets(Path(sys.argv[1]), open_clip="--open-clip" in sys.argv[2:], sdxl="--sdxl" in sys.argv[2:])

@@ -1,0 +1,73 @@
+"""NeMo's SDXL training (`sd_xl_train.py`) run on CPU, for tests: same CLI, same code path.
+
+    <nemo python> tests/nemo_cpu/sd_xl_train_cpu.py --config-path DIR --config-name NAME.yaml
+
+The same CUDA/apex patches as SD's (data_prep/nemo_cpu.py `patch_for_cpu`; none is SDXL's own), and the
+same report of the pretrained UNet's key matches (sd_train_cpu.report_unet_load: one UNetModel for both).
+FSDP needs a GPU (torch: "FSDP needs a non-CPU accelerator device"), so the configs run here have
+`model.fsdp: false`: Lightning then gets NeMo's DDP strategy.
+
+`examples/multimodal/text_to_image/stable_diffusion/sd_xl_train.py` is not in NeMo's wheel. With
+NEMO_SD_XL_TRAIN=<path to that file> this runs it as is; without, `sd_xl_train_main()` below makes the
+same calls in the same order as v2.4.0's: a MegatronTrainerBuilder whose strategy is NLPFSDPStrategy with
+model.fsdp and NLPDDPStrategy without, exp_manager, MegatronDiffusionEngine, fit. The PEFT branch and the
+interactive-notebook strategy are not re-created (refused).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sd_train_cpu import patch_for_cpu, report_unet_load, run_hydra_entry
+
+
+def sd_xl_train_main(cfg: Any) -> None:
+    """What sd_xl_train.py's main() does for the presets (see the module docstring)."""
+    import torch
+    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.diffusion_engine import (
+        MegatronDiffusionEngine,
+    )
+    from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
+    from nemo.collections.nlp.parts.nlp_overrides import NLPDDPStrategy, NLPFSDPStrategy
+    from nemo.utils.exp_manager import exp_manager
+
+    if cfg.model.get("peft"):
+        raise SystemExit("PEFT needs the real sd_xl_train.py (set NEMO_SD_XL_TRAIN)")
+
+    class Builder(MegatronTrainerBuilder):
+        def _training_strategy(self) -> NLPDDPStrategy:
+            if self.cfg.model.get("fsdp", False):
+                assert self.cfg.model.optim.get("name") != "distributed_fused_adam"
+                return NLPFSDPStrategy(
+                    limit_all_gathers=self.cfg.model.get("fsdp_limit_all_gathers", True),
+                    sharding_strategy=self.cfg.model.get("fsdp_sharding_strategy", "full"),
+                    cpu_offload=self.cfg.model.get("fsdp_cpu_offload", False),
+                    grad_reduce_dtype=self.cfg.model.get("fsdp_grad_reduce_dtype", 32),
+                    precision=self.cfg.trainer.precision,
+                    use_orig_params=self.cfg.model.inductor,
+                    set_buffer_dtype=self.cfg.get("fsdp_set_buffer_dtype", None),
+                )
+            return NLPDDPStrategy(
+                no_ddp_communication_hook=(not self.cfg.model.get("ddp_overlap")),
+                gradient_as_bucket_view=self.cfg.model.gradient_as_bucket_view,
+                find_unused_parameters=False,
+            )
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    trainer = Builder(cfg).create_trainer()
+    exp_manager(trainer, cfg.exp_manager)
+    model = MegatronDiffusionEngine(cfg.model, trainer)
+    trainer.fit(model)
+
+
+def main() -> None:
+    patched = patch_for_cpu()
+    report_unet_load()
+    run_hydra_entry("sd_xl_train_cpu", patched, "NEMO_SD_XL_TRAIN", "sd_xl_base_train", sd_xl_train_main)
+
+
+if __name__ == "__main__":
+    main()
