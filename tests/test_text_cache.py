@@ -1,14 +1,13 @@
-"""SDXL's cached text embeddings (data_prep.text_cache): what the switch sets and refuses, then (slow) NeMo's
-own code on CPU with tiny encoders.
+"""SDXL's cached text embeddings (data_prep.text_cache): what the switch sets and refuses on the 256 px
+preset, then (slow) the whole path with NeMo's own code on CPU at tiny sizes (tests/nemo_cpu/tiny.py
+SDXL_OVERRIDES: the tiny 12-layer CLIP and OpenCLIP where the assets job stages the real ones).
 
-The encode step (data_prep.encode_latents on an SDXL config) writes, from the demo's image tars, the tars
-NeMo's `precache_mode: text` reads. Then, in NeMo's interpreter (tests/nemo_cpu/sdxl_text_cache_check.py):
-NeMo's own loader for that mode yields batches with the images, the size/crop conditioning and the stored
-embeddings; and NeMo's GeneralConditioner gives the same conditioning from the stored embeddings (through
-the conditioner the switch sets) as from the captions (through NeMo's CLIP and OpenCLIP embedders).
-
-Sizes: the session's tiny CLIP (2 layers, width 32, so `layer_idx: 1` for the preset's 11) and tiny OpenCLIP
-(ViT-S-32-alt, width 256); the rest is NVIDIA's SDXL conditioner.
+Data preparation with `data_preparation.precache.enable=true` on the local backend runs the encode step
+(data_prep.encode_latents, on the `<run>_encode.yaml` it writes) on the demo's image tars. Then: NeMo's own
+loader for `precache_mode: text` reads the cached tars, and NeMo's GeneralConditioner gives the same
+conditioning from them (through the conditioner the switch sets) as from the captions (through NeMo's CLIP
+and OpenCLIP embedders) (tests/nemo_cpu/sdxl_text_cache_check.py); data_check reads them with NeMo's
+loader; NeMo's sd_xl_train trains 2 steps from them.
 """
 
 from __future__ import annotations
@@ -21,169 +20,39 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from nemo_cpu.harness import REPO
-from nemo_cpu.tiny import CLIP_DIR, OPEN_CLIP_ARCH, OPEN_CLIP_FILE, OPEN_CLIP_WIDTH, WIDTH
+from conftest import compose_config
+from nemo_cpu.harness import REPO, SD_XL_TRAIN_CPU, render_training, run_data_check, run_sd_train
+from nemo_cpu.tiny import OPEN_CLIP_WIDTH, SDXL_OVERRIDES, WIDTH
 
 from data_prep import text_cache
+from launcher.cli import launch
 
 CHECK = REPO / "tests/nemo_cpu/sdxl_text_cache_check.py"
-MODULES = "nemo.collections.multimodal.modules.stable_diffusion.encoders.modules"
+PRESET = "sdxl_base_train_res_256_stage_1"
+SWITCH = "data_preparation.precache.enable=true"
 TOKENS = 80  # 77 padded to a multiple of 8 by both NeMo embedders
-POOLED = OPEN_CLIP_WIDTH  # ViT-S-32-alt's embed_dim: the pooled projection
+POOLED = OPEN_CLIP_WIDTH  # the tiny open_clip arch's embed_dim: the pooled projection
 SIZES = ("original_size_as_tuple", "crop_coords_top_left", "target_size_as_tuple")
+STORED = {
+    "caption_emb_0_0": [TOKENS, WIDTH],
+    "caption_emb_1_0": [TOKENS, OPEN_CLIP_WIDTH],
+    "caption_emb_1_1": [POOLED],
+}
 # float16 storage: 2^-11 relative rounding of values of order 1-10 (the tiny towers' outputs).
 ATOL = 0.02
-
-
-def tiny_sdxl_model(models: Path, data: Path) -> dict:
-    """NVIDIA's SDXL conditioner and data section (NeMo's sd_xl_base_train.yaml) at the tiny sizes."""
-    size = {"_target_": f"{MODULES}.ConcatTimestepEmbedderND", "outdim": 256, "device": "cpu"}
-    return {
-        "precision": "bf16-mixed",
-        "micro_batch_size": 4,
-        "unet_config": {"context_dim": WIDTH + OPEN_CLIP_WIDTH, "adm_in_channels": POOLED + 3 * 2 * 256},
-        "conditioner_config": {
-            "_target_": f"{MODULES}.GeneralConditioner",
-            "emb_models": [
-                {
-                    "is_trainable": False,
-                    "input_key": "captions",
-                    "ucg_rate": 0.1,
-                    "emb_model": {
-                        "_target_": f"{MODULES}.FrozenCLIPEmbedder",
-                        "version": str(models / CLIP_DIR),
-                        "layer": "hidden",
-                        "layer_idx": 1,
-                        "device": "cpu",
-                    },
-                },
-                {
-                    "is_trainable": False,
-                    "ucg_rate": 0.1,
-                    "input_key": "captions",
-                    "emb_model": {
-                        "_target_": f"{MODULES}.FrozenOpenCLIPEmbedder2",
-                        "arch": OPEN_CLIP_ARCH,
-                        "version": str(models / OPEN_CLIP_FILE),
-                        "freeze": True,
-                        "layer": "penultimate",
-                        "always_return_pooled": True,
-                        "legacy": False,
-                        "device": "cpu",
-                    },
-                },
-                *(
-                    {"is_trainable": False, "ucg_rate": 0.1, "input_key": key, "emb_model": size}
-                    for key in SIZES
-                ),
-            ],
-        },
-        "data": {
-            "num_workers": 1,
-            "train": {
-                "dataset_path": [str(data / "tarfiles_reorganized/wdinfo.pkl")],
-                "augmentations": {"resize_smallest_side": 64, "horizontal_flip": False},
-                "filterings": None,
-            },
-            "webdataset": {"infinite_sampler": False, "local_root_path": str(data / "tarfiles_reorganized")},
-        },
-    }
-
-
-def _run(nemo_python: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run(
-        [nemo_python, *args], capture_output=True, text=True, timeout=600, cwd=REPO, env=env, check=False
-    )
-
-
-@pytest.fixture(scope="module")
-def cache(
-    tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path, demo_data: Path, nemo_python: str
-) -> Path:
-    """The encode step on the demo's image tars with the tiny SDXL config: the cached tars and wdinfo."""
-    from omegaconf import OmegaConf
-
-    root = tmp_path_factory.mktemp("sdxl-text-cache")
-    config = root / "train.yaml"
-    config.write_text(
-        OmegaConf.to_yaml({"model": tiny_sdxl_model(tiny_assets / "models", demo_data / "data")})
-    )
-    images, out = demo_data / "data/tarfiles_reorganized", root / "cached"
-    common = ("--input-wdinfo", str(images / "wdinfo.pkl"), "--output-dir", str(out))
-    encode = ("encode", "--training-config", str(config), "--input-dir", str(images), "--device", "cpu")
-    for args in ((*encode, *common, "--batch-size", "4"), ("wdinfo", *common, "--verify")):
-        proc = _run(nemo_python, "-m", "data_prep.encode_latents", *args)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return root
-
-
-@pytest.mark.slow
-def test_the_cached_tars_hold_a_pickle_and_the_image_per_sample(cache: Path, demo_data: Path) -> None:
-    images = demo_data / "data/tarfiles_reorganized"
-    info = pickle.loads((cache / "cached/wdinfo.pkl").read_bytes())
-    assert info["total_key_count"] == pickle.loads((images / "wdinfo.pkl").read_bytes())["total_key_count"]
-    with tarfile.open(cache / "cached" / info["tar_files"][0]) as tar:
-        names = tar.getnames()
-    keys = sorted({n.split(".")[0] for n in names})
-    assert names == [f"{key}.{ext}" for key in keys for ext in text_cache.MEMBERS]
-
-
-@pytest.mark.slow
-def test_nemos_text_mode_loader_reads_them_and_the_conditioning_equals_the_captions(
-    cache: Path, demo_data: Path, nemo_python: str
-) -> None:
-    name = pickle.loads((cache / "cached/wdinfo.pkl").read_bytes())["tar_files"][0]
-    args = (
-        cache / "train.yaml",
-        cache / "cached/wdinfo.pkl",
-        demo_data / "data/tarfiles_reorganized" / name,
-        cache / "cached" / name,
-    )
-    proc = _run(nemo_python, str(CHECK), *map(str, args))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
-    loader = found["loader"]
-    # NeMo's loader: the image (resized to 64 on the short side, randomly cropped square), the size/crop
-    # conditioning it computes, the caption it replaces, and the stored embeddings as float16 tensors.
-    assert loader["images"] == {"shape": [4, 64, 64, 3], "dtype": "torch.float32"}
-    assert all(loader[key]["shape"] == [4, 2] for key in SIZES)
-    assert loader["captions"] == {"values": ["fake caption"]}
-    stored = {
-        "caption_emb_0_0": [TOKENS, WIDTH],
-        "caption_emb_1_0": [TOKENS, OPEN_CLIP_WIDTH],
-        "caption_emb_1_1": [POOLED],
-    }
-    assert {k: v for k, v in loader.items() if k.startswith("caption_emb")} == {
-        key: {"shape": [4, *shape], "dtype": "torch.float16"} for key, shape in stored.items()
-    }
-    assert found["stored"] == {key: {"shape": shape, "dtype": "float16"} for key, shape in stored.items()}
-    assert found["png_is_the_jpg"] and found["member_order"] == list(text_cache.MEMBERS)
-    # NeMo's GeneralConditioner: the same conditioning from the cache as from the captions.
-    samples = found["samples"]
-    crossattn, vector = found["crossattn"], found["vector"]
-    assert crossattn["shape"] == crossattn["cached_shape"] == [samples, TOKENS, WIDTH + OPEN_CLIP_WIDTH]
-    assert vector["shape"] == vector["cached_shape"] == [samples, POOLED + 3 * 2 * 256]
-    assert crossattn["abs_max"] > 0.1 and vector["abs_max"] > 0.1  # not a comparison of zeros
-    assert crossattn["max_abs_diff"] < ATOL and vector["max_abs_diff"] < ATOL, found
+# The state dict's key prefixes (3 levels) of a training checkpoint.
+KEYS = (
+    "import json, sys, torch; sd = torch.load(sys.argv[1], map_location='cpu', weights_only=False)['state_dict']; "
+    "print(json.dumps(sorted({'.'.join(k.split('.')[:3]) for k in sd})))"
+)
 
 
 # -- what the switch sets and refuses (no NeMo) -------------------------------------------------------
 
-FULL = {"context_dim": 2048, "adm_in_channels": 2816}  # NVIDIA's SDXL UNet
 
-
-def _cfg(enable: bool = True, **model: object) -> object:
-    from omegaconf import OmegaConf
-
-    base = tiny_sdxl_model(Path("/m"), Path("/d"))
-    base["unet_config"] = FULL
-    return OmegaConf.create(
-        {
-            "data_dir": "/d",
-            "training": {"model": {**base, **model}},
-            "data_preparation": {"precache": {"enable": enable}},
-        }
+def _cfg(*overrides: str, enable: bool = True) -> object:
+    return compose_config(
+        [f"training=sdxl/{PRESET}", f"data_preparation.precache.enable={enable}", *overrides]
     )
 
 
@@ -194,19 +63,16 @@ def test_caption_embedders_become_readers_of_their_stored_outputs_in_place() -> 
         1: ("caption_emb_1_0", "caption_emb_1_1"),
     }
     cached = text_cache.cached_conditioner(model)
-    reader = {"_target_": text_cache.PRECACHED, "device": "cpu"}
+    reader = {"_target_": text_cache.PRECACHED, "device": "cuda"}  # the preset's encoders' device
     assert cached[0] == {
         "is_trainable": False,
         "ucg_rate": 0.1,
         "input_keys": ["caption_emb_0_0"],
         "emb_model": reader,
     }
-    assert (
-        cached[1]["input_keys"] == ["caption_emb_1_0", "caption_emb_1_1"] and cached[1]["emb_model"] == reader
-    )
-    assert cached[2:] == [
-        dict(e) for e in tiny_sdxl_model(Path("/m"), Path("/d"))["conditioner_config"]["emb_models"][2:]
-    ]
+    assert cached[1] == {**cached[0], "input_keys": ["caption_emb_1_0", "caption_emb_1_1"]}
+    sizes = [entry for entry in model.conditioner_config.emb_models][2:]
+    assert [entry["input_key"] for entry in cached[2:]] == list(SIZES) == [entry.input_key for entry in sizes]
 
 
 def test_the_switch_sets_text_mode_and_the_readers_and_the_storage_note_counts_full_size() -> None:
@@ -227,30 +93,130 @@ def test_the_switch_sets_text_mode_and_the_readers_and_the_storage_note_counts_f
 
 
 @pytest.mark.parametrize(
-    ("change", "key"),
+    ("override", "key"),
     [
         (
-            {"data": {"train": {"filterings": {"resolution": {"value": 256}}}}},
+            "+training.model.data.train.filterings.resolution.value=256",
             "training.model.data.train.filterings",
         ),
-        ({"conditioner_config": {"emb_models": []}}, "training.model.conditioner_config.emb_models"),
+        ("training.model.conditioner_config.emb_models=[]", "training.model.conditioner_config.emb_models"),
+        (
+            "+training.model.conditioner_config.emb_models.1.legacy_ucg_value=''",
+            "training.model.conditioner_config.emb_models.1.legacy_ucg_value",
+        ),
     ],
 )
-def test_what_the_cached_text_path_cannot_serve_is_refused_naming_the_key(change: dict, key: str) -> None:
+def test_what_the_cached_text_path_cannot_serve_is_refused_naming_the_key(override: str, key: str) -> None:
     from launcher import latents
     from launcher.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
-        latents.check(_cfg(**change))
+        latents.check(_cfg(override))
     assert key in str(err.value)
-    latents.check(_cfg(False, **change))  # with the switch off, nothing of this is read
+    latents.check(_cfg(override, enable=False))  # with the switch off, nothing of this is read
 
 
-def test_a_legacy_caption_replacement_is_refused() -> None:
-    from launcher import latents
-    from launcher.errors import ConfigError
+# -- NeMo's own code on CPU ------------------------------------------------------------------------
 
-    cfg = _cfg()
-    cfg.training.model.conditioner_config.emb_models[1].legacy_ucg_value = ""
-    with pytest.raises(ConfigError, match=r"emb_models\.1\.legacy_ucg_value"):
-        latents.check(cfg)
+
+def _run(nemo_python: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run(
+        [nemo_python, *args], capture_output=True, text=True, timeout=600, cwd=REPO, env=env, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def shared(new_shared, nemo_python: str) -> Path:
+    """The session's demo data and tiny assets; data preparation launched with the switch on for the 256 px
+    SDXL preset (the finished image steps return at once; the encode step runs)."""
+    shared_dir = new_shared()
+    (shared_dir / "data_sdxl_256").symlink_to("data")
+    launch(
+        compose_config(
+            [
+                f"cluster.shared_dir={shared_dir}",
+                f"training=sdxl/{PRESET}",
+                "stages=[data_preparation]",
+                SWITCH,
+                f"data_preparation.precache.python={nemo_python}",
+                "data_preparation.precache.batch_size=4",
+                "assets.enable=false",  # the tiny assets stand where the assets job puts the real ones
+                *SDXL_OVERRIDES,
+                "data_preparation.download_images.image_size=256",  # the demo data's: its steps are done
+            ]
+        )
+    )
+    return shared_dir
+
+
+@pytest.mark.slow
+def test_the_cached_tars_hold_a_pickle_and_the_image_per_sample(shared: Path) -> None:
+    images, cached = shared / "data/tarfiles_reorganized", shared / "data/tarfiles_latents"
+    info = pickle.loads((cached / "wdinfo.pkl").read_bytes())
+    assert info["total_key_count"] == pickle.loads((images / "wdinfo.pkl").read_bytes())["total_key_count"]
+    with tarfile.open(cached / info["tar_files"][0]) as tar:
+        names = tar.getnames()
+    keys = sorted({n.split(".")[0] for n in names})
+    assert names == [f"{key}.{ext}" for key in keys for ext in text_cache.MEMBERS]
+
+
+@pytest.mark.slow
+def test_nemos_text_mode_loader_reads_them_and_the_conditioning_equals_the_captions(
+    shared: Path, nemo_python: str
+) -> None:
+    cached = shared / "data/tarfiles_latents"
+    name = pickle.loads((cached / "wdinfo.pkl").read_bytes())["tar_files"][0]
+    args = (
+        shared / f"results/{PRESET}/training/{PRESET}_encode.yaml",  # the config the encode step read
+        cached / "wdinfo.pkl",
+        shared / "data/tarfiles_reorganized" / name,
+        cached / name,
+    )
+    proc = _run(nemo_python, str(CHECK), *map(str, args))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    loader = found["loader"]
+    # NeMo's loader: the image (resized to 64 on the short side, randomly cropped square), the size/crop
+    # conditioning it computes, the caption it replaces, and the stored embeddings as float16 tensors.
+    assert loader["images"] == {"shape": [2, 64, 64, 3], "dtype": "torch.float32"}
+    assert all(loader[key]["shape"] == [2, 2] for key in SIZES)
+    assert loader["captions"] == {"values": ["fake caption"]}
+    assert {k: v for k, v in loader.items() if k.startswith("caption_emb")} == {
+        key: {"shape": [2, *shape], "dtype": "torch.float16"} for key, shape in STORED.items()
+    }
+    assert found["stored"] == {key: {"shape": shape, "dtype": "float16"} for key, shape in STORED.items()}
+    assert found["png_is_the_jpg"] and found["member_order"] == list(text_cache.MEMBERS)
+    # NeMo's GeneralConditioner: the same conditioning from the cache as from the captions.
+    samples = found["samples"]
+    crossattn, vector = found["crossattn"], found["vector"]
+    assert crossattn["shape"] == crossattn["cached_shape"] == [samples, TOKENS, WIDTH + OPEN_CLIP_WIDTH]
+    assert vector["shape"] == vector["cached_shape"] == [samples, POOLED + 3 * 2 * 256]
+    assert crossattn["abs_max"] > 0.1 and vector["abs_max"] > 0.1  # not a comparison of zeros
+    assert crossattn["max_abs_diff"] < ATOL and vector["max_abs_diff"] < ATOL, found
+
+
+@pytest.mark.slow
+def test_data_check_and_nemos_sd_xl_train_read_the_cache(shared: Path, nemo_python: str) -> None:
+    steps = "training.trainer.max_steps=2"
+    config = render_training(shared, "cached", f"training=sdxl/{PRESET}", SWITCH, steps, tiny=SDXL_OVERRIDES)
+    config = config.parent / f"{PRESET}.yaml"
+    rendered = config.read_text()
+    assert "precache_mode: text" in rendered and text_cache.PRECACHED in rendered
+    assert f"local_root_path: {shared}/data_sdxl_256/tarfiles_latents" in rendered
+    args = ("--world-size", "1", "--num-workers", "1", "--micro-batch-size", "2", "--batches", "2")
+    report = run_data_check(nemo_python, config, shared / "check.json", *args, "--scan-tars", "0")[1]
+    assert report["ok"], report["errors"]
+    assert (
+        report["loader"]["images"] == [2, 64, 64, 3] and report["loader"]["caption_example"] == "fake caption"
+    )
+    proc = run_sd_train(nemo_python, config, shared / "cached.log", runner=SD_XL_TRAIN_CPU)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    log = (shared / "cached.log").read_text()
+    assert "Precahing text only" in log and "`max_steps=2` reached" in log  # NeMo's own log line (sic)
+    # What docs/latents.md says: the readers have no weights, so the checkpoint holds no text encoder.
+    checkpoint = next((config.parent / "results/checkpoints").glob("*step=2*.ckpt"))
+    proc = _run(nemo_python, "-c", KEYS, str(checkpoint))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prefixes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "model.model.diffusion_model" in prefixes and not any("conditioner" in p for p in prefixes)

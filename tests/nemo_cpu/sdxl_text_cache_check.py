@@ -65,7 +65,6 @@ def compare(model: object, image_tar: str, cached_tar: str) -> dict:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm off NVIDIA's container)
     from data_prep.text_cache import cached_conditioner
 
     def conditioner(entries: list) -> object:
@@ -111,6 +110,10 @@ def compare(model: object, image_tar: str, cached_tar: str) -> dict:
 
 def main() -> None:
     from omegaconf import OmegaConf
+
+    from data_prep.nemo_cpu import patch_for_cpu
+
+    patch_for_cpu()  # training's CPU patches: the size embedders move their output to the CUDA device
 
     config, wdinfo, image_tar, cached_tar = sys.argv[1:5]
     model = OmegaConf.load(config).model
