@@ -8,9 +8,11 @@
 to every process of every array task (worker = array task x tasks per job + SLURM_PROCID); each tar
 becomes a latent tar of the same name whose samples, in the image tar's key order, each hold one
 `<key>.pickle` member (data_prep.latent_format) computed by NeMo's own VAE and text encoder
-(data_prep.latent_encoder). A tar is written under a temporary name and renamed, then its count record
-`_counts/<name>.json` commits it; a rerun skips every tar whose record matches this run's fingerprint
-(the image tar's size, the training config's encode-relevant keys, the VAE file), so a killed process
+(data_prep.latent_encoder); for SDXL (data_prep.model_family.is_sdxl) a `<key>.pickle` of the caption
+embedders' outputs and the image as `<key>.png` (data_prep.text_cache, NeMo's precache_mode text).
+A tar is written under a temporary name and renamed, then its count record `_counts/<name>.json` commits
+it; a rerun skips every tar whose record matches this run's fingerprint (the image tar's size, the
+training config's encode-relevant keys, the VAE file for SD), so a killed process
 loses at most the tar it was writing. Batches never span tars, so a tar's bytes do not depend on the
 slicing (on CPU the same input gives the same bytes).
 
@@ -32,6 +34,7 @@ from typing import Any, BinaryIO
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
 from data_prep.faults import step_main
+from data_prep.model_family import is_sdxl
 from data_prep.progress import log, read_json
 from data_prep.tar_writer import build_header, end_of_archive
 from data_prep.tario import BLOCK, ZEROS, index_samples, padded, scan_members
@@ -48,6 +51,8 @@ ENCODE_KEYS = (
     "precision",
     "channels_last",
 )
+# SDXL caches only the caption embedders' outputs (data_prep.text_cache): one cache serves every stage.
+TEXT_ENCODE_KEYS = ("conditioner_config", "precision")
 
 
 class EncodeError(Exception):
@@ -71,15 +76,17 @@ def fingerprint(model: Any) -> str:
     """What the latents depend on besides the image tar: the encode keys' values and the VAE file."""
     from omegaconf import OmegaConf
 
+    sdxl = is_sdxl(model)
     values = {
         key: OmegaConf.to_container(OmegaConf.select(model, key), resolve=True)
         if OmegaConf.is_config(OmegaConf.select(model, key))
         else OmegaConf.select(model, key)
-        for key in ENCODE_KEYS
+        for key in (TEXT_ENCODE_KEYS if sdxl else ENCODE_KEYS)
     }
-    vae = str(model.first_stage_config.get("from_pretrained") or "")
-    stat = os.stat(vae) if vae and os.path.exists(vae) else None
-    values["vae_file"] = [vae, stat.st_size if stat else None, int(stat.st_mtime) if stat else None]
+    if not sdxl:  # SDXL's cache holds no latents: the VAE, the resolution and the crops do not enter it
+        vae = str(model.first_stage_config.get("from_pretrained") or "")
+        stat = os.stat(vae) if vae and os.path.exists(vae) else None
+        values["vae_file"] = [vae, stat.st_size if stat else None, int(stat.st_mtime) if stat else None]
     values["format"] = FORMAT_VERSION
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -128,8 +135,8 @@ def _record_ok(record: Any, print_: str, tar: Path) -> bool:
 
 def _batch(
     encoder: Any, source: Path, samples: list[tuple[str, bytes, str]]
-) -> tuple[list[str], Any, Any, int]:
-    """(keys, moments, text, images that failed to decode) of one batch of samples."""
+) -> tuple[list[tuple[str, Any]], int]:
+    """([(key, that sample's tar members)], images that failed to decode) of one batch of samples."""
     keys, images, captions, failed = [], [], [], 0
     for key, jpg, caption in samples:
         try:
@@ -141,34 +148,41 @@ def _batch(
         keys.append(key)
         captions.append(caption)
     if not keys:
-        return [], None, None, failed
-    moments, text = encoder.encode(images, captions)
-    return keys, moments, text, failed
+        return [], failed
+    return list(zip(keys, encoder.encode_members(images, captions), strict=True)), failed
 
 
 def encode_tar(encoder: Any, source: Path, target: Path, batch_size: int) -> tuple[int, int]:
     """Encode one image tar into `target` (a temporary name until complete); (samples, undecodable)."""
-    from data_prep.latent_format import MEMBER_EXT, dumps_sample
-
     samples, written, failed = read_samples(source), 0, 0
     with atomic_path(target) as tmp, open(tmp, "wb") as out:
         tar = _TarOut(out)
         for start in range(
             0, len(samples), batch_size
         ):  # batches never span tars: bytes independent of slicing
-            keys, moments, text, bad = _batch(encoder, source, samples[start : start + batch_size])
+            encoded, bad = _batch(encoder, source, samples[start : start + batch_size])
             failed += bad
-            for key, m, t in zip(keys, moments if keys else [], text if keys else [], strict=True):
-                tar.add(f"{key}.{MEMBER_EXT}", dumps_sample(m, t))
+            for key, members in encoded:
+                for ext, data in members:
+                    tar.add(f"{key}.{ext}", data)
                 written += 1
         tar.close()
     return written, failed
 
 
+def make_encoder(model: Any, device: str) -> Any:
+    """SD: NeMo's VAE and text encoder (cached latents); SDXL: its caption embedders (cached text)."""
+    if is_sdxl(model):
+        from data_prep.text_cache import TextEncoder
+
+        return TextEncoder(model, device)
+    from data_prep.latent_encoder import LatentEncoder
+
+    return LatentEncoder(model, device)
+
+
 def run_encode(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
-
-    from data_prep.latent_encoder import LatentEncoder
 
     model = OmegaConf.load(args.training_config).model
     info = read_wdinfo(args.input_wdinfo)
@@ -193,7 +207,7 @@ def run_encode(args: argparse.Namespace) -> int:
         import torch
 
         torch.cuda.set_device(int(os.environ.get("SLURM_LOCALID", 0)))
-    encoder = LatentEncoder(model, device)
+    encoder = make_encoder(model, device)
     start, done = time.monotonic(), 0
     for name in todo:
         source = args.input_dir / name

@@ -25,11 +25,22 @@ from omegaconf import DictConfig, OmegaConf
 _AUTOCAST = {"bf16": "bfloat16", "bf16-mixed": "bfloat16", "16": "float16", "16-mixed": "float16"}
 
 
-def _frozen(module: Any) -> Any:
+def frozen(module: Any) -> Any:
     module = module.eval()
     for param in module.parameters():
         param.requires_grad = False
     return module
+
+
+def autocast(model: Any, device: Any) -> Any:
+    """A context factory: on a GPU, the autocast MegatronLatentDiffusion / MegatronDiffusionEngine train
+    under for the config's precision; on CPU (float32, no autocast) a null context."""
+    import torch
+
+    dtype = _AUTOCAST.get(str(model.get("precision", "32")))
+    if device.type == "cuda" and dtype:
+        return lambda: torch.autocast("cuda", getattr(torch, dtype))
+    return contextlib.nullcontext
 
 
 class LatentEncoder:
@@ -51,17 +62,11 @@ class LatentEncoder:
         cond = model.cond_stage_config
         if "device" in cond:  # FrozenCLIPEmbedder moves its tokens there
             cond.device = device
-        self.vae = _frozen(LatentDiffusion.from_config_dict(model.first_stage_config)).to(self.device)
-        self.text = _frozen(LatentDiffusion.from_config_dict(cond)).to(self.device)
-        cuda = self.device.type == "cuda"
-        if cuda and model.get("channels_last", False):
+        self.vae = frozen(LatentDiffusion.from_config_dict(model.first_stage_config)).to(self.device)
+        self.text = frozen(LatentDiffusion.from_config_dict(cond)).to(self.device)
+        if self.device.type == "cuda" and model.get("channels_last", False):
             self.vae = self.vae.to(memory_format=torch.channels_last)
-        dtype = _AUTOCAST.get(str(model.get("precision", "32")))
-        self.autocast = (
-            (lambda: torch.autocast("cuda", getattr(torch, dtype)))
-            if cuda and dtype
-            else contextlib.nullcontext
-        )
+        self.autocast = autocast(model, self.device)
         self.transform = construct_image_augmentations(model.data.train.get("augmentations"))
         self._load = pil_loader
 
@@ -77,3 +82,10 @@ class LatentEncoder:
             moments = self.vae.encode(x).parameters
             text = self.text.encode(list(captions))
         return moments.float().cpu().numpy(), text.float().cpu().numpy()
+
+    def encode_members(self, images: list[Any], captions: list[str]) -> list[list[tuple[str, bytes]]]:
+        """Each sample's tar members: one `pickle` (data_prep.latent_format)."""
+        from data_prep.latent_format import MEMBER_EXT, dumps_sample
+
+        moments, text = self.encode(images, captions)
+        return [[(MEMBER_EXT, dumps_sample(m, t))] for m, t in zip(moments, text, strict=True)]

@@ -64,12 +64,16 @@ class _Pickler(pickle.Pickler):
         return _reduce_array(obj) if type(obj) is np.ndarray else NotImplemented
 
 
-def dumps_sample(moments: np.ndarray, text: np.ndarray) -> bytes:
-    """The `.pickle` member of one sample; arrays stored as float16."""
-    sample = {IMAGE_KEY: moments.astype(STORED_DTYPE), TEXT_KEY: text.astype(STORED_DTYPE)}
+def dumps_arrays(arrays: dict[str, np.ndarray], dtype: str) -> bytes:
+    """A `.pickle` member: the dict of arrays, each stored as `dtype` (a numpy dtype string)."""
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=PICKLE_PROTOCOL).dump(sample)
+    _Pickler(buffer, protocol=PICKLE_PROTOCOL).dump({key: a.astype(dtype) for key, a in arrays.items()})
     return buffer.getvalue()
+
+
+def dumps_sample(moments: np.ndarray, text: np.ndarray) -> bytes:
+    """The `.pickle` member of one SD sample; arrays stored as float16."""
+    return dumps_arrays({IMAGE_KEY: moments, TEXT_KEY: text}, STORED_DTYPE)
 
 
 def is_latent_key(key: str) -> bool:
@@ -95,11 +99,16 @@ def moments_shape(embed_dim: int, height: int, width: int, downsampling: int) ->
     return (2 * embed_dim, height // downsampling, width // downsampling)
 
 
-def sample_bytes(moments: tuple[int, ...], text: tuple[int, ...]) -> int:
-    """At most the bytes one sample takes in a latent tar: its member's 512-byte header plus the pickle
-    (the float16 arrays and PICKLE_OVERHEAD_MAX), padded to the tar block. Arithmetic, no numpy."""
-    size = 2 * (math.prod(moments) + math.prod(text)) + PICKLE_OVERHEAD_MAX
+def pickle_member_bytes(values: int, itemsize: int) -> int:
+    """At most the bytes a `.pickle` member of `values` numbers takes in a tar: its 512-byte header plus
+    the pickle (the arrays and PICKLE_OVERHEAD_MAX), padded to the tar block. Arithmetic, no numpy."""
+    size = itemsize * values + PICKLE_OVERHEAD_MAX
     return _TAR_BLOCK + (size + _TAR_BLOCK - 1) // _TAR_BLOCK * _TAR_BLOCK
+
+
+def sample_bytes(moments: tuple[int, ...], text: tuple[int, ...]) -> int:
+    """At most the bytes one SD sample takes in a latent tar (float16 moments and text)."""
+    return pickle_member_bytes(math.prod(moments) + math.prod(text), 2)
 
 
 # -- shapes a training config implies (a DictConfig or a dict: both have .get) ----------------------

@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.model_family import SDXL_TEXT_KEY, is_sdxl
+from data_prep.text_cache import PRECACHE_MODE
 
 
 def _free_port() -> int:
@@ -103,9 +104,14 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
     try:
         parallel_state.initialize_model_parallel(1, 1)
         # NeMo's own choice (ddpm.py build_train_valid_test_datasets): latent keys read .pickle members;
-        # SDXL's (diffusion_engine.py, precache_mode null): its loader, with the size/crop conditioning.
-        if is_sdxl(cfg):
-            build = sd_data.build_sdxl_train_valid_datasets
+        # SDXL's (diffusion_engine.py build_train_valid_test_datasets): its loader, with the size/crop conditioning.
+        if is_sdxl(cfg):  # and precache_mode text: the cached text embeddings (data_prep.text_cache)
+            cached = cfg.get("precache_mode") == PRECACHE_MODE
+            build = (
+                sd_data.build_sdxl_precached_text_train_valid_datasets
+                if cached
+                else sd_data.build_sdxl_train_valid_datasets
+            )
         elif is_latent_key(cfg.first_stage_key):
             build = sd_data.build_train_valid_precached_datasets
         else:

@@ -15,6 +15,7 @@ from data_prep.latent_check import check_latent_members, count_errors
 from data_prep.latent_format import MEMBER_EXT, is_latent_key
 from data_prep.model_family import is_sdxl
 from data_prep.tario import split_key
+from data_prep.text_cache import PRECACHE_MODE
 from data_prep.wdinfo import read_wdinfo, shard_plan
 
 # The keys NeMo's construct_image_augmentations accepts; any other raises inside the map, where
@@ -66,8 +67,8 @@ def check_data_source(model: DictConfig) -> bool:
         raise DataCheckError(
             "model.data.synthetic_data is true: training feeds random tensors, not your dataset; set it false"
         )
-    if is_sdxl(model):  # jpg + txt (the launcher refuses SDXL's precache_mode: nothing writes its caches)
-        return False
+    if is_sdxl(model):  # jpg + txt, or the cached text embeddings' pickle + png (data_prep.text_cache)
+        return model.get("precache_mode") == PRECACHE_MODE
     if str(model.cond_stage_key).endswith("clip_encoded"):
         raise DataCheckError(
             f"model.cond_stage_key={model.cond_stage_key} selects NeMo's CLIP-embedding tars (.pyd members), "

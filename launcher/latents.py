@@ -4,12 +4,14 @@ training, asked by nemo_config, preflight, the stages and the launch. Imports no
 On (and the data real), training and data_check read the latent tars that data preparation's
 encode_latents writes (launcher/stages/precache.py plans those jobs): `training_overrides` gives the keys
 and paths the switch sets in NeMo's config, `training_wdinfo` the wdinfo training reads. Off, training
-reads the image tars.
+reads the image tars. For SDXL (data_prep.model_family.is_sdxl) what is cached is the text embeddings
+only (NeMo's `precache_mode: text`, data_prep.text_cache): the latents stay computed at every step so
+that the size/crop conditioning and the random crops stay as they are.
 
 `check` refuses, before anything is submitted, every config the encode step or NeMo's precached loader
 could not serve: latent keys with the switch off (or other keys with it on), no VAE, random
 augmentations (one draw would be frozen into the cache), a resolution the tars cannot give, latents
-whose shape does not fit the UNet.
+whose shape does not fit the UNet; for SDXL, what NeMo's cached-text path cannot serve.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from data_prep import latent_format as fmt
+from data_prep import text_cache
 from data_prep.model_family import is_sdxl
 from launcher.errors import ConfigError
 from launcher.layout import DataLayout
@@ -35,12 +38,21 @@ def enabled(cfg: Any) -> bool:
 
 
 def training_overrides(cfg: Any, layout: DataLayout) -> dict[str, Any]:
-    """What the switch sets in NeMo's training config (nothing when off)."""
+    """What the switch sets in NeMo's training config (nothing when off): SD reads cached latents through
+    its latent keys; SDXL reads cached text embeddings (`precache_mode: text`) through a conditioner whose
+    caption embedders read them (data_prep.text_cache)."""
     if not enabled(cfg):
         return {}
+    model = cfg.training.model
+    if is_sdxl(model):
+        switch: dict[str, Any] = {
+            "precache_mode": text_cache.PRECACHE_MODE,
+            "conditioner_config": {"emb_models": text_cache.cached_conditioner(model)},
+        }
+    else:
+        switch = {"first_stage_key": LATENT_KEYS[0], "cond_stage_key": LATENT_KEYS[1]}
     return {
-        "first_stage_key": LATENT_KEYS[0],
-        "cond_stage_key": LATENT_KEYS[1],
+        **switch,
         "data": {
             "train": {"dataset_path": [str(layout.latent_wdinfo)]},
             "webdataset": {"local_root_path": str(layout.latent_tar_dir)},
@@ -149,20 +161,40 @@ def _check_unet(cfg: Any, crop: tuple[int, int]) -> None:
         )
 
 
-def _check_family(cfg: Any) -> None:
-    """The latent tars hold SD 1.x/2.0 inputs (VAE moments, one text encoder's output): SDXL reads images."""
-    if enabled(cfg) and is_sdxl(cfg.training.model):
+def _check_sdxl(cfg: Any) -> None:
+    """SDXL caches the caption embedders' outputs only (NeMo's precache_mode text): the images, their
+    augmentations and the size/crop conditioning stay as they are."""
+    model = cfg.training.model  # precache_mode set by hand is refused with the preset (launcher.sdxl_config)
+    if not enabled(cfg):
+        return
+    keys = text_cache.caption_keys(model)
+    if not keys:
         raise ConfigError(
-            SWITCH,
-            "is true, but the cached latents are SD 1.x/2.0's (VAE moments and one text encoder's output), "
-            "which NeMo's SDXL training (training.model.conditioner_config) cannot read. Allowed: "
-            f"{SWITCH}=false with an SDXL preset (training reads the image tars)",
+            "training.model.conditioner_config.emb_models",
+            f"no embedder reads {text_cache.CAPTIONS!r}: there is no text to cache. Allowed: the preset's "
+            f"conditioner, or {SWITCH}=false",
+        )
+    entries = model.get("conditioner_config", {}).get("emb_models")
+    for index in keys:
+        if entries[index].get("legacy_ucg_value") is not None:
+            raise ConfigError(
+                f"training.model.conditioner_config.emb_models.{index}.legacy_ucg_value",
+                "replaces captions in the batch, which training from cached text embeddings does not "
+                f"read. Allowed: null (ucg_rate drops the embedding instead), or {SWITCH}=false",
+            )
+    if (model.get("data", {}).get("train", {}) or {}).get("filterings"):
+        raise ConfigError(
+            "training.model.data.train.filterings",
+            "NeMo's cached-text loader filters on a 'jpg' member its tars do not have (it reads 'png'). "
+            f"Allowed with {SWITCH}=true: null",
         )
 
 
 def check(cfg: Any) -> None:
     """Every refusal of the switch's settings (the keys are checked whether it is on or off)."""
-    _check_family(cfg)
+    if is_sdxl(cfg.training.model):
+        _check_sdxl(cfg)
+        return
     _check_keys(cfg)
     if not enabled(cfg):
         return

@@ -194,8 +194,9 @@ def _init_from(ctx: Context) -> dict[str, Any]:
     return {"model": {"unet_config": unet}}
 
 
-def build(ctx: Context) -> dict[str, Any]:
-    """The NeMo config as a plain dict, with derived values filled in.
+def build(ctx: Context, cached_inputs: bool = True) -> dict[str, Any]:
+    """The NeMo config as a plain dict, with derived values filled in; `cached_inputs=False`: without
+    what the latents switch sets (the config SDXL's encode step builds the caption embedders from).
 
     Without GPUs (the local backend) it is written for data_check only, as a world of one GPU.
     """
@@ -223,7 +224,7 @@ def build(ctx: Context) -> dict[str, Any]:
         {"trainer": dict(tr.trainer), "exp_manager": dict(tr.exp_manager), "model": dict(tr.model)}
     )
     # The latents switch sets the keys and paths last: training then reads the latent tars.
-    latent = {"model": latents.training_overrides(ctx.cfg, layout)}
+    latent = {"model": latents.training_overrides(ctx.cfg, layout) if cached_inputs else {}}
     merged = OmegaConf.merge(base, derived, _init_from(ctx), latent)
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 

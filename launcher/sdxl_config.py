@@ -4,7 +4,7 @@ before anything is submitted; nemo_config.check calls `check` for SDXL configs (
 - The image augmentations: NeMo's SDXL loader (stable_diffusion_dataset.py build_sdxl_train_valid_datasets)
   computes the size/crop conditioning from the image after `resize_smallest_side` and crops it square;
   with a `center_crop_h_w` key it yields no size/crop keys and the size embedders fail with a KeyError.
-- `precache_mode`: NeMo reads two cached forms (text, both) that nothing in this launcher writes yet.
+- `precache_mode`: set by data_preparation.precache.enable (launcher.latents), never by hand.
 - `data.synthetic_data`: SD's random-tensor mode; NeMo's SDXL engine ignores it and reads the tars.
 - The widths: the conditioner concatenates its embedders' outputs, so the UNet's `context_dim` must be the
   sum of the text encoders' widths and `adm_in_channels` the sum of the vector outputs (pooled text and 2 x
@@ -101,8 +101,8 @@ def check(model: Any, assets: Any) -> None:
     if model.get("precache_mode") is not None:
         raise ConfigError(
             f"{MODEL}.precache_mode",
-            f"{model.get('precache_mode')!r}: NeMo would read cached SDXL inputs that nothing in this launcher "
-            "writes yet. Allowed: null (training reads the image tars)",
+            f"{model.get('precache_mode')!r}: data_preparation.precache.enable sets it (text: the cached text "
+            "embeddings it writes; NeMo's 'both' drops the size/crop conditioning, docs/latents.md). Allowed: null",
         )
     _check_augmentations(model)
     _check_sizes(model, assets)

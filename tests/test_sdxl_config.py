@@ -67,12 +67,6 @@ def _refused(make_config: Callable, *overrides: str) -> ConfigError:
     return refused.value
 
 
-def test_the_sd_latents_switch_is_refused_for_sdxl(make_config: Callable) -> None:
-    error = _refused(make_config, "data_preparation.precache.enable=true")
-    assert error.key == "data_preparation.precache.enable"
-    assert "data_preparation.precache.enable=false with an SDXL preset" in str(error)
-
-
 @pytest.mark.parametrize(
     ("override", "key", "says"),
     [

@@ -234,7 +234,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         )
     if latents.enabled(ctx.cfg):
         last = jobs[-1].name if jobs else None
-        jobs += precache.plan(ctx, nemo_config.config_path(ctx), last, nemo_config.OFFLINE_HUB_ENV)
+        jobs += precache.plan(ctx, precache.encode_config_file(ctx)[0], last, nemo_config.OFFLINE_HUB_ENV)
     return tuple(jobs)
 
 
@@ -290,10 +290,10 @@ def _warnings(cfg: Any, planned: frozenset[str]) -> tuple[str, ...]:
 
 
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    """The encode step builds NeMo's VAE and text encoder from the training config that training reads."""
+    """The encode step builds NeMo's encoders from the training config (precache.encode_config_file)."""
     if not latents.enabled(ctx.cfg):
         return ()
-    return (nemo_config.config_file(ctx),)
+    return (precache.encode_config_file(ctx),)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
