@@ -158,9 +158,11 @@ def test_assets_data_model_check_and_three_chained_stages_run_and_status_reads_t
     staged = json.loads((shared / "models/sdxl-vae/.complete.json").read_text())
     assert staged["nemo_vae"]["renamed"] == 16
     assert "16 key(s) renamed" in _log(runs[STAGE_1], "pretrained_assets", first["pretrained_assets"])
-    # data_check: NeMo read the demo's tars and built the UNet, the staged VAE (every key) and both encoders.
+    # data_check: NeMo's SDXL loader read the demo's tars (stored at the training side, the tiny 64 px), and
+    # NeMo built the UNet, the staged VAE (every key loaded) and both text encoders.
     report = json.loads((runs[STAGE_1] / "data_check/report.json").read_text())
     assert report["ok"], report["errors"]
+    assert report["latent"] is False and report["loader"]["images"][1:] == [64, 64, 3]  # resize_smallest_side
     assert set(report["models"]) == {"unet", "vae", "text_encoder"}
     vae = report["models"]["vae"]
     assert vae["file"] == str(shared / "models" / SDXL_VAE_FILE)
