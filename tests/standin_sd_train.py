@@ -9,7 +9,10 @@ counter first, then the step's metrics) with MADE-UP step timings: 1.00 s for th
 0.001 s x micro batch x (1 + 0.25 x (nodes - 1)), i.e. 1000 img/s per GPU on 1 node, 800 on 2.
 Under an interpreter with torch, the checkpoints are real torch files holding one UNet tensor filled with the
 step (the -EMA twin: step + 0.5) beside a VAE tensor, and a config with unet_config.from_pretrained prints
-what that file holds (training.init_from's test follows the weights from one run to the next).
+what that file holds (training.init_from's test follows the weights from one run to the next). An SDXL config
+(NeMo's DiffusionEngine: a conditioner_config) gets every tensor of the UNet that NeMo's UNetModel builds from
+its unet_config (under NeMo's interpreter), each filled with the step, so that training.init_from's shape
+check of the next stage reads the planned UNet's names and shapes.
 Environment switches (tests only):
   STANDIN_OOM=<nodes>x<micro batch>  rank 0 of that case fails like a CUDA out-of-memory after 3 steps
   STANDIN_SPEED=<factor>             every step that much faster (a second "GPU" for compare)
@@ -79,14 +82,30 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
     bar.close()
 
 
-def write_checkpoint(path: Path, value: float, text: str) -> None:
+def nemo_unet(model: dict[str, Any]) -> dict[str, Any]:
+    """The state dict of the UNet NeMo's UNetModel builds from an SDXL `model`'s unet_config (its keys as
+    in a NeMo checkpoint); empty for any other config. Built, never loaded: from_pretrained is left out."""
+    if "conditioner_config" not in model:
+        return {}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hydra.utils import instantiate
+
+    import data_prep.nemo_compat  # noqa: F401  (NeMo's UNet needs a GroupNorm without apex)
+
+    unet = {k: v for k, v in model["unet_config"].items() if k not in ("from_pretrained", "from_NeMo")}
+    return {f"model.model.diffusion_model.{k}": v for k, v in instantiate(unet).state_dict().items()}
+
+
+def write_checkpoint(path: Path, value: float, text: str, model: dict[str, Any]) -> None:
     try:
         import torch
     except ImportError:
         path.write_text(text)
         return
+    unet = {key: torch.full_like(tensor, value) for key, tensor in nemo_unet(model).items()}
     state = {
         UNET_KEY: torch.full((2,), value),
+        **unet,
         "model.first_stage_model.decoder.conv_in.weight": torch.zeros(1),
     }
     torch.save({"state_dict": state, "global_step": int(value)}, path)
@@ -138,10 +157,13 @@ def main() -> None:
     report_pretrained(cfg)
     checkpoints.mkdir(parents=True, exist_ok=True)
     name = f"stable-diffusion--reduced_train_loss=0.10-step={step + 1}-consumed_samples={step + 1}.0.ckpt"
-    write_checkpoint(checkpoints / name, step + 1, "fake checkpoint written by the stand-in\n")
+    write_checkpoint(checkpoints / name, step + 1, "fake checkpoint written by the stand-in\n", cfg["model"])
     if (cfg["exp_manager"].get("ema") or {}).get("enable"):  # NeMo's EMA callback writes a twin
         write_checkpoint(
-            checkpoints / name.replace(".ckpt", "-EMA.ckpt"), step + 1.5, "fake EMA checkpoint\n"
+            checkpoints / name.replace(".ckpt", "-EMA.ckpt"),
+            step + 1.5,
+            "fake EMA checkpoint\n",
+            cfg["model"],
         )
     # exp_manager saves the model config beside checkpoints/, as NeMo's conversion reads it.
     (checkpoints.parent / "hparams.yaml").write_text(yaml.safe_dump({"cfg": cfg["model"]}))

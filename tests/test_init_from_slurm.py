@@ -7,11 +7,11 @@ really extracts the UNet; the rest (sbatch, dependencies, the init job, the NeMo
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 from fixtures.launches import standin_training
+from fixtures.slurm import dependency
 
 from launcher import manifest
 from launcher.cli import compose_config, launch
@@ -26,12 +26,6 @@ def _train(shared: Path, run: str, nemo_python: str, *overrides: str) -> dict[st
     return {r.name: r.job_id for r in manifest.load(shared / "results" / run) if r.job_id}
 
 
-def _dependency(slurm_cluster, job_id: str) -> str:
-    shown = slurm_cluster.run_command(["scontrol", "show", "job", "-o", job_id]).stdout
-    found = re.search(r"\bDependency=(\S+)", shown)
-    return found.group(1) if found else ""
-
-
 def test_b_waits_for_a_pending_run_a_then_starts_from_its_final_checkpoint(
     slurm_cluster,
     slurm_shared: Path,
@@ -44,10 +38,10 @@ def test_b_waits_for_a_pending_run_a_then_starts_from_its_final_checkpoint(
     b = _train(slurm_shared, "res512", nemo_python, f"training.init_from={earlier}")
     assert set(b) == {"sd_860m_res_256_init", "sd_860m_res_256"}
     # The init job waits on A's last part by its id; B's training on the init job.
-    assert _dependency(slurm_cluster, b["sd_860m_res_256_init"]).startswith(
+    assert dependency(slurm_cluster, b["sd_860m_res_256_init"]).startswith(
         f"afterok:{a['sd_860m_res_256_part1']}"
     )
-    assert _dependency(slurm_cluster, b["sd_860m_res_256"]).startswith(f"afterok:{b['sd_860m_res_256_init']}")
+    assert dependency(slurm_cluster, b["sd_860m_res_256"]).startswith(f"afterok:{b['sd_860m_res_256_init']}")
 
     slurm_cluster.run_command(["scontrol", "update", "nodename=n1,n2", "state=resume"])
     for job_id in [*a.values(), *b.values()]:
