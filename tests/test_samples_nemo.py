@@ -98,10 +98,13 @@ def test_newest_checkpoint_is_converted_sampled_and_gridded(trained: Path, nemo_
     assert status_lines(run) == ["samples: newest grid samples/step_4/grid.png (1 checkpoint(s) sampled)"]
 
 
-def test_a_given_checkpoint_is_sampled_with_its_ema_twin(trained: Path, nemo_python: str) -> None:
-    checkpoints = trained / "results" / RUN / "training" / "results" / "checkpoints"
+def test_a_given_checkpoint_is_sampled_with_its_ema_twin(
+    tiny_training: TinyTraining, tmp_path: Path, nemo_python: str
+) -> None:
+    shared = tiny_training.copy_to(tmp_path)  # its own: the other test counts the checkpoints sampled
+    checkpoints = shared / "results" / RUN / "training" / "results" / "checkpoints"
     given = next(p for p in checkpoints.glob("*-step=2-*.ckpt") if not p.name.endswith("-EMA.ckpt"))
-    run = _samples(trained, nemo_python, f"samples.checkpoint='{given}'")
+    run = _samples(shared, nemo_python, f"samples.checkpoint='{given}'")
     record = json.loads((run / "samples" / "step_2" / "samples.json").read_text())
     assert record["checkpoint"] == str(given).removesuffix(".ckpt") + "-EMA.ckpt"
     assert (run / "samples" / "step_2" / "grid.png").exists()
