@@ -247,3 +247,15 @@ def test_the_final_nemo_has_the_step_of_the_checkpoint_saved_before_it(tmp_path:
     # Step 6 came after the .nemo (a later job, killed before its end): not the .nemo's weights.
     assert checkpoints.final_nemo(folder) == nemo and checkpoints.step_of_nemo(nemo) == 4
     assert yaml.safe_load(checkpoints.nemo_model_config(nemo)) == {"cfg": 1}
+
+
+def test_sdxl_refuses_a_nemo_that_is_not_one(make_config: Callable, tmp_path: Path) -> None:
+    fake = tmp_path / "model.nemo"
+    fake.write_text("not a tar")
+    cfg = make_config(*GPU, *SDXL, "stages=[samples]", "assets.enable=false", f"samples.checkpoint='{fake}'")
+    with pytest.raises(
+        ConfigError,
+        match=r"samples.checkpoint: .*model.nemo is not a NeMo model file \(not a tar: ReadError\); "
+        r"allowed: a \.nemo NeMo saved",
+    ):
+        check_facts(cfg, FIXED_FACTS)

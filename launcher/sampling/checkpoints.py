@@ -82,9 +82,14 @@ def step_of_nemo(nemo: Path) -> int | None:
 
 def nemo_model_config(nemo: Path) -> str:
     """The model config NeMo's save_to stores in a .nemo (a tar): model_config.yaml's text."""
-    with tarfile.open(nemo) as tar:
-        member = next((m for m in tar.getmembers() if Path(m.name).name == "model_config.yaml"), None)
-        handle = tar.extractfile(member) if member else None
-        if handle is None:
-            raise ValueError(f"{nemo} holds no model_config.yaml: not a NeMo model file")
-        return handle.read().decode()
+    try:
+        with tarfile.open(nemo) as tar:
+            member = next((m for m in tar.getmembers() if Path(m.name).name == "model_config.yaml"), None)
+            handle = tar.extractfile(member) if member else None
+            if handle is None:
+                raise ValueError(f"{nemo} holds no model_config.yaml: not a NeMo model file")
+            return handle.read().decode()
+    except tarfile.TarError as error:
+        raise ValueError(
+            f"{nemo} is not a NeMo model file (not a tar: {error.__class__.__name__})"
+        ) from error

@@ -38,6 +38,8 @@ NAME = "samples"
 JOB_NAME = "samples"
 # NeMo saves each image as `<prompt[:50]>_<i>.png`: a '/' would name a folder.
 PROMPT = Pattern(r"[^/\x00-\x1f]*[^/\x00-\x1f\s][^/\x00-\x1f]*", "text without '/' or control characters")
+# Where the training planned in this launch fixes the size (trained_model's source).
+PLANNED_MODEL = "training.model.data.train.augmentations"
 # get_sampler_config in NeMo v2.4.0's parts/stable_diffusion/sdxl_pipeline.py.
 SDXL_SAMPLERS = (
     "EulerEDMSampler",
@@ -271,9 +273,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         seen[head] = i
 
 
-PLANNED_MODEL = "training.model.data.train.augmentations"  # where the planned training fixes the size
-
-
 def _given_checkpoint(cfg: Any) -> Path:
     """samples.checkpoint, refused unless it is a NeMo training checkpoint."""
     path = Path(cfg.samples.checkpoint)
@@ -331,7 +330,10 @@ def trained_model(cfg: Any, planned: frozenset[str]) -> tuple[dict[str, Any], st
         return dict(cfg.training.model), PLANNED_MODEL
     if _sdxl(cfg):
         nemo = _final_nemo(cfg)
-        text = checkpoints.nemo_model_config(nemo)
+        try:
+            text = checkpoints.nemo_model_config(nemo)
+        except ValueError as error:
+            raise ConfigError("samples.checkpoint", f"{error}; allowed: a .nemo NeMo saved") from error
         return OmegaConf.to_container(OmegaConf.create(text)), f"{nemo} (model_config.yaml)"  # type: ignore[return-value]
     path = _given_checkpoint(cfg) if cfg.samples.checkpoint else _newest_checkpoint(cfg)
     hparams = checkpoints.hparams_of(path)
