@@ -83,7 +83,9 @@ def test_the_samples_stage_grids_what_sd_xl_infer_draws_from_the_final_nemo(
     written = sorted(p.name for p in (step_dir / "images").iterdir())
     assert written == [f"{n:09}.png" for n in range(len(PROMPTS) * SAMPLES)]
     with Image.open(step_dir / "images" / written[0]) as image:
-        assert image.size == (SIDE, SIDE) and len(set(image.get_flattened_data())) > 100  # a picture, not a flat fill
+        assert (
+            image.size == (SIDE, SIDE) and len(set(image.get_flattened_data())) > 100
+        )  # a picture, not a flat fill
     with Image.open(step_dir / "grid.png") as grid:
         assert grid.size == (
             LABEL_W + SAMPLES * (SIDE + PAD) + PAD,
