@@ -103,6 +103,13 @@ CASES = {
         "training=sdxl/sdxl_base_train_res_256_stage_1",
         "data_preparation.precache.enable=false",
     ],
+    # SDXL's samples job: sd_xl_infer.py on the .nemo training saves at its end (samples.json says so).
+    "aws_p5_sdxl_train_samples": [
+        "cluster=aws_p5",
+        "stages=[training,samples]",
+        "training=sdxl/sdxl_base_train_res_256_stage_1",
+        "data_preparation.precache.enable=false",
+    ],
     "aws_p5_sdxl_512_stage_2": [
         "cluster=aws_p5",
         "stages=[data_preparation,training]",

@@ -165,3 +165,97 @@ def test_ema_twin_and_marker_follow_nemo_names() -> None:
     marker = checkpoints.unfinished_marker(checkpoints.ema_twin(plain))
     assert marker.name == CKPT.format(step=4, tail="-last").removesuffix(".ckpt") + "-unfinished"
     assert checkpoints.step_of(plain) == 4
+
+
+SDXL = ["training=sdxl/sdxl_base_train_res_256_stage_1", "data_preparation.precache.enable=false"]
+
+
+def _nemo(path: Path, model: dict) -> Path:
+    """A .nemo as NeMo's save_to lays it out (a tar with model_config.yaml), for what the host reads."""
+    import io
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(model).encode()
+    with tarfile.open(path, "w:") as tar:
+        member = tarfile.TarInfo("./model_config.yaml")
+        member.size = len(text)
+        tar.addfile(member, io.BytesIO(text))
+    return path
+
+
+def test_sdxl_samples_the_final_nemo_with_sd_xl_infer(make_config: Callable) -> None:
+    cfg = make_config(*GPU, *SDXL, "stages=[training,samples]")
+    check_facts(cfg, FIXED_FACTS)
+    plan = build_plan(cfg, FIXED_FACTS)
+    s = SamplingSettings.from_json(dict(plan.files)[plan.run_dir / "samples" / "samples.json"])
+    assert (s.sdxl, s.ema, s.sampler, s.checkpoint) == (True, False, "EulerEDMSampler", None)
+    assert s.infer_script.endswith("/stable_diffusion/sd_xl_infer.py")
+    assert any("the .nemo saved at the end of training" in note for note in plan.notes)
+
+
+def test_sdxl_refuses_a_checkpoint_nemo_cannot_convert(make_config: Callable) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"samples.checkpoint: /x/a-step=2\.ckpt: an SDXL training checkpoint cannot be sampled .*"
+        r"allowed: null \(the \.nemo sd_xl_train\.py saves at the end of training\) or a \.nemo",
+    ):
+        make_config(*GPU, *SDXL, "stages=[samples]", "samples.checkpoint='/x/a-step=2.ckpt'")
+
+
+def test_sdxl_trained_from_cached_text_embeddings_is_refused(make_config: Callable, tmp_path: Path) -> None:
+    on = [*GPU, "training=sdxl/sdxl_base_train_res_256_stage_1", "data_preparation.precache.enable=true"]
+    with pytest.raises(ConfigError, match=r"data_preparation.precache.enable: true: an SDXL model trained"):
+        check_facts(make_config(*on, "stages=[training,samples]"), FIXED_FACTS)
+    model = {"conditioner_config": {"emb_models": []}, "precache_mode": "text"}
+    nemo = _nemo(tmp_path / "run/model.nemo", model)
+    alone = make_config(
+        *GPU, *SDXL, "stages=[samples]", "assets.enable=false", f"samples.checkpoint='{nemo}'"
+    )
+    with pytest.raises(
+        ConfigError, match=f"samples.checkpoint: {nemo} \\(model_config.yaml\\): an SDXL model"
+    ):
+        check_facts(alone, FIXED_FACTS)
+    model = {
+        **model,
+        "precache_mode": None,
+        "data": {"train": {"augmentations": {"resize_smallest_side": 256}}},
+    }
+    check_facts(
+        make_config(
+            *GPU,
+            *SDXL,
+            "stages=[samples]",
+            "assets.enable=false",
+            f"samples.checkpoint='{_nemo(nemo, model)}'",
+        ),
+        FIXED_FACTS,
+    )
+
+
+def test_the_final_nemo_has_the_step_of_the_checkpoint_saved_before_it(tmp_path: Path) -> None:
+    import os
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step, when in ((2, 100), (4, 200), (6, 400)):
+        path = folder / CKPT.format(step=step, tail="-last" if step == 4 else "")
+        path.write_bytes(b"")
+        os.utime(path, (when, when))
+    nemo = _nemo(folder / "stable-diffusion-xl.nemo", {"cfg": 1})
+    os.utime(nemo, (300, 300))
+    # Step 6 came after the .nemo (a later job, killed before its end): not the .nemo's weights.
+    assert checkpoints.final_nemo(folder) == nemo and checkpoints.step_of_nemo(nemo) == 4
+    assert yaml.safe_load(checkpoints.nemo_model_config(nemo)) == {"cfg": 1}
+
+
+def test_sdxl_refuses_a_nemo_that_is_not_one(make_config: Callable, tmp_path: Path) -> None:
+    fake = tmp_path / "model.nemo"
+    fake.write_text("not a tar")
+    cfg = make_config(*GPU, *SDXL, "stages=[samples]", "assets.enable=false", f"samples.checkpoint='{fake}'")
+    with pytest.raises(
+        ConfigError,
+        match=r"samples.checkpoint: .*model.nemo is not a NeMo model file \(not a tar: ReadError\); "
+        r"allowed: a \.nemo NeMo saved",
+    ):
+        check_facts(cfg, FIXED_FACTS)

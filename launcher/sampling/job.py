@@ -10,6 +10,10 @@ package from its path). Steps, each a child process of NVIDIA's example scripts:
 3. `sd_infer.py` on a config written here (fixed prompts, seed, sampler, steps; the trained resolution);
 4. grid.png, samples.json (what was sampled, how), and the training plot (`python -m launcher.plot`).
 Everything lands in <run>/samples/step_<N>/; each file appears only once complete.
+
+SDXL (settings.sdxl): steps 1-2 become the .nemo sd_xl_train.py saved at the end of training (or the given
+.nemo; its step is that of the -last checkpoint saved just before it), and step 3 NeMo's sd_xl_infer.py,
+which names its images `{n:09}.png` in prompt order.
 """
 
 from __future__ import annotations
@@ -27,7 +31,16 @@ if __package__ in (None, ""):  # started by path: find this repo
 
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
 from data_prep.faults import step_main
-from launcher.sampling.checkpoints import ema_twin, hparams_of, is_ema, newest, step_of
+from launcher.sampling.checkpoints import (
+    ema_twin,
+    final_nemo,
+    hparams_of,
+    is_ema,
+    nemo_model_config,
+    newest,
+    step_of,
+    step_of_nemo,
+)
 from launcher.sampling.grid import grid_image
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
@@ -110,10 +123,15 @@ def infer_section(s: Any, size: tuple[int, int], out: Path, **given: Any) -> dic
     }
 
 
+def inference_trainer(precision: str) -> dict[str, Any]:
+    """One GPU per process, no logger."""
+    return {"devices": 1, "num_nodes": 1, "accelerator": "gpu", "precision": precision, "logger": False}
+
+
 def trainer_and_model(precision: str, nemo_file: Path) -> dict[str, Any]:
-    """One GPU per process, no logger, and the .nemo to restore."""
-    trainer = {"devices": 1, "num_nodes": 1, "accelerator": "gpu", "precision": precision, "logger": False}
-    return {"trainer": trainer, "model": {"restore_from_path": str(nemo_file), "precision": precision}}
+    """The trainer, and the .nemo to restore."""
+    model = {"restore_from_path": str(nemo_file), "precision": precision}
+    return {"trainer": inference_trainer(precision), "model": model}
 
 
 def infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
@@ -130,28 +148,91 @@ def infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, ou
     return {"name": "stable-diffusion-samples", "infer": infer, **trainer_and_model(s.precision, nemo_file)}
 
 
+def xl_infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
+    """sd_xl_infer.yaml's keys (v2.4.0 examples/.../stable_diffusion/conf/sd_xl_infer.yaml), every one the
+    script reads; NVIDIA's values except the samples settings, the trained size, and no refiner."""
+    height, width = size
+    base = {
+        "sampler": s.sampler,
+        "width": width,
+        "height": height,
+        "steps": s.steps,
+        "discretization": "LegacyDDPMDiscretization",
+        "guider": "VanillaCFG",
+        "thresholder": "None",
+        "scale": s.guidance_scale,
+        "img2img_strength": 1.0,
+        "sigma_min": 0.0292,
+        "sigma_max": 14.6146,
+        "rho": 3.0,
+        "s_churn": 0.0,
+        "s_tmin": 0.0,
+        "s_tmax": 999.0,
+        "s_noise": 1.0,
+        "eta": 1.0,
+        "order": 4,
+        # The size conditioning: an image of the trained size, uncropped (as training saw it).
+        "orig_width": width,
+        "orig_height": height,
+        "crop_coords_top": 0,
+        "crop_coords_left": 0,
+        "aesthetic_score": 5.0,
+        "negative_aesthetic_score": 5.0,
+    }
+    # sd_xl_infer draws num_samples // num_samples_per_batch batches per prompt: a divisor, or images go missing.
+    per_batch = max(
+        n for n in range(1, s.images_per_prompt + 1) if s.images_per_prompt % n == 0 and n <= s.batch_size
+    )
+    infer = {
+        "num_samples": s.images_per_prompt,
+        "num_samples_per_batch": per_batch,
+        "prompt": list(s.prompts),
+        "negative_prompt": "",
+        "seed": s.seed,
+    }
+    return {
+        "trainer": inference_trainer(s.precision),
+        "model": {"restore_from_path": str(nemo_file), "is_legacy": False},
+        "infer": infer,
+        "sampling": {"base": base},
+        "use_refiner": False,
+        "use_fp16": False,
+        "out_path": str(out),
+    }
+
+
 def sample(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, step_dir: Path) -> Path:
-    """NeMo's sd_infer.py into a fresh folder, which replaces images/ once every image is written."""
+    """NeMo's sd_infer.py (SDXL: sd_xl_infer.py) into a fresh folder, which replaces images/ once every
+    image is written."""
     from omegaconf import OmegaConf
 
     images, partial = step_dir / "images", step_dir / ".images.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    config = step_dir / "sd_infer.yaml"
-    write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(infer_config(s, size, nemo_file, partial))))
+    script, config_of = ("sd_xl_infer", xl_infer_config) if s.sdxl else ("sd_infer", infer_config)
+    config = step_dir / f"{script}.yaml"
+    write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(config_of(s, size, nemo_file, partial))))
     argv = [s.nemo_python, "-u", s.infer_script, "--config-path", str(step_dir), "--config-name", config.name]
-    _run(argv, "sample (NeMo's sd_infer.py)")
+    _run(argv, f"sample (NeMo's {script}.py)")
     shutil.rmtree(images, ignore_errors=True)
     partial.rename(images)
     return images
 
 
+def image_name(s: SamplingSettings, row: int, column: int) -> str:
+    """What NeMo names an image: sd_infer after the prompt's start and its index; sd_xl_infer counts
+    `{n:09}.png` over the prompts in order (perform_save_locally), each prompt's images together."""
+    if s.sdxl:
+        return f"{row * s.images_per_prompt + column:09}.png"
+    return f"{s.prompts[row][:NAME_CHARS]}_{column}.png"
+
+
 def image_rows(s: SamplingSettings, images: Path) -> list[tuple[str, list[Path]]]:
     rows = []
-    for prompt in s.prompts:
-        paths = [images / f"{prompt[:NAME_CHARS]}_{i}.png" for i in range(s.images_per_prompt)]
+    for row, prompt in enumerate(s.prompts):
+        paths = [images / image_name(s, row, column) for column in range(s.images_per_prompt)]
         missing = [p.name for p in paths if not p.exists()]
         if missing:
-            raise SystemExit(f"samples: sd_infer.py wrote no {missing[0]} in {images}")
+            raise SystemExit(f"samples: {Path(s.infer_script).name} wrote no {missing[0]} in {images}")
         rows.append((prompt, paths))
     return rows
 
@@ -164,27 +245,51 @@ def write_plot(s: SamplingSettings) -> None:
     print(f"samples: training plot: {(done.stdout + done.stderr).strip()}", flush=True)
 
 
-@step_main("samples")
-def main(argv: list[str]) -> int:
-    s = SamplingSettings.from_json(Path(argv[0]).read_text())
-    checkpoint = checkpoint_to_sample(s)
-    step = step_of(checkpoint)
-    out = s.outputs
-    step_dir = out.step_dir(step)
-    step_dir.mkdir(parents=True, exist_ok=True)
-    print(f"samples: checkpoint {checkpoint} (step {step})", flush=True)
-    from omegaconf import OmegaConf
+def sdxl_model(s: SamplingSettings) -> tuple[Path, int]:
+    """The .nemo to sample (the given one, else the one training saved at its end) and its step."""
+    nemo = Path(s.checkpoint) if s.checkpoint else final_nemo(Path(s.checkpoints_dir))
+    if nemo is None:
+        raise SystemExit(f"samples: no .nemo in {s.checkpoints_dir} (sd_xl_train.py saves one at its end)")
+    step = step_of_nemo(nemo)
+    if step is None:
+        raise SystemExit(f"samples: no finished checkpoint beside {nemo} gives its training step")
+    return nemo, step
 
-    trained = trained_size(OmegaConf.to_container(OmegaConf.load(hparams_of(checkpoint)).cfg))
-    size = (s.resolution, s.resolution) if s.resolution else trained
-    if size is None:
-        raise SystemExit(f"samples: {hparams_of(checkpoint)} fixes no image size: set samples.resolution")
+
+def converted_model(s: SamplingSettings, checkpoint: Path, step: int | None) -> Path:
+    """The checkpoint as model.nemo in its step folder, converted unless a previous run of this job did."""
+    out = s.outputs
     nemo_file, source = out.model(step), out.model_source(step)
     # Reused only for the very checkpoint it came from (another run's step N lands in the same folder).
     if not (nemo_file.exists() and source.exists() and source.read_text() == str(checkpoint)):
         source.unlink(missing_ok=True)
         convert(s, checkpoint, nemo_file)
         write_atomic(source, str(checkpoint))
+    return nemo_file
+
+
+@step_main("samples")
+def main(argv: list[str]) -> int:
+    s = SamplingSettings.from_json(Path(argv[0]).read_text())
+    from omegaconf import OmegaConf
+
+    if s.sdxl:
+        checkpoint, step = sdxl_model(s)
+        where = f"{checkpoint} (model_config.yaml)"
+        model = OmegaConf.create(nemo_model_config(checkpoint))
+    else:
+        checkpoint = checkpoint_to_sample(s)
+        step, where = step_of(checkpoint), str(hparams_of(checkpoint))
+        model = OmegaConf.load(where).cfg
+    out = s.outputs
+    step_dir = out.step_dir(step)
+    step_dir.mkdir(parents=True, exist_ok=True)
+    print(f"samples: checkpoint {checkpoint} (step {step})", flush=True)
+    trained = trained_size(OmegaConf.to_container(model))
+    size = (s.resolution, s.resolution) if s.resolution else trained
+    if size is None:
+        raise SystemExit(f"samples: {where} fixes no image size: set samples.resolution")
+    nemo_file = checkpoint if s.sdxl else converted_model(s, checkpoint, step)
     images = sample(s, size, nemo_file, step_dir)
     title = (
         f"{Path(s.run_dir).name}  step {step}{'  EMA' if is_ema(checkpoint) else ''}  {s.sampler} {s.steps} steps  "

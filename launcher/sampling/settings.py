@@ -22,7 +22,9 @@ class SamplingSettings:
     checkpoint: str | None
     # NeMo's EMA weights (`-EMA.ckpt`) when training kept them (training.exp_manager.ema.enable).
     ema: bool
-    # NeMo's interpreter and NVIDIA's example scripts (inside the container).
+    # SDXL: the run's final .nemo (or `checkpoint`, a .nemo) sampled by sd_xl_infer.py, nothing converted.
+    sdxl: bool
+    # NeMo's interpreter and NVIDIA's example scripts (inside the container): sd_infer.py or sd_xl_infer.py.
     nemo_python: str
     convert_script: str
     infer_script: str
@@ -33,7 +35,7 @@ class SamplingSettings:
     images_per_prompt: int
     batch_size: int
     seed: int
-    sampler: str
+    sampler: str  # the family's: samples.sampler (SD) or samples.sdxl_sampler
     steps: int
     guidance_scale: float
     # None: the resolution the checkpoint's hparams.yaml trained at.

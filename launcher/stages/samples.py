@@ -5,6 +5,11 @@ convert_ckpt_to_nemo.py (the run's hparams.yaml, the EMA weights when training k
 with NeMo's own sd_infer.py at the trained resolution with fixed prompts and seed, and writes
 `<run>/samples/step_<N>/grid.png` and the training plot. Chosen with training it waits for the last
 training part; alone it samples the run's newest finished checkpoint, or `samples.checkpoint`.
+
+SDXL (data_prep.model_family): convert_ckpt_to_nemo.py has no SDXL model type, so the job samples the
+`.nemo` sd_xl_train.py saves at the end of training (or a given .nemo) with NeMo's sd_xl_infer.py; a
+.ckpt is refused. A run trained from cached text embeddings is refused too: its .nemo holds no text
+encoders and its conditioner reads stored embeddings, not prompts (docs/latents.md).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import nemo_config
+from data_prep.model_family import is_sdxl
+from data_prep.text_cache import PRECACHE_MODE
+from launcher import latents, nemo_config
 from launcher.config import Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
@@ -31,6 +38,17 @@ NAME = "samples"
 JOB_NAME = "samples"
 # NeMo saves each image as `<prompt[:50]>_<i>.png`: a '/' would name a folder.
 PROMPT = Pattern(r"[^/\x00-\x1f]*[^/\x00-\x1f\s][^/\x00-\x1f]*", "text without '/' or control characters")
+# Where the training planned in this launch fixes the size (trained_model's source).
+PLANNED_MODEL = "training.model.data.train.augmentations"
+# get_sampler_config in NeMo v2.4.0's parts/stable_diffusion/sdxl_pipeline.py.
+SDXL_SAMPLERS = (
+    "EulerEDMSampler",
+    "HeunEDMSampler",
+    "EulerAncestralSampler",
+    "DPMPP2SAncestralSampler",
+    "DPMPP2MSampler",
+    "LinearMultistepSampler",
+)
 DEFAULT_PROMPTS = [
     "a red bicycle leaning against a brick wall",
     "a bowl of ramen on a wooden table, seen from above",
@@ -48,7 +66,10 @@ class SamplesConfig:
     """Sampling one checkpoint with NeMo's sd_infer.py (conf/samples/default.yaml)."""
 
     checkpoint: str | None = ruled(
-        ABS_PATH, None, help="A training .ckpt to sample; null = this run's newest finished checkpoint."
+        ABS_PATH,
+        None,
+        help="A training .ckpt to sample (SDXL: a .nemo); null = this run's newest finished checkpoint "
+        "(SDXL: the .nemo saved at the end of training).",
     )
     prompts: list[str] = ruled(
         Each(PROMPT, min_items=1),
@@ -59,7 +80,14 @@ class SamplesConfig:
     seed: int = ruled(
         Range(0, 2**31 - 1), 1234, help="Starting noise: the same at every checkpoint, so grids compare."
     )
-    sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's sampler (infer.sampler_type).")
+    sampler: str = ruled(
+        Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's SD sampler (sd_infer's infer.sampler_type)."
+    )
+    sdxl_sampler: str = ruled(
+        Choice(SDXL_SAMPLERS),
+        "EulerEDMSampler",
+        help="NeMo's SDXL sampler (sd_xl_infer's sampling.base.sampler), for SDXL presets.",
+    )
     steps: int = ruled(
         Range(1, 1000), 50, help="Sampling steps (PLMS/DDIM: a divisor of the 1000 timesteps)."
     )
@@ -82,6 +110,11 @@ class SamplesConfig:
         "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_infer.py",
         help="NeMo's text-to-image inference.",
     )
+    sdxl_infer_script: str = ruled(
+        Text(),
+        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_xl_infer.py",
+        help="NeMo's SDXL text-to-image inference, for SDXL presets.",
+    )
     time_limit: str = ruled(SlurmTime(), "01:00:00", help="The samples job's time limit.")
     mem: str | None = ruled(
         SLURM_MEM, "64G", help="Memory of the one-GPU job (not the whole node's, unlike training's)."
@@ -96,23 +129,33 @@ def checkpoints_dir(cfg: Any) -> Path:
     return TrainingOutputs(run_dir_of(cfg)).checkpoints
 
 
+def _sdxl(cfg: Any) -> bool:
+    return is_sdxl(cfg.training.model)
+
+
+def _sampler(cfg: Any) -> str:
+    return cfg.samples.sdxl_sampler if _sdxl(cfg) else cfg.samples.sampler
+
+
 def settings(ctx: Context) -> SamplingSettings:
     sc = ctx.cfg.samples
+    sdxl = _sdxl(ctx.cfg)
     return SamplingSettings(
         run_dir=str(ctx.run_dir),
         checkpoints_dir=str(checkpoints_dir(ctx.cfg)),
         checkpoint=sc.checkpoint,
-        ema=_ema(ctx.cfg),
+        ema=_ema(ctx.cfg) and not sdxl,
+        sdxl=sdxl,
         nemo_python=sc.python,
         convert_script=sc.convert_script,
-        infer_script=sc.infer_script,
+        infer_script=sc.sdxl_infer_script if sdxl else sc.infer_script,
         plot_python=ctx.python,
         code_dir=ctx.code_dir,
         prompts=tuple(sc.prompts),
         images_per_prompt=sc.images_per_prompt,
         batch_size=sc.batch_size,
         seed=sc.seed,
-        sampler=sc.sampler,
+        sampler=_sampler(ctx.cfg),
         steps=sc.steps,
         guidance_scale=float(sc.guidance_scale),
         resolution=sc.resolution,
@@ -159,11 +202,11 @@ def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
-    sc = ctx.cfg.samples
-    which = sc.checkpoint or "the newest finished training checkpoint"
+    sc, s = ctx.cfg.samples, settings(ctx)
+    newest = "the .nemo saved at the end of training" if s.sdxl else "the newest finished training checkpoint"
     return (
-        f"samples: {len(sc.prompts)} prompt(s) x {sc.images_per_prompt} image(s) of {which}"
-        f"{' (EMA weights)' if _ema(ctx.cfg) else ''}, {sc.sampler} {sc.steps} steps, seed {sc.seed}; "
+        f"samples: {len(sc.prompts)} prompt(s) x {sc.images_per_prompt} image(s) of {sc.checkpoint or newest}"
+        f"{' (EMA weights)' if s.ema else ''}, {s.sampler} {sc.steps} steps, seed {sc.seed}; "
         f"grid: {SamplesOutputs(ctx.run_dir).grid('<N>')}",
     )
 
@@ -174,7 +217,7 @@ def _check_steps(cfg: Any) -> None:
     than asked, or indexes past the schedule (IndexError: 3 steps of 1000 reach 999 + 1)."""
     timesteps = int(cfg.training.model.get("timesteps", 1000))
     sc = cfg.samples
-    if sc.sampler in ("PLMS", "DDIM") and timesteps % sc.steps:
+    if _sampler(cfg) in ("PLMS", "DDIM") and timesteps % sc.steps:
         divisors = [n for n in (10, 20, 25, 40, 50, 100, 125, 200, 250) if timesteps % n == 0]
         raise ConfigError(
             "samples.steps",
@@ -183,10 +226,38 @@ def _check_steps(cfg: Any) -> None:
         )
 
 
+def _check_sdxl(cfg: Any) -> None:
+    """What an SDXL model can be sampled from: a .nemo (NeMo cannot convert an SDXL .ckpt), trained with
+    its text encoders."""
+    given = cfg.samples.checkpoint
+    if given and not str(given).endswith(".nemo"):
+        raise ConfigError(
+            "samples.checkpoint",
+            f"{given}: an SDXL training checkpoint cannot be sampled (NeMo's convert_ckpt_to_nemo.py has no "
+            "SDXL model type); allowed: null (the .nemo sd_xl_train.py saves at the end of training) or a .nemo",
+        )
+
+
+def _check_sdxl_text_encoders(cfg: Any, model: dict[str, Any], source: str) -> None:
+    """A model trained from cached text embeddings: its .nemo holds no text encoders and its conditioner
+    reads stored embeddings, not prompts, so sd_xl_infer.py cannot sample it (docs/latents.md)."""
+    planned_training = source == PLANNED_MODEL
+    if latents.enabled(cfg) if planned_training else model.get("precache_mode") == PRECACHE_MODE:
+        key = latents.SWITCH if planned_training else "samples.checkpoint"
+        raise ConfigError(
+            key,
+            f"{'true' if planned_training else source}: an SDXL model trained from cached text embeddings has "
+            "no text encoders in its .nemo and its conditioner reads stored embeddings, not prompts; allowed: "
+            f"samples of an SDXL model trained from the image tars ({latents.SWITCH}=false)",
+        )
+
+
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     """Steps the sampler can take, a checkpoint the container sees, and prompts NeMo would save over
     each other (it names images by their first 50 characters)."""
     _check_steps(cfg)
+    if _sdxl(cfg):
+        _check_sdxl(cfg)
     if NAME in planned and cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
         require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
     seen: dict[str, int] = {}
@@ -220,6 +291,25 @@ def _given_checkpoint(cfg: Any) -> Path:
     return path
 
 
+def _final_nemo(cfg: Any) -> Path:
+    """samples.checkpoint (a .nemo), or the .nemo SDXL training saved at its end."""
+    if cfg.samples.checkpoint:
+        path = Path(cfg.samples.checkpoint)
+        if not path.is_file():
+            raise ConfigError(
+                "samples.checkpoint", f"{path} does not exist; allowed: an existing .nemo, or null"
+            )
+        return path
+    found = checkpoints.final_nemo(checkpoints_dir(cfg))
+    if found is None:
+        raise ConfigError(
+            "samples.checkpoint",
+            f"is null (the .nemo SDXL training saves at its end) but {checkpoints_dir(cfg)} has none; allowed: "
+            "a .nemo path, or stages=[training,samples]",
+        )
+    return found
+
+
 def _newest_checkpoint(cfg: Any) -> Path:
     found = checkpoints.newest(checkpoints_dir(cfg), _ema(cfg))
     if found is None:
@@ -237,7 +327,14 @@ def trained_model(cfg: Any, planned: frozenset[str]) -> tuple[dict[str, Any], st
     from omegaconf import OmegaConf
 
     if not cfg.samples.checkpoint and "training" in planned:
-        return dict(cfg.training.model), "training.model.data.train.augmentations"
+        return dict(cfg.training.model), PLANNED_MODEL
+    if _sdxl(cfg):
+        nemo = _final_nemo(cfg)
+        try:
+            text = checkpoints.nemo_model_config(nemo)
+        except ValueError as error:
+            raise ConfigError("samples.checkpoint", f"{error}; allowed: a .nemo NeMo saved") from error
+        return OmegaConf.to_container(OmegaConf.create(text)), f"{nemo} (model_config.yaml)"  # type: ignore[return-value]
     path = _given_checkpoint(cfg) if cfg.samples.checkpoint else _newest_checkpoint(cfg)
     hparams = checkpoints.hparams_of(path)
     if not hparams.is_file():
@@ -256,6 +353,8 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     if NAME not in planned:
         return
     model, source = trained_model(cfg, planned)
+    if _sdxl(cfg):
+        _check_sdxl_text_encoders(cfg, model, source)
     trained, wanted = trained_size(model), cfg.samples.resolution
     if wanted is None and trained is None:
         raise ConfigError("samples.resolution", f"is null but {source} fixes no image size; allowed: a size")

@@ -141,6 +141,7 @@ def unet_load_report(log: str) -> tuple[str, dict[str, int]]:
 
 CONVERT_CPU = Path(__file__).resolve().parent / "convert_cpu.py"
 SD_INFER_CPU = Path(__file__).resolve().parent / "sd_infer_cpu.py"
+SD_XL_INFER_CPU = Path(__file__).resolve().parent / "sd_xl_infer_cpu.py"
 
 
 def samples_on_cpu(nemo_python: str) -> list[str]:
@@ -149,4 +150,5 @@ def samples_on_cpu(nemo_python: str) -> list[str]:
         f"samples.python={nemo_python}",
         f"samples.convert_script={CONVERT_CPU}",
         f"samples.infer_script={SD_INFER_CPU}",
+        f"samples.sdxl_infer_script={SD_XL_INFER_CPU}",
     ]
