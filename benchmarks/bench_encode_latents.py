@@ -50,22 +50,13 @@ def gflop(run: Any) -> float:
 def flop_table(side: int) -> list[tuple[str, float]]:
     import torch
     from hydra.utils import instantiate
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from nemo_parts import clip_vit_l_text
 
     import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm)
 
     model = preset_model(side)
     vae = instantiate(model.first_stage_config).eval()
-    # CLIP ViT-L/14's text tower (openai/clip-vit-large-patch14 config.json): 12 layers, width 768.
-    clip = CLIPTextModel(
-        CLIPTextConfig(
-            hidden_size=768,
-            intermediate_size=3072,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            max_position_embeddings=77,
-        )
-    ).eval()
+    clip = clip_vit_l_text().eval()
     unet = instantiate(model.unet_config)
     image = torch.randn(1, 3, side, side)
     tokens = torch.zeros(1, 77, dtype=torch.long)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 PRESET = REPO / "conf/training/sdxl/sdxl_base_train_res_256_stage_1.yaml"
 TOKENS = 77  # both towers tokenize to 77; NeMo pads the outputs to 80 after the towers ran
 SIDES = (256, 512, 1024)
@@ -66,7 +66,7 @@ def build(model: Any) -> dict[str, Any]:
     import torch
     from hydra.utils import instantiate
     from nemo.collections.multimodal.modules.stable_diffusion.encoders.modules import FrozenOpenCLIPEmbedder2
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from nemo_parts import clip_vit_l_text
 
     import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm off NVIDIA's container)
 
@@ -90,16 +90,7 @@ def build(model: Any) -> dict[str, Any]:
             )
             unet = instantiate(model.unet_config)
             vae = instantiate(model.first_stage_config)
-            # openai/clip-vit-large-patch14's text config.json: 12 layers, width 768, 77 positions.
-            clip = CLIPTextModel(
-                CLIPTextConfig(
-                    hidden_size=768,
-                    intermediate_size=3072,
-                    num_hidden_layers=12,
-                    num_attention_heads=12,
-                    max_position_embeddings=TOKENS,
-                )
-            )
+            clip = clip_vit_l_text(TOKENS)
     finally:
         open_clip.create_model_and_transforms = create
     return {"unet": unet, "vae": vae.eval(), "clip": clip.eval(), "open_clip": open_clip_text.eval()}
