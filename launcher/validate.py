@@ -7,6 +7,8 @@ is a ConfigError that names the key and what is allowed. Planners never raise on
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import typing
 from collections.abc import Iterator, Sequence
@@ -131,11 +133,18 @@ def _show(value: Any) -> str:
     return repr(value.value if isinstance(value, Enum) else value)
 
 
+@functools.lru_cache(maxsize=4)
+def _empty_schema(stages: tuple[StageSpec, ...]) -> tuple[type, DictConfig]:
+    """The typed schema with its defaults: built once, copied per merge (a copy costs a sixth of a build)."""
+    root = root_config_type(stages)
+    return root, OmegaConf.structured(root)
+
+
 def to_schema(composed: DictConfig, stages: Sequence[StageSpec] = STAGES) -> Any:
     """Merge the composed YAML onto the typed schema (unknown keys, types, enums), then `check` it."""
-    root = root_config_type(stages)
+    root, empty = _empty_schema(tuple(stages))
     try:
-        merged = OmegaConf.structured(root)
+        merged = copy.deepcopy(empty)
         merged.merge_with(composed)  # in place: OmegaConf.merge would first deep-copy the fresh schema
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:

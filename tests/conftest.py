@@ -80,13 +80,17 @@ def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
 # Under pytest-xdist (`-n 2 --dist loadgroup`, as tests/run.sh runs), each worker is a session of its own
 # and builds the session fixtures its tests ask for. The tests that use a NeMo fixture go to one worker
 # together, so that NeMo's fork server, the tiny assets, the demo data and the tiny training are built once;
-# the others spread over both workers (each with its own Slurm cluster). Marked as each test is collected:
-# xdist's worker reads the marks in its own pytest_collection_modifyitems, before a conftest's would run.
+# so do the readers of the finished Slurm demo run. The others spread over both workers (each with its own
+# Slurm cluster). Marked as each test is collected: xdist's worker reads the marks in its own
+# pytest_collection_modifyitems, before a conftest's would run.
 NEMO_FIXTURES = frozenset(
     {"nemo_python", "tiny_assets", "demo_data", "new_shared", "nemo_shared", "tiny_training"}
 )
+GROUPS = {"nemo": NEMO_FIXTURES, "slurm_demo": frozenset({"slurm_demo"})}
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    if NEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
-        item.add_marker(pytest.mark.xdist_group("nemo"))
+    used = set(getattr(item, "fixturenames", ()))
+    group = next((name for name, fixtures in GROUPS.items() if fixtures & used), None)
+    if group:
+        item.add_marker(pytest.mark.xdist_group(group))

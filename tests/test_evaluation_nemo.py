@@ -39,7 +39,7 @@ def shared(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory
     return shared
 
 
-def _launch(shared: Path, nemo_python: str, stages: str) -> Path:
+def _launch(shared: Path, nemo_python: str, stages: str, scales: str = "1.5,7.5") -> Path:
     return launch(
         compose_config(
             [
@@ -53,7 +53,7 @@ def _launch(shared: Path, nemo_python: str, stages: str) -> Path:
                 "samples.prompts=[a dog]",
                 f"evaluation.coco_root={shared / 'coco'}",
                 "evaluation.num_images=6",
-                "evaluation.guidance_scales=[1.5,7.5]",
+                f"evaluation.guidance_scales=[{scales}]",
                 "evaluation.steps=5",
                 "evaluation.batch_size=6",
                 f"evaluation.python={nemo_python}",
@@ -97,6 +97,8 @@ def test_samples_then_evaluation_write_the_table_and_plot_and_a_rerun_scores_the
     ]
     captions = json.loads((run / "evaluation/captions.json").read_text())
 
-    again = _launch(shared, nemo_python, "evaluation")  # alone: the model the samples job converted
+    # Alone: the model the samples job converted. One scale (the first array task, as before) is enough
+    # to show the same captions, seed and CPU arithmetic give the same scores, at half the generation.
+    again = _launch(shared, nemo_python, "evaluation", scales="1.5")
     assert json.loads((again / "evaluation/captions.json").read_text()) == captions
-    assert _results(again) == rows  # same captions, same seed, same CPU arithmetic: the same scores
+    assert _results(again) == rows[:1]

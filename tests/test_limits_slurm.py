@@ -1,5 +1,5 @@
-"""Slurm's limits on a real cluster whose slurm.conf says MaxArraySize=64 (4 for the demo) and MaxJobCount=1000:
-the demo with 9 partitions goes in 3 arrays and gives the same samples as with 2; status, logs, cancel and
+"""Slurm's limits on a real cluster whose slurm.conf says MaxArraySize=64 (2 for the demo) and MaxJobCount=1000:
+the demo with 5 partitions goes in 3 arrays and gives the same samples as with 2; status, logs, cancel and
 resubmit=missing treat a split array as one job; a plan above MaxJobCount is refused before submission.
 """
 
@@ -80,16 +80,16 @@ def test_the_cluster_reports_its_limits(shared: Path) -> None:
     assert (limits.max_array_size, limits.max_job_count) == (64, 1000)
 
 
-# The split is what is tested, not its size: MaxArraySize 4 here (the module's 64 restored after) splits
-# 9 download tasks into 3 arrays (4, 4, 1) as 64 splits 150, at a sixteenth of the img2dataset starts.
-SPLIT_LIMITS = {**LIMITS, "MaxArraySize": 4}
+# The split is what is tested, not its size: MaxArraySize 2 here (the module's 64 restored after) splits
+# 5 download tasks into 3 arrays (2, 2, 1) as 64 splits 150, at a thirtieth of the img2dataset starts.
+SPLIT_LIMITS = {**LIMITS, "MaxArraySize": 2}
 
 
-def test_demo_with_9_partitions_is_split_completes_and_matches_2_partitions(
+def test_demo_with_5_partitions_is_split_completes_and_matches_2_partitions(
     small_cluster: SlurmCluster, shared: Path
 ) -> None:
     split, whole = shared / "split", shared / "whole"
-    # 124 demo rows: 13 or 14 per partition, so that no partition holds only the demo's few bad rows (a task
+    # 124 demo rows: 24 or 25 per partition, so that no partition holds only the demo's few bad rows (a task
     # that downloads nothing fails by design), and 120 good ones, whole tars of 20 (none dropped).
     # The slurm preset caches latents whatever the dataset; the split array is the image download's.
     demo = (
@@ -98,32 +98,32 @@ def test_demo_with_9_partitions_is_split_completes_and_matches_2_partitions(
         "container=none",
         "data_preparation.demo.num_images=124",
     )
-    throttle = "data_preparation.download_images.array_throttle=4"
+    throttle = "data_preparation.download_images.array_throttle=2"
     with small_cluster.limits(SPLIT_LIMITS):  # Slurm forgets the jobs when the limits change back
-        launch_demo_data(split, *demo, "data_preparation.num_partitions=9", throttle)
+        launch_demo_data(split, *demo, "data_preparation.num_partitions=5", throttle)
         launch_demo_data(whole, *demo)
         records = manifest.load(split / "results/sd_860m_res_256")
         _wait_completed(small_cluster, records)
         _wait_completed(small_cluster, manifest.load(whole / "results/sd_860m_res_256"))
         by_name = {r.name: r for r in records}
         download = by_name["download_images"]
-        assert download.array == "0-8%4" and len(download.part_ids) == 3
-        # One job in status: the 9 tasks of its 3 parts together.
+        assert download.array == "0-4%2" and len(download.part_ids) == 3
+        # One job in status: the 5 tasks of its 3 parts together.
         (download_status,) = [
             st for st in status(split / "results/sd_860m_res_256") if st.record.name == "download_images"
         ]
-        assert download_status.states == Counter({"COMPLETED": 9})
+        assert download_status.states == Counter({"COMPLETED": 5})
         shown = _cli("status", str(split / "results/sd_860m_res_256"))
         ids = ",".join(download.part_ids)  # the job table's row: every part's id, the tasks together
         row = [
             line for line in shown.stdout.splitlines() if line.startswith("download_images") and ids in line
         ]
-        assert shown.returncode == 0 and len(row) == 1 and "COMPLETED 9" in row[0], (
+        assert shown.returncode == 0 and len(row) == 1 and "COMPLETED 5" in row[0], (
             shown.stdout + shown.stderr
         )
         # Every partition was downloaded once (task ids global across the parts), and the output is exact.
         markers = sorted(p.name for p in (split / "data/tarfiles_raw").glob("*.done.json"))
-        assert len(markers) == 9, markers[:5]
+        assert len(markers) == 5, markers[:5]
         check_demo_dataset(split / "data")
         assert _samples(split / "data") == _samples(whole / "data")
         logs = _cli("logs", str(split / "results/sd_860m_res_256"), "download_images")

@@ -7,13 +7,13 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import FIXED_FACTS, REPO, compose_config
-from fixtures.slurm import launch_demo
 
 from launcher import manifest
 from launcher.cli import launch
@@ -103,29 +103,34 @@ def test_each_preview_is_one_dry_run_whole(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_dry_run_after_a_completed_local_run_changes_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    demo_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    overrides = [f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}"]
-    run = launch(compose_config(overrides))
-    _preview_changes_nothing(run, overrides, capsys)
+    """The session's demo_data run (the README's default command): its preview is removed after."""
+    run = demo_data / "results/sd_860m_res_256"
+    try:
+        _preview_changes_nothing(run, [f"cluster.shared_dir={demo_data}"], capsys)
+    finally:
+        shutil.rmtree(run / PREVIEW, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_a_dry_run_after_a_completed_slurm_run_changes_nothing(
-    slurm_cluster,
-    slurm_shared: Path,
-    capsys: pytest.CaptureFixture[str],
+    slurm_cluster, slurm_demo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ids = launch_demo(slurm_shared)
-    for job_id in ids.values():
-        assert {j.state for j in slurm_cluster.wait_jobs(job_id, timeout=240)} == {"COMPLETED"}
+    """The session's finished demo run on the cluster (fixtures/slurm.py): its preview is removed after."""
+    run = slurm_demo / "results/sd_860m_res_256"
+    for record in manifest.load(run):
+        assert {j.state for j in slurm_cluster.wait_jobs(record.job_id, timeout=240)} == {"COMPLETED"}
     overrides = [
-        f"cluster.shared_dir={slurm_shared}",
+        f"cluster.shared_dir={slurm_demo}",
         "data_preparation=demo",
         "cluster=slurm",
-        # The slurm preset caches latents whatever the dataset; _demo's runs are the image steps.
+        # The slurm preset caches latents whatever the dataset; launch_demo's runs are the image steps.
         "data_preparation.precache.enable=false",
         "container=none",
         f"container.python={sys.executable}",
     ]
-    _preview_changes_nothing(slurm_shared / "results/sd_860m_res_256", overrides, capsys)
+    try:
+        _preview_changes_nothing(run, overrides, capsys)
+    finally:
+        shutil.rmtree(run / PREVIEW, ignore_errors=True)

@@ -21,24 +21,17 @@ from launcher.cli import launch
 from launcher.spec import JobSpec, Plan, Resources
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's default command, run for real on the local backend (about 10 s)."""
-    shared = tmp_path_factory.mktemp("demo")
-    launch(compose_config([f"cluster.shared_dir={shared}"]))
-    return shared
-
-
 @pytest.mark.parametrize("columns", ["100", "250"])
-def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_run: Path, columns: str) -> None:
-    done = run_status("results/sd_860m_res_256", cwd=demo_run, env={"COLUMNS": columns})
+def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_data: Path, columns: str) -> None:
+    """The README's default command, run for real on the local backend (the session's demo_data)."""
+    done = run_status("results/sd_860m_res_256", cwd=demo_data, env={"COLUMNS": columns})
     assert done.returncode == 0, done.stderr
     lines = [line.rstrip() for line in done.stdout.splitlines()]
     assert max(len(line) for line in lines) <= 100, done.stdout
     title, header = lines.index("run results/sd_860m_res_256"), lines.index("run results/sd_860m_res_256") + 1
     assert lines[header].split() == ["job", "id", "tasks", "by", "state", "exit", "newest", "log"]
     rows = lines[header + 1 : lines.index("", title)]
-    jobs = [r.name for r in manifest.load(demo_run / "results/sd_860m_res_256")]
+    jobs = [r.name for r in manifest.load(demo_data / "results/sd_860m_res_256")]
     assert [row.split()[0] for row in rows] == jobs and len(jobs) == 5, done.stdout
     for job, row in zip(jobs, rows, strict=True):
         assert row.split()[2:4] == [
@@ -49,8 +42,8 @@ def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_run: Pat
     assert "tarfiles_reorganized/wdinfo.pkl: 11 tars x 20" in done.stdout
 
 
-def test_watch_of_a_finished_run_prints_once_and_ends(demo_run: Path) -> None:
-    done = run_status(str(demo_run / "results/sd_860m_res_256"), "--watch", "--interval", "0.2", cwd=REPO)
+def test_watch_of_a_finished_run_prints_once_and_ends(demo_data: Path) -> None:
+    done = run_status(str(demo_data / "results/sd_860m_res_256"), "--watch", "--interval", "0.2", cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("make_demo_source ") == 1
 

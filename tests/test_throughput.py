@@ -12,9 +12,7 @@ import pytest
 
 from launcher.throughput import read_training_progress, step_timings
 
-REPO = Path(__file__).resolve().parent.parent
 SAMPLE = Path(__file__).resolve().parent / "data" / "nemo_train_log.txt"
-NEMO_PYTHON = REPO / ".venv-nemo" / "bin" / "python"
 GBS, GPUS = 8192, 64  # what the sample run used: 8 nodes x 8 GPUs, global batch 8192
 
 
@@ -134,19 +132,15 @@ trainer.fit(Model(), data)
 """
 
 
-def _live_log(tmp_path: Path, gbs: int, steps: int, *sleeps: float) -> Path:
+def _live_log(nemo_python: str, tmp_path: Path, gbs: int, steps: int, *sleeps: float) -> Path:
     """The log of _LIVE_RUN under NeMo's interpreter, stdout and stderr in one file as Slurm writes them."""
-    if not NEMO_PYTHON.exists():
-        if os.environ.get("REQUIRE_TOOLS") == "1":
-            pytest.fail(f"{NEMO_PYTHON} is missing (REQUIRE_TOOLS=1)")
-        pytest.skip(f"{NEMO_PYTHON} is missing")
     script = tmp_path / "live_run.py"
     script.write_text(_LIVE_RUN, encoding="utf-8")
     log = tmp_path / "slurm-live.out"
     extra = [",".join(map(str, sleeps))] if sleeps else []
     with log.open("wb") as out:
         subprocess.run(
-            [str(NEMO_PYTHON), str(script), str(gbs), str(steps), *extra],
+            [nemo_python, str(script), str(gbs), str(steps), *extra],
             stdout=out,
             stderr=out,
             check=True,
@@ -157,9 +151,9 @@ def _live_log(tmp_path: Path, gbs: int, steps: int, *sleeps: float) -> Path:
 
 
 @pytest.mark.slow
-def test_real_nemo_progress_bar_is_parsed(tmp_path: Path) -> None:
+def test_real_nemo_progress_bar_is_parsed(nemo_python: str, tmp_path: Path) -> None:
     steps, gbs = 37, 4096
-    log = _live_log(tmp_path, gbs, steps)
+    log = _live_log(nemo_python, tmp_path, gbs, steps)
     assert b"\r" in log.read_bytes()  # tqdm redraws, not one line per step
     progress = read_training_progress(log, gbs, 2)
     assert progress is not None
@@ -198,12 +192,14 @@ def test_status_shows_training_progress_from_the_log(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_step_timings_of_nemo_bar_are_in_step_order(tmp_path: Path) -> None:
+def test_step_timings_of_nemo_bar_are_in_step_order(nemo_python: str, tmp_path: Path) -> None:
     """Steps sleep known, decreasing minimum times; NeMo's TimingCallback times them and its bar prints
     them. Each parsed timing must be at least its own step's sleep: a list shifted by one step (a later,
     shorter step's timing in an earlier step's place) fails that bound, a missing or doubled step the count."""
     sleeps = (0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
-    timings = step_timings(_live_log(tmp_path, 8, len(sleeps), *sleeps).read_bytes().decode("utf-8"))
+    timings = step_timings(
+        _live_log(nemo_python, tmp_path, 8, len(sleeps), *sleeps).read_bytes().decode("utf-8")
+    )
     assert len(timings) == len(sleeps)
     for step, (timing, slept) in enumerate(zip(timings, sleeps, strict=True), start=1):
         assert timing >= slept, (step, timings)

@@ -107,8 +107,8 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -
         time.sleep(0.5)
     slurm_cluster.run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=False)
     job = slurm_cluster.wait_job(job_id, timeout=240)
-    assert job.state == "COMPLETED"
     log = _log(shared, "sd_860m_res_256", ids["sd_860m_res_256"])
+    assert job.state == "COMPLETED", f"{job}\n{log}\n{slurm_cluster.log_report()}"
     assert "standin starting from scratch" in log and "standin resumed from step=1" in log
     assert "SLURM_RESTART_COUNT=1" in log
 

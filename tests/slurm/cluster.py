@@ -251,14 +251,16 @@ class SlurmCluster:
 
     def wait_jobs(self, job_id: str, timeout: float = 60.0) -> list[JobInfo]:
         """Wait until the job, or every task of an array job, is finished; return the final records."""
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, 0.05
         while True:
             jobs = self.jobs(job_id)
             if jobs and all(job.finished for job in jobs):
                 return jobs
             if time.monotonic() > deadline:
                 raise ClusterError(f"job {job_id} not finished after {timeout:.0f} s: {jobs}")
-            time.sleep(0.1)
+            # Quick for short jobs, then at most 2 polls a second: each one costs CPU the tests share.
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
 
     def wait_job(self, job_id: str, timeout: float = 60.0) -> JobInfo:
         """Wait for a single (non-array) job to finish; return its final state and exit code."""
