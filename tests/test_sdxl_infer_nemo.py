@@ -1,5 +1,7 @@
-"""The samples stage for SDXL with NeMo's own code on CPU: sd_xl_infer.py (tests/nemo_cpu/sd_xl_infer_cpu.py)
-samples the `.nemo` a tiny SDXL training wrote, and the job grids its images.
+"""The samples and evaluation stages for SDXL with NeMo's own code on CPU: sd_xl_infer.py
+(tests/nemo_cpu/sd_xl_infer_cpu.py) samples the `.nemo` a tiny SDXL training wrote, and the job grids its
+images; the evaluation's generation tasks draw one image per COCO caption with it at each guidance scale,
+which the real score job scores.
 
 The 256 px SDXL preset, rendered as a launch does and made tiny (tests/nemo_cpu/tiny.py SDXL_OVERRIDES), is
 trained 2 steps by NeMo's sd_xl_train on the demo's image tars; NeMo writes the `.nemo` at the end (one
@@ -7,15 +9,23 @@ training for this module). Then `stages=[samples]` runs on the local backend: th
 the world of one process it gives NeMo (launcher.sampling.job.nemo_env, the variables torchrun sets: plain
 python dies with KeyError 'LOCAL_RANK', checked here too), which restores the model strictly and writes one
 image per prompt and sample, `{n:09}.png` in prompt order; the job pairs them with the prompts in the grid.
+`stages=[evaluation]` then evaluates the same `.nemo` on a COCO-shaped fixture (tests/coco_fixture.py) with
+the stand-in scoring networks of tests/test_evaluation_nemo.py (tests/nemo_cpu/tiny_eval.py).
 """
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
+import math
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
+from coco_fixture import make_coco
 from nemo_cpu.harness import (
     REPO,
     SD_XL_INFER_CPU,
@@ -28,6 +38,8 @@ from nemo_cpu.tiny import SDXL_OVERRIDES
 from PIL import Image
 
 from launcher.cli import compose_config, launch
+from launcher.evaluation.settings import EvaluationSettings
+from launcher.outputs import EvaluationOutputs
 from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
 from launcher.sampling.job import nemo_env
 from launcher.stages.samples import status_lines
@@ -38,6 +50,8 @@ PRESET = "sdxl_base_train_res_256_stage_1"
 PROMPTS = ["a red bicycle leaning against a brick wall", "a lighthouse on a rocky coast at sunset"]
 SAMPLES = 2
 SIDE = 64  # SDXL_OVERRIDES' resize_smallest_side
+TINY_EVAL = REPO / "tests" / "nemo_cpu" / "tiny_eval.py"
+CAPTIONS, SCALES = 4, (1.5, 7.5)
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +120,65 @@ def test_the_samples_stage_grids_what_sd_xl_infer_draws_from_the_final_nemo(
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO, env=bare, check=False)
     assert proc.returncode != 0 and "LOCAL_RANK" in proc.stdout + proc.stderr
+
+
+def test_the_evaluation_scores_one_sd_xl_infer_image_per_caption_and_scale_at_the_trained_size(
+    sdxl_trained: Path, nemo_python: str, tmp_path: Path
+) -> None:
+    for kind, target in (("inception", tmp_path / "inception.pth"), ("clip", tmp_path / "clip")):
+        subprocess.run([nemo_python, str(TINY_EVAL), kind, str(target)], check=True, timeout=600)
+    run = launch(
+        compose_config(
+            [
+                f"cluster.shared_dir={sdxl_trained}",
+                f"run_name={PRESET}",
+                f"training=sdxl/{PRESET}",
+                "stages=[evaluation]",
+                "assets.enable=false",
+                f"evaluation.coco_root={make_coco(tmp_path / 'coco')}",
+                f"evaluation.num_images={CAPTIONS}",
+                f"evaluation.guidance_scales=[{','.join(map(str, SCALES))}]",
+                "evaluation.steps=2",
+                "evaluation.precision=32-true",
+                f"evaluation.python={nemo_python}",
+                f"evaluation.sdxl_generate_script={SD_XL_INFER_CPU}",
+                f"evaluation.score_python={nemo_python}",
+                f"assets.inception.path={tmp_path / 'inception.pth'}",
+                f"assets.text_encoder.local_dir={tmp_path / 'clip'}",
+            ]
+        )
+    )
+    out = EvaluationOutputs(run)
+    log = next((out.stage_dir / "logs").glob("eval_generate_*_0.out")).read_text()
+    assert "sd_xl_infer_cpu: running sd_xl_infer_main" in log
+    captions = [row["caption"] for row in json.loads(out.captions_json.read_text())]
+    pixels = {}
+    for task, scale in enumerate(SCALES):
+        # NeMo ran this task's scale (VanillaCFG's) on every caption, one image each, from seed + 100 n.
+        config = yaml.safe_load((out.configs / f"sd_xl_infer_{task}_0.yaml").read_text())
+        assert config["sampling"]["base"]["scale"] == scale and config["infer"]["prompt"] == captions
+        assert (config["infer"]["num_samples"], config["infer"]["seed"]) == (1, 2014)
+        written = sorted(p.name for p in out.images_for(scale).iterdir())
+        assert written == [f"image{n:06d}.png" for n in range(CAPTIONS)]  # sd_xl_infer's folder is gone
+        with Image.open(out.image(scale, 0)) as image:
+            assert image.size == (SIDE, SIDE)  # the trained size
+            pixels[scale] = image.tobytes()
+    assert pixels[SCALES[0]] != pixels[SCALES[1]]  # the scale reached NeMo's guider
+    rows = list(csv.DictReader(out.results_csv.read_text().splitlines()))
+    assert [float(r["guidance_scale"]) for r in rows] == list(SCALES)
+    for row in rows:
+        assert math.isfinite(float(row["fid"])) and 0 <= float(row["clip_score"]) <= 100
+        assert row["images"] == str(CAPTIONS)
+    # Caption n's image is the same whichever task draws it: the second of two tasks per node draws
+    # captions 2 and 3 alone, from its own seeds, into the same names.
+    settings = EvaluationSettings.from_json(out.settings.read_text())
+    split = tmp_path / "two_tasks.json"
+    split.write_text(dataclasses.replace(settings, tasks_per_node=2).to_json())
+    drawn = {n: out.image(SCALES[1], n).read_bytes() for n in range(CAPTIONS)}
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1", "SLURM_LOCALID": "1", "HF_HUB_OFFLINE": "1"}
+    argv = [nemo_python, str(REPO / "launcher/evaluation/generate.py"), str(split)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    config = yaml.safe_load((out.configs / "sd_xl_infer_1_1.yaml").read_text())
+    assert (config["infer"]["prompt"], config["infer"]["seed"]) == (captions[2:], 2014 + 200)
+    assert {n: out.image(SCALES[1], n).read_bytes() for n in range(CAPTIONS)} == drawn
