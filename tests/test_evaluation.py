@@ -8,6 +8,7 @@ tests/test_fid_reference.py checks the FID against the reference implementation.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from launcher.pipeline import build_plan
 from launcher.spec import DependencyKind, Plan
 from launcher.validate import check_facts
 
+REPO = Path(__file__).resolve().parent.parent
 GPU = ["cluster=slurm", "cluster.gpus_per_node=8", "training.trainer.num_nodes=1", "data_check.enable=false"]
 SDXL_PRESET = "sdxl_base_train_res_256_stage_1"
 SDXL = [f"training=sdxl/{SDXL_PRESET}", "data_preparation.precache.enable=false"]
@@ -244,3 +246,47 @@ def test_sdxl_evaluation_refuses_what_the_samples_stage_cannot_sample(
         {**model, "precache_mode": None, "data": {"train": {"augmentations": {"resize_smallest_side": 256}}}},
     )
     check_facts(alone, FIXED_FACTS)  # the .nemo training saved at its end
+
+
+STANDIN = Path(__file__).resolve().parent / "standin_sd_samples.py"
+
+
+def test_sdxl_generation_tasks_name_each_image_after_its_caption_and_seed_it_by_caption(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    """generate.py's SDXL path for real, sd_xl_infer.py a STAND-IN (tests/standin_sd_samples.py, whose images'
+    colour is NeMo's seed for them); NeMo's own sd_xl_infer runs in tests/test_sdxl_infer_nemo.py."""
+    import dataclasses
+    import os
+
+    from PIL import Image
+
+    coco = make_coco(tmp_path / "coco")
+    model = {
+        "conditioner_config": {"emb_models": []},
+        "data": {"train": {"augmentations": {"resize_smallest_side": 96}}},
+    }
+    write_nemo(tmp_path / "results" / SDXL_PRESET / "training/results/checkpoints/sdxl.nemo", model)
+    overrides = [
+        f"evaluation.python={sys.executable}",
+        f"evaluation.sdxl_generate_script={STANDIN}",
+        "evaluation.num_images=5",
+    ]
+    cfg = make_config(*GPU, *SDXL, "stages=[evaluation]", f"evaluation.coco_root={coco}", *overrides)
+    settings = _settings(build_plan(cfg, FIXED_FACTS))
+    assert _captions(coco, Path(settings.run_dir) / "evaluation", 2014, num=5).returncode == 0
+    out = settings.outputs
+    for tasks in (3, 7):  # 3 tasks: captions [0], [1], [2, 3, 4]; 7: the first 6 draw none
+        path = tmp_path / f"{tasks}.json"
+        path.write_text(dataclasses.replace(settings, tasks_per_node=tasks).to_json())
+        shutil.rmtree(out.images, ignore_errors=True)
+        for local in range(tasks):
+            env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1", "SLURM_LOCALID": str(local)}
+            argv = [sys.executable, str(REPO / "launcher/evaluation/generate.py"), str(path)]
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+            assert done.returncode == 0, done.stderr
+        assert sorted(p.name for p in out.images.iterdir()) == ["2.0"]  # scale 1 alone; no task folder left
+        for n in range(5):
+            with Image.open(out.image(2.0, n)) as image:
+                red, green, _ = image.getpixel((0, 0))
+                assert (image.size, red + 256 * green) == ((96, 96), 2014 + 100 * n)
