@@ -168,6 +168,11 @@ class EvaluationOutputs:
         """generate_fid_images.py's folder for one scale: fid.save_path / str(scale)."""
         return self.images / str(float(scale))
 
+    def image(self, scale: float, n: int) -> Path:
+        """The image of caption `n` at `scale`, as generate_fid_images.py names it (score.py pairs it
+        with the caption by that number)."""
+        return self.images_for(scale) / f"image{n:06d}.png"
+
     @property
     def configs(self) -> Path:
         return self.stage_dir / "configs"

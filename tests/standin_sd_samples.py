@@ -1,11 +1,14 @@
-"""STAND-IN for NeMo's convert_ckpt_to_nemo.py, sd_infer.py and generate_fid_images.py: converts and samples
-nothing, so the real samples and evaluation jobs can run on a CPU-only test cluster.
+"""STAND-IN for NeMo's convert_ckpt_to_nemo.py, sd_infer.py, generate_fid_images.py and sd_xl_infer.py:
+converts and samples nothing, so the real samples and evaluation jobs can run on a CPU-only test cluster.
 
 Called with conversion's arguments (`--checkpoint_folder ... --nemo_file_path OUT`) it writes a fake OUT;
 called with sd_infer's (`--config-path DIR --config-name NAME`) it writes, as NeMo's pipeline names them,
 `<prompt[:50]>_<i>.png` for every prompt and image, each a flat colour of the config's height x width;
 with generate_fid_images' config (a `fid` section), `<save_path>/<scale>/image<n:06d>.png` for its task's
-share of the captions (scale by SLURM_ARRAY_TASK_ID, share by fid.local_task_id of fid.ntasks_per_node).
+share of the captions (scale by SLURM_ARRAY_TASK_ID, share by fid.local_task_id of fid.ntasks_per_node);
+with sd_xl_infer's (a `sampling` section), `{n:09}.png` in out_path for every prompt i and sample, n counted
+on from the files already there, each a flat colour whose red and green are NeMo's seed for it
+(`infer.seed + 100 i + 200 batch`) in base 256.
 """
 
 from __future__ import annotations
@@ -50,6 +53,21 @@ def fid_images(fid: dict, infer: dict) -> None:
     print(f"standin generate scale {scale}: images {local * per_task}..{end - 1}", flush=True)
 
 
+def xl_images(config: dict) -> None:
+    cfg, base, out = config["infer"], config["sampling"]["base"], Path(config["out_path"])
+    out.mkdir(parents=True, exist_ok=True)
+    count = len(list(out.iterdir()))  # perform_save_locally's numbering
+    per_batch = cfg["num_samples_per_batch"]
+    for i, _prompt in enumerate(cfg["prompt"]):
+        for batch in range(cfg["num_samples"] // per_batch):
+            seed = cfg["seed"] + i * 100 + batch * 200
+            for _ in range(per_batch):
+                colour = (seed % 256, seed // 256 % 256, 0)
+                Image.new("RGB", (base["width"], base["height"]), colour).save(out / f"{count:09}.png")
+                count += 1
+    print(f"standin sd_xl_infer {len(cfg['prompt'])} prompt(s) at scale {base['scale']}", flush=True)
+
+
 def infer(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config-path", required=True)
@@ -58,6 +76,9 @@ def infer(argv: list[str]) -> None:
     config = yaml.safe_load((Path(args.config_path) / args.config_name).read_text())
     if "fid" in config:
         fid_images(config["fid"], config["infer"])
+        return
+    if "sampling" in config:
+        xl_images(config)
         return
     cfg = config["infer"]
     out = Path(cfg["out_path"])

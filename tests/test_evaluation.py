@@ -1,13 +1,14 @@
 """The evaluation stage without NeMo: seeded captions in NeMo's format, its plan and edges, the assets it
 adds, every refusal, and the pinned-URL download of FID's Inception weights.
 
-NeMo's generation and the scores run in tests/test_evaluation_nemo.py; tests/test_fid_reference.py
-checks the FID against the reference implementation.
+NeMo's generation and the scores run in tests/test_evaluation_nemo.py (SDXL's: tests/test_sdxl_infer_nemo.py);
+tests/test_fid_reference.py checks the FID against the reference implementation.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,15 +17,21 @@ from pathlib import Path
 import pytest
 from coco_fixture import make_coco
 from conftest import FIXED_FACTS
+from nemo_file import write_nemo
 
 from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
 from data_prep.serve import serve_folder
 from launcher.errors import ConfigError
+from launcher.evaluation.generate import sdxl_config, share
+from launcher.evaluation.settings import EvaluationSettings
 from launcher.pipeline import build_plan
-from launcher.spec import DependencyKind
+from launcher.spec import DependencyKind, Plan
 from launcher.validate import check_facts
 
+REPO = Path(__file__).resolve().parent.parent
 GPU = ["cluster=slurm", "cluster.gpus_per_node=8", "training.trainer.num_nodes=1", "data_check.enable=false"]
+SDXL_PRESET = "sdxl_base_train_res_256_stage_1"
+SDXL = [f"training=sdxl/{SDXL_PRESET}", "data_preparation.precache.enable=false"]
 
 
 def _captions(coco: Path, out: Path, seed: int, num: int = 12) -> subprocess.CompletedProcess[str]:
@@ -148,3 +155,138 @@ def test_a_batch_nemo_would_refuse_as_global_batch_is_refused(make_config: Calla
         ConfigError, match=r"evaluation.batch_size: 4 x 8 task\(s\) per node = 32 .* a multiple of 16"
     ):
         check_facts(cfg, FIXED_FACTS)
+
+
+def _settings(plan: Plan) -> EvaluationSettings:
+    return EvaluationSettings.from_json(dict(plan.files)[plan.run_dir / "evaluation" / "evaluation.json"])
+
+
+def test_sdxl_generates_with_sd_xl_infer_one_image_per_caption_after_training(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    coco = make_coco(tmp_path / "coco")
+    # 4 x 8 GPUs = 32 images at once: not a multiple of the preset's micro batch 64, which SD's
+    # generate_fid_images.py would refuse; sd_xl_infer.py draws one caption at a time.
+    given = [
+        *GPU,
+        f"evaluation.coco_root={coco}",
+        "evaluation.batch_size=4",
+        "evaluation.sdxl_sampler=DPMPP2MSampler",
+    ]
+    cfg = make_config(*given, *SDXL, "stages=[training,samples,evaluation]")
+    check_facts(cfg, FIXED_FACTS)
+    plan = build_plan(cfg, FIXED_FACTS)
+    jobs = {job.name: job for job in plan.jobs}
+    # The model is the .nemo training saves: the evaluation waits for training, beside the samples job.
+    assert [(d.job, d.kind) for d in jobs["eval_captions"].depends_on] == [
+        (SDXL_PRESET, DependencyKind.afterok)
+    ]
+    s = _settings(plan)
+    assert (s.sdxl, s.sampler, s.checkpoint) == (True, "DPMPP2MSampler", None)
+    assert s.generate_script.endswith("/stable_diffusion/sd_xl_infer.py")
+    assert s.checkpoints_dir == str(plan.run_dir / "training/results/checkpoints")
+    assert any("SDXL the .nemo saved at the end of training with sd_xl_infer.py" in n for n in plan.notes)
+    # CLIP score's ViT-L/14 is the SDXL text encoder's repo too, with its image preprocessing.
+    assert "preprocessor_config.json" in " ".join(jobs["pretrained_assets"].argv)
+    # Array task 1 (scale 3.0), second of two tasks per node: captions 3-6, from seed + 100 x caption.
+    captions = [f"caption {n}" for n in range(7)]
+    config = sdxl_config(s, Path("/r/m.nemo"), (256, 256), 1, captions, share(7, 2, 1), tmp_path / "drawn")
+    assert config["infer"] == {
+        "num_samples": 1,
+        "num_samples_per_batch": 1,
+        "prompt": captions[3:],
+        "negative_prompt": "",
+        "seed": 2014 + 300,
+    }
+    base = config["sampling"]["base"]
+    assert (base["scale"], base["guider"], base["sampler"], base["steps"]) == (
+        2.0,
+        "VanillaCFG",
+        "DPMPP2MSampler",
+        50,
+    )
+    assert (base["height"], base["width"], config["out_path"]) == (256, 256, str(tmp_path / "drawn"))
+    sd = _settings(build_plan(make_config(*given, "stages=[training,samples,evaluation]"), FIXED_FACTS))
+    assert (sd.sdxl, sd.sampler, Path(sd.generate_script).name) == (False, "PLMS", "generate_fid_images.py")
+
+
+def test_sdxl_evaluation_refuses_what_the_samples_stage_cannot_sample(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    given = [*GPU, f"evaluation.coco_root={make_coco(tmp_path / 'coco')}"]
+    with pytest.raises(
+        ConfigError, match=r"samples.checkpoint: /x/a-step=2\.ckpt: an SDXL training checkpoint"
+    ):
+        make_config(*given, *SDXL, "stages=[evaluation]", "samples.checkpoint='/x/a-step=2.ckpt'")
+    on = [f"training=sdxl/{SDXL_PRESET}", "data_preparation.precache.enable=true"]
+    cached = make_config(*given, *on, "stages=[training,evaluation]")
+    with pytest.raises(
+        ConfigError, match=r"data_preparation.precache.enable: true: an SDXL model trained from"
+    ):
+        check_facts(cached, FIXED_FACTS)
+    alone = make_config(*given, *SDXL, "stages=[evaluation]", "assets.enable=false")
+    with pytest.raises(
+        ConfigError, match=r"samples.checkpoint: is null .* a \.nemo path, or stages=\[training,evaluation\]"
+    ):
+        check_facts(alone, FIXED_FACTS)
+    nemo = tmp_path / "results" / SDXL_PRESET / "training/results/checkpoints/sdxl.nemo"
+    model: dict = {"conditioner_config": {"emb_models": []}, "precache_mode": "text"}
+    write_nemo(nemo, model)
+    with pytest.raises(
+        ConfigError, match=rf"samples.checkpoint: {nemo} \(model_config.yaml\): an SDXL model"
+    ):
+        check_facts(alone, FIXED_FACTS)
+    write_nemo(nemo, {**model, "precache_mode": None})
+    with pytest.raises(
+        ConfigError, match=r"samples.checkpoint: .* fixes no image size .*allowed: an SDXL model"
+    ):
+        check_facts(alone, FIXED_FACTS)
+    write_nemo(
+        nemo,
+        {**model, "precache_mode": None, "data": {"train": {"augmentations": {"resize_smallest_side": 256}}}},
+    )
+    check_facts(alone, FIXED_FACTS)  # the .nemo training saved at its end
+
+
+STANDIN = Path(__file__).resolve().parent / "standin_sd_samples.py"
+
+
+def test_sdxl_generation_tasks_name_each_image_after_its_caption_and_seed_it_by_caption(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    """generate.py's SDXL path for real, sd_xl_infer.py a STAND-IN (tests/standin_sd_samples.py, whose images'
+    colour is NeMo's seed for them); NeMo's own sd_xl_infer runs in tests/test_sdxl_infer_nemo.py."""
+    import dataclasses
+    import os
+
+    from PIL import Image
+
+    coco = make_coco(tmp_path / "coco")
+    model = {
+        "conditioner_config": {"emb_models": []},
+        "data": {"train": {"augmentations": {"resize_smallest_side": 96}}},
+    }
+    write_nemo(tmp_path / "results" / SDXL_PRESET / "training/results/checkpoints/sdxl.nemo", model)
+    overrides = [
+        f"evaluation.python={sys.executable}",
+        f"evaluation.sdxl_generate_script={STANDIN}",
+        "evaluation.num_images=5",
+    ]
+    cfg = make_config(*GPU, *SDXL, "stages=[evaluation]", f"evaluation.coco_root={coco}", *overrides)
+    settings = _settings(build_plan(cfg, FIXED_FACTS))
+    assert _captions(coco, Path(settings.run_dir) / "evaluation", 2014, num=5).returncode == 0
+    out = settings.outputs
+    for tasks in (3, 7):  # 3 tasks: captions [0], [1], [2, 3, 4]; 7: the first 6 draw none
+        path = tmp_path / f"{tasks}.json"
+        path.write_text(dataclasses.replace(settings, tasks_per_node=tasks).to_json())
+        shutil.rmtree(out.images, ignore_errors=True)
+        for local in range(tasks):
+            env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1", "SLURM_LOCALID": str(local)}
+            argv = [sys.executable, str(REPO / "launcher/evaluation/generate.py"), str(path)]
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+            assert done.returncode == 0, done.stderr
+        assert sorted(p.name for p in out.images.iterdir()) == ["2.0"]  # scale 1 alone; no task folder left
+        for n in range(5):
+            with Image.open(out.image(2.0, n)) as image:
+                red, green, _ = image.getpixel((0, 0))
+                assert (image.size, red + 256 * green) == ((96, 96), 2014 + 100 * n)

@@ -110,6 +110,16 @@ CASES = {
         "training=sdxl/sdxl_base_train_res_256_stage_1",
         "data_preparation.precache.enable=false",
     ],
+    # SDXL's evaluation: the same three jobs; eval_captions waits for no samples job (the model is the .nemo
+    # training saves; evaluation.json names sd_xl_infer.py).
+    "aws_p5_sdxl_samples_evaluation": [
+        "cluster=aws_p5",
+        "stages=[samples,evaluation]",
+        "training=sdxl/sdxl_base_train_res_256_stage_1",
+        "data_preparation.precache.enable=false",
+        "evaluation.coco_root=/fsx/coco2014",
+        "evaluation.guidance_scales=[2,5,8]",
+    ],
     "aws_p5_sdxl_512_stage_2": [
         "cluster=aws_p5",
         "stages=[data_preparation,training]",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import FIXED_FACTS
+from nemo_file import write_nemo
 
 from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
@@ -170,20 +171,6 @@ def test_ema_twin_and_marker_follow_nemo_names() -> None:
 SDXL = ["training=sdxl/sdxl_base_train_res_256_stage_1", "data_preparation.precache.enable=false"]
 
 
-def _nemo(path: Path, model: dict) -> Path:
-    """A .nemo as NeMo's save_to lays it out (a tar with model_config.yaml), for what the host reads."""
-    import io
-    import tarfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(model).encode()
-    with tarfile.open(path, "w:") as tar:
-        member = tarfile.TarInfo("./model_config.yaml")
-        member.size = len(text)
-        tar.addfile(member, io.BytesIO(text))
-    return path
-
-
 def test_sdxl_samples_the_final_nemo_with_sd_xl_infer(make_config: Callable) -> None:
     cfg = make_config(*GPU, *SDXL, "stages=[training,samples]")
     check_facts(cfg, FIXED_FACTS)
@@ -208,7 +195,7 @@ def test_sdxl_trained_from_cached_text_embeddings_is_refused(make_config: Callab
     with pytest.raises(ConfigError, match=r"data_preparation.precache.enable: true: an SDXL model trained"):
         check_facts(make_config(*on, "stages=[training,samples]"), FIXED_FACTS)
     model = {"conditioner_config": {"emb_models": []}, "precache_mode": "text"}
-    nemo = _nemo(tmp_path / "run/model.nemo", model)
+    nemo = write_nemo(tmp_path / "run/model.nemo", model)
     alone = make_config(
         *GPU, *SDXL, "stages=[samples]", "assets.enable=false", f"samples.checkpoint='{nemo}'"
     )
@@ -227,7 +214,7 @@ def test_sdxl_trained_from_cached_text_embeddings_is_refused(make_config: Callab
             *SDXL,
             "stages=[samples]",
             "assets.enable=false",
-            f"samples.checkpoint='{_nemo(nemo, model)}'",
+            f"samples.checkpoint='{write_nemo(nemo, model)}'",
         ),
         FIXED_FACTS,
     )
@@ -242,7 +229,7 @@ def test_the_final_nemo_has_the_step_of_the_checkpoint_saved_before_it(tmp_path:
         path = folder / CKPT.format(step=step, tail="-last" if step == 4 else "")
         path.write_bytes(b"")
         os.utime(path, (when, when))
-    nemo = _nemo(folder / "stable-diffusion-xl.nemo", {"cfg": 1})
+    nemo = write_nemo(folder / "stable-diffusion-xl.nemo", {"cfg": 1})
     os.utime(nemo, (300, 300))
     # Step 6 came after the .nemo (a later job, killed before its end): not the .nemo's weights.
     assert checkpoints.final_nemo(folder) == nemo and checkpoints.step_of_nemo(nemo) == 4

@@ -1,20 +1,34 @@
-"""One task of the evaluation's generation array: NeMo's own generate_fid_images.py for one guidance scale.
+"""One task of the evaluation's generation array: NeMo's own inference for one guidance scale.
 
     <nemo python> <repo>/launcher/evaluation/generate.py <run>/evaluation/evaluation.json
 
-srun starts this once per GPU of each array task. NeMo's script picks the scale from SLURM_ARRAY_TASK_ID
-and its share of the captions from SLURM_LOCALID and fid.ntasks_per_node; each task here is a world of
-one process on its own GPU (the inference setup forces Lightning's TorchElasticEnvironment, which reads
-WORLD_SIZE, RANK, ...). The model is the newest one the samples job converted (samples/step_<N>/
-model.nemo), at the size its training used. Images: evaluation/images/<scale>/image<n:06d>.png.
+srun starts this once per GPU of each array task; each is a world of one process on its own GPU (the
+inference setup forces Lightning's TorchElasticEnvironment, which reads WORLD_SIZE, RANK, ...). The array
+task is the guidance scale, SLURM_LOCALID this process's share of the captions. Images:
+evaluation/images/<scale>/image<n:06d>.png, n the caption's number, at the size the model was trained at.
+
+SD: NeMo's generate_fid_images.py, which picks the scale and the share itself (from SLURM_ARRAY_TASK_ID,
+SLURM_LOCALID and fid.ntasks_per_node), on the model the samples job converted last
+(samples/step_<N>/model.nemo, its training's hparams.yaml giving the size).
+
+SDXL: NeMo has no FID script for SDXL (generate_fid_images.py builds MegatronLatentDiffusion), so each task
+runs NeMo's sd_xl_infer.py, as the SDXL samples job does, on the .nemo the samples stage samples (size:
+its model_config.yaml), with its scale and its share of the captions (split as generate_fid_images.py
+splits them) as prompts, one image each. sd_xl_infer numbers its images `{n:09}.png` after what its folder
+already holds: each task draws into an empty folder of its own, then the images take their captions'
+numbers. Caption n is drawn from seed `seed + 100 n` (sd_xl_infer's seed for prompt i is `infer.seed +
+100 i`), whichever task draws it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # started by path: find this repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -23,8 +37,29 @@ from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.sampling.checkpoints import hparams_of
-from launcher.sampling.job import infer_section, nemo_env, trainer_and_model
+from launcher.sampling.job import (
+    infer_section,
+    nemo_env,
+    sdxl_model_config,
+    sdxl_nemo,
+    trainer_and_model,
+    xl_infer_config,
+)
 from launcher.sampling.resolution import trained_size
+
+# sd_xl_infer's seed step between consecutive prompts (v2.4.0: `infer.seed + i * 100 + batchid * 200`).
+SDXL_SEED_STEP = 100
+
+
+def share(count: int, parts: int, index: int) -> range:
+    """generate_fid_images.py's split of `count` captions among a node's `parts` tasks: equal parts, the
+    last taking the remainder.
+
+    >>> [list(share(5, 2, i)) for i in (0, 1)]
+    [[0, 1], [2, 3, 4]]
+    """
+    size = count // parts
+    return range(index * size, count if index == parts - 1 else (index + 1) * size)
 
 
 def generate_config(s: EvaluationSettings, nemo: Path, size: tuple[int, int], local: int) -> dict:
@@ -52,6 +87,28 @@ def generate_config(s: EvaluationSettings, nemo: Path, size: tuple[int, int], lo
     }
 
 
+def sdxl_config(
+    s: EvaluationSettings,
+    nemo: Path,
+    size: tuple[int, int],
+    task: int,
+    captions: list[str],
+    mine: range,
+    out: Path,
+) -> dict:
+    """sd_xl_infer.yaml for this task: its scale, its captions as prompts, one image each."""
+    return xl_infer_config(
+        s,
+        size,
+        nemo,
+        out,
+        prompts=[captions[n] for n in mine],
+        scale=float(s.guidance_scales[task]),
+        seed=s.seed + SDXL_SEED_STEP * mine.start,
+        per_prompt=1,
+    )
+
+
 def task_env(local: int) -> dict[str, str]:
     """nemo_env, with this task's GPU alone visible when srun shows it the node's GPUs."""
     env = nemo_env()
@@ -61,11 +118,28 @@ def task_env(local: int) -> dict[str, str]:
     return env
 
 
-@step_main("evaluation")
-def main(argv: list[str]) -> int:
+def run_nemo(s: EvaluationSettings, config: dict[str, Any], name: str, local: int) -> int:
+    """NeMo's script on `config`, written as configs/<name>.yaml."""
     from omegaconf import OmegaConf
 
-    s = EvaluationSettings.from_json(Path(argv[0]).read_text())
+    path = s.outputs.configs / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, OmegaConf.to_yaml(OmegaConf.create(config)))
+    argv = [
+        s.nemo_python,
+        "-u",
+        s.generate_script,
+        "--config-path",
+        str(path.parent),
+        "--config-name",
+        path.name,
+    ]
+    return subprocess.run(argv, env=task_env(local), check=False).returncode
+
+
+def generate_sd(s: EvaluationSettings, task: int, local: int) -> int:
+    from omegaconf import OmegaConf
+
     found = s.samples.newest_converted()
     if found is None:
         raise SystemExit(f"evaluation: no model.nemo the samples job converted under {s.samples.stage_dir}")
@@ -73,23 +147,48 @@ def main(argv: list[str]) -> int:
     size = trained_size(OmegaConf.to_container(OmegaConf.load(hparams_of(checkpoint)).cfg))
     if size is None:
         raise SystemExit(f"evaluation: {hparams_of(checkpoint)} fixes no image size")
-    task, local = os.environ.get("SLURM_ARRAY_TASK_ID", "0"), int(os.environ.get("SLURM_LOCALID", "0"))
-    config = s.outputs.configs / f"generate_{task}_{local}.yaml"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(generate_config(s, nemo, size, local))))
-    argv = [
-        s.nemo_python,
-        "-u",
-        s.generate_script,
-        "--config-path",
-        str(config.parent),
-        "--config-name",
-        config.name,
-    ]
     print(
         f"evaluation: task {task}.{local}: {nemo} (from {checkpoint.name}) at {size[1]}x{size[0]}", flush=True
     )
-    return subprocess.run(argv, env=task_env(local), check=False).returncode
+    return run_nemo(s, generate_config(s, nemo, size, local), f"generate_{task}_{local}", local)
+
+
+def generate_sdxl(s: EvaluationSettings, task: int, local: int) -> int:
+    nemo = sdxl_nemo(s, "evaluation")
+    size = trained_size(sdxl_model_config(nemo))
+    if size is None:
+        raise SystemExit(f"evaluation: {nemo} (model_config.yaml) fixes no image size")
+    captions = [row["caption"] for row in json.loads(s.outputs.captions_json.read_text())]
+    mine, scale = share(len(captions), s.tasks_per_node, local), s.guidance_scales[task]
+    print(
+        f"evaluation: task {task}.{local}: captions {mine.start}-{mine.stop - 1} at scale {scale}, {nemo} "
+        f"at {size[1]}x{size[0]}",
+        flush=True,
+    )
+    if not mine:  # fewer captions than tasks
+        return 0
+    drawn = s.outputs.images / f".sdxl_{task}_{local}"
+    shutil.rmtree(drawn, ignore_errors=True)
+    config = sdxl_config(s, nemo, size, task, captions, mine, drawn)
+    done = run_nemo(s, config, f"sd_xl_infer_{task}_{local}", local)
+    if done:
+        return done
+    images = [drawn / f"{k:09}.png" for k in range(len(mine))]
+    missing = [path for path in images if not path.is_file()]
+    if missing:
+        raise SystemExit(f"evaluation: {Path(s.generate_script).name} wrote no {missing[0]}")
+    s.outputs.images_for(scale).mkdir(parents=True, exist_ok=True)
+    for path, n in zip(images, mine, strict=True):
+        path.replace(s.outputs.image(scale, n))
+    shutil.rmtree(drawn)
+    return 0
+
+
+@step_main("evaluation")
+def main(argv: list[str]) -> int:
+    s = EvaluationSettings.from_json(Path(argv[0]).read_text())
+    task, local = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")), int(os.environ.get("SLURM_LOCALID", "0"))
+    return (generate_sdxl if s.sdxl else generate_sd)(s, task, local)
 
 
 if __name__ == "__main__":

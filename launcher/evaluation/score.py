@@ -121,7 +121,7 @@ def generated_images(s: EvaluationSettings) -> dict[float, list[Path]]:
     """Each scale's images in caption order; every caption must have its image."""
     out = {}
     for scale in s.guidance_scales:
-        paths = [s.outputs.images_for(scale) / f"image{n:06d}.png" for n in range(s.num_images)]
+        paths = [s.outputs.image(scale, n) for n in range(s.num_images)]
         missing = [p for p in paths if not p.is_file()]
         if missing:
             raise SystemExit(f"evaluation: {len(missing)} image(s) missing, e.g. {missing[0]}")

@@ -21,14 +21,20 @@ class EvaluationSettings:
     num_images: int
     guidance_scales: tuple[float, ...]
     seed: int
-    sampler: str
+    # SDXL (data_prep.model_family): NeMo's sd_xl_infer.py generates from the .nemo the samples stage
+    # samples, `checkpoint` (samples.checkpoint) or the one training saved at its end in `checkpoints_dir`;
+    # SD: generate_fid_images.py from the model the samples job converted last.
+    sdxl: bool
+    checkpoint: str | None
+    checkpoints_dir: str
+    sampler: str  # the family's: evaluation.sampler (SD) or evaluation.sdxl_sampler
     steps: int
     batch_size: int
     precision: str
     # NeMo tasks per node of one guidance scale (one per GPU), each its own process.
     tasks_per_node: int
     nemo_python: str
-    generate_script: str
+    generate_script: str  # generate_fid_images.py (SD) or sd_xl_infer.py (SDXL)
     # The score's interpreter (torch, torchmetrics, torch-fidelity, transformers) and the plot's.
     score_python: str
     plot_python: str

@@ -23,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,9 +149,22 @@ def infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, ou
     return {"name": "stable-diffusion-samples", "infer": infer, **trainer_and_model(s.precision, nemo_file)}
 
 
-def xl_infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
+def xl_infer_config(
+    s: Any,
+    size: tuple[int, int],
+    nemo_file: Path,
+    out: Path,
+    *,
+    prompts: Sequence[str],
+    scale: float,
+    seed: int,
+    per_prompt: int,
+) -> dict:
     """sd_xl_infer.yaml's keys (v2.4.0 examples/.../stable_diffusion/conf/sd_xl_infer.yaml), every one the
-    script reads; NVIDIA's values except the samples settings, the trained size, and no refiner."""
+    script reads, from settings `s` (samples' or the evaluation's: sampler, steps, batch_size, precision);
+    NVIDIA's values except those, the prompts, `per_prompt` images of each, the guidance scale (VanillaCFG's
+    `sampling.base.scale`, get_guider_config in sdxl_pipeline.py), the trained size, and no refiner.
+    sd_xl_infer draws prompt i's batch b with seed `infer.seed + 100 i + 200 b`."""
     height, width = size
     base = {
         "sampler": s.sampler,
@@ -160,7 +174,7 @@ def xl_infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path,
         "discretization": "LegacyDDPMDiscretization",
         "guider": "VanillaCFG",
         "thresholder": "None",
-        "scale": s.guidance_scale,
+        "scale": scale,
         "img2img_strength": 1.0,
         "sigma_min": 0.0292,
         "sigma_max": 14.6146,
@@ -180,15 +194,13 @@ def xl_infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path,
         "negative_aesthetic_score": 5.0,
     }
     # sd_xl_infer draws num_samples // num_samples_per_batch batches per prompt: a divisor, or images go missing.
-    per_batch = max(
-        n for n in range(1, s.images_per_prompt + 1) if s.images_per_prompt % n == 0 and n <= s.batch_size
-    )
+    per_batch = max(n for n in range(1, per_prompt + 1) if per_prompt % n == 0 and n <= s.batch_size)
     infer = {
-        "num_samples": s.images_per_prompt,
+        "num_samples": per_prompt,
         "num_samples_per_batch": per_batch,
-        "prompt": list(s.prompts),
+        "prompt": list(prompts),
         "negative_prompt": "",
-        "seed": s.seed,
+        "seed": seed,
     }
     return {
         "trainer": inference_trainer(s.precision),
@@ -208,9 +220,19 @@ def sample(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, step_dir
 
     images, partial = step_dir / "images", step_dir / ".images.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    script, config_of = ("sd_xl_infer", xl_infer_config) if s.sdxl else ("sd_infer", infer_config)
+    if s.sdxl:
+        script = "sd_xl_infer"
+        given = {
+            "prompts": s.prompts,
+            "scale": s.guidance_scale,
+            "seed": s.seed,
+            "per_prompt": s.images_per_prompt,
+        }
+        written = xl_infer_config(s, size, nemo_file, partial, **given)
+    else:
+        script, written = "sd_infer", infer_config(s, size, nemo_file, partial)
     config = step_dir / f"{script}.yaml"
-    write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(config_of(s, size, nemo_file, partial))))
+    write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(written)))
     argv = [s.nemo_python, "-u", s.infer_script, "--config-path", str(step_dir), "--config-name", config.name]
     _run(argv, f"sample (NeMo's {script}.py)")
     shutil.rmtree(images, ignore_errors=True)
@@ -245,11 +267,25 @@ def write_plot(s: SamplingSettings) -> None:
     print(f"samples: training plot: {(done.stdout + done.stderr).strip()}", flush=True)
 
 
-def sdxl_model(s: SamplingSettings) -> tuple[Path, int]:
-    """The .nemo to sample (the given one, else the one training saved at its end) and its step."""
+def sdxl_nemo(s: Any, job: str) -> Path:
+    """The SDXL .nemo settings `s` (samples' or the evaluation's) name: `checkpoint`, else the one
+    training saved at its end in `checkpoints_dir`."""
     nemo = Path(s.checkpoint) if s.checkpoint else final_nemo(Path(s.checkpoints_dir))
     if nemo is None:
-        raise SystemExit(f"samples: no .nemo in {s.checkpoints_dir} (sd_xl_train.py saves one at its end)")
+        raise SystemExit(f"{job}: no .nemo in {s.checkpoints_dir} (sd_xl_train.py saves one at its end)")
+    return nemo
+
+
+def sdxl_model_config(nemo: Path) -> dict[str, Any]:
+    """The model config stored in an SDXL .nemo, as plain containers."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.create(nemo_model_config(nemo)))  # type: ignore[return-value]
+
+
+def sdxl_model(s: SamplingSettings) -> tuple[Path, int]:
+    """The .nemo to sample (the given one, else the one training saved at its end) and its step."""
+    nemo = sdxl_nemo(s, "samples")
     step = step_of_nemo(nemo)
     if step is None:
         raise SystemExit(f"samples: no finished checkpoint beside {nemo} gives its training step")
@@ -276,16 +312,16 @@ def main(argv: list[str]) -> int:
     if s.sdxl:
         checkpoint, step = sdxl_model(s)
         where = f"{checkpoint} (model_config.yaml)"
-        model = OmegaConf.create(nemo_model_config(checkpoint))
+        model = sdxl_model_config(checkpoint)
     else:
         checkpoint = checkpoint_to_sample(s)
         step, where = step_of(checkpoint), str(hparams_of(checkpoint))
-        model = OmegaConf.load(where).cfg
+        model = OmegaConf.to_container(OmegaConf.load(where).cfg)
     out = s.outputs
     step_dir = out.step_dir(step)
     step_dir.mkdir(parents=True, exist_ok=True)
     print(f"samples: checkpoint {checkpoint} (step {step})", flush=True)
-    trained = trained_size(OmegaConf.to_container(model))
+    trained = trained_size(model)
     size = (s.resolution, s.resolution) if s.resolution else trained
     if size is None:
         raise SystemExit(f"samples: {where} fixes no image size: set samples.resolution")

@@ -5,6 +5,12 @@ with one task per guidance scale, runs NeMo's own generate_fid_images.py (one pr
 model the samples job converted last; `eval_score` (one GPU) computes FID against the val2014 images and
 CLIP score, and writes evaluation/results.{csv,md} and fid_clip.png. Chosen with samples it waits for
 them; alone it evaluates the newest model.nemo under <run>/samples/.
+
+SDXL (data_prep.model_family): NeMo has no FID script for SDXL, so each generation task runs NeMo's
+sd_xl_infer.py on its share of the captions (launcher/evaluation/generate.py) from the .nemo the samples
+stage samples (samples.checkpoint, else the one training saves at its end: there is nothing to convert),
+refused as the samples stage refuses it (a .ckpt, a model trained from cached text embeddings). Chosen
+with training it waits for training, not for the samples job.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_prep.model_family import is_sdxl
 from launcher import nemo_config
 from launcher.config import JobResources, Runtime
 from launcher.context import Context, Facts
@@ -23,6 +30,7 @@ from launcher.outputs import EvaluationOutputs, SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
 from launcher.sampling.checkpoints import hparams_of
+from launcher.sampling.resolution import trained_size
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stage import AssetNeeds, StageSpec
 from launcher.stages import samples
@@ -51,10 +59,18 @@ class EvaluationConfig:
         factory=lambda: [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
         help="One array task per scale.",
     )
-    sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's sampler.")
+    sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's SD sampler.")
+    sdxl_sampler: str = ruled(
+        Choice(samples.SDXL_SAMPLERS),
+        "EulerEDMSampler",
+        help="NeMo's SDXL sampler (sd_xl_infer's sampling.base.sampler), for SDXL presets.",
+    )
     steps: int = ruled(Range(1, 1000), 50, help="Sampling steps (PLMS/DDIM: a divisor of 1000).")
     batch_size: int = ruled(
-        Range(1, 256), 16, help="Images generated at once per GPU (x GPUs: a multiple of micro_batch_size)."
+        Range(1, 256),
+        16,
+        help="Images generated at once per GPU (x GPUs: a multiple of micro_batch_size); SD only: "
+        "sd_xl_infer.py draws one caption at a time.",
     )
     precision: str = ruled(
         Choice(("16-mixed", "bf16-mixed", "32-true")), "16-mixed", help="Generation precision."
@@ -64,6 +80,11 @@ class EvaluationConfig:
         Text(),
         "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/generate_fid_images.py",
         help="NeMo's FID image generation.",
+    )
+    sdxl_generate_script: str = ruled(
+        Text(),
+        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_xl_infer.py",
+        help="NeMo's SDXL text-to-image inference, which generates the images for SDXL presets.",
     )
     score_python: str = ruled(
         Text(), "/opt/eval/bin/python", help="An interpreter with torch, torchmetrics and torch-fidelity."
@@ -76,21 +97,32 @@ class EvaluationConfig:
     )
 
 
+def _sdxl(cfg: Any) -> bool:
+    return is_sdxl(cfg.training.model)
+
+
+def _sampler(cfg: Any) -> str:
+    return cfg.evaluation.sdxl_sampler if _sdxl(cfg) else cfg.evaluation.sampler
+
+
 def settings(ctx: Context) -> EvaluationSettings:
-    ev, assets = ctx.cfg.evaluation, ctx.cfg.assets
+    ev, assets, sdxl = ctx.cfg.evaluation, ctx.cfg.assets, _sdxl(ctx.cfg)
     return EvaluationSettings(
         run_dir=str(ctx.run_dir),
         coco_root=str(ev.coco_root),
         num_images=ev.num_images,
         guidance_scales=tuple(float(g) for g in ev.guidance_scales),
         seed=ev.seed,
-        sampler=ev.sampler,
+        sdxl=sdxl,
+        checkpoint=ctx.cfg.samples.checkpoint if sdxl else None,
+        checkpoints_dir=str(samples.checkpoints_dir(ctx.cfg)),
+        sampler=_sampler(ctx.cfg),
         steps=ev.steps,
         batch_size=ev.batch_size,
         precision=ev.precision,
         tasks_per_node=max(ctx.cfg.cluster.gpus_per_node, 1),
         nemo_python=ev.python,
-        generate_script=ev.generate_script,
+        generate_script=ev.sdxl_generate_script if sdxl else ev.generate_script,
         score_python=ev.score_python,
         plot_python=ctx.python,
         code_dir=ctx.code_dir,
@@ -168,9 +200,14 @@ def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 
 def _notes(ctx: Context) -> tuple[str, ...]:
     ev, out = ctx.cfg.evaluation, EvaluationOutputs(ctx.run_dir)
+    model = (
+        f"SDXL {ctx.cfg.samples.checkpoint or 'the .nemo saved at the end of training'} with sd_xl_infer.py"
+        if _sdxl(ctx.cfg)
+        else "the model the samples job converted last"
+    )
     return (
         f"evaluation: {ev.num_images} COCO captions (seed {ev.seed}) x {len(ev.guidance_scales)} guidance "
-        f"scale(s) {list(ev.guidance_scales)}; results: {out.results_md}, {out.plot.name}",
+        f"scale(s) {list(ev.guidance_scales)} of {model}; results: {out.results_md}, {out.plot.name}",
     )
 
 
@@ -186,12 +223,14 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         )
     if len(set(ev.guidance_scales)) != len(ev.guidance_scales):
         raise ConfigError("evaluation.guidance_scales", f"{list(ev.guidance_scales)} repeats a value")
-    if ev.sampler in ("PLMS", "DDIM") and 1000 % ev.steps:
+    if _sampler(cfg) in ("PLMS", "DDIM") and 1000 % ev.steps:
         raise ConfigError("evaluation.steps", f"{ev.steps} does not divide 1000, which {ev.sampler} needs")
     if cfg.container.runtime is Runtime.pyxis:
         require_mounted("evaluation.coco_root", ev.coco_root, cfg.container.mounts)
         for name in ASSETS.files:  # staged by the assets job, read by the score job
             require_mounted(f"assets.{name}.path", getattr(cfg.assets, name).path, cfg.container.mounts)
+        if _sdxl(cfg) and cfg.samples.checkpoint:  # the .nemo the generation reads
+            require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
@@ -205,6 +244,18 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
                 "evaluation.coco_root",
                 f"{root} has no {needed}; allowed: a COCO-2014 folder with val2014/ and {CAPTIONS_JSON}",
             )
+    if _sdxl(cfg):
+        # What the samples stage would sample, refused as it refuses it. sd_xl_infer.py draws each caption
+        # alone (num_samples 1 per prompt): no batch rule.
+        model, source = samples.trained_model(cfg, planned, NAME)
+        samples.check_sdxl_text_encoders(cfg, model, source)
+        if trained_size(model) is None:
+            raise ConfigError(
+                "samples.checkpoint",
+                f"{source} fixes no image size (data.train.augmentations.resize_smallest_side); allowed: an "
+                "SDXL model trained at one size",
+            )
+        return
     _check_batch(cfg, _evaluated_model(cfg, planned))
 
 
@@ -251,7 +302,8 @@ STAGE = StageSpec(
     name=NAME,
     config=EvaluationConfig,
     plan=plan,
-    needs=lambda cfg: ("assets", "samples"),
+    # SDXL evaluates the .nemo training saves, which the samples job does not touch.
+    needs=lambda cfg: ("assets", "training") if _sdxl(cfg) else ("assets", "samples"),
     check=_check,
     host_check=_host_check,
     assets=lambda cfg: ASSETS,

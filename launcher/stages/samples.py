@@ -238,9 +238,10 @@ def _check_sdxl(cfg: Any) -> None:
         )
 
 
-def _check_sdxl_text_encoders(cfg: Any, model: dict[str, Any], source: str) -> None:
+def check_sdxl_text_encoders(cfg: Any, model: dict[str, Any], source: str) -> None:
     """A model trained from cached text embeddings: its .nemo holds no text encoders and its conditioner
-    reads stored embeddings, not prompts, so sd_xl_infer.py cannot sample it (docs/latents.md)."""
+    reads stored embeddings, not prompts, so sd_xl_infer.py cannot sample it (docs/latents.md). The
+    evaluation's SDXL generation refuses it too."""
     planned_training = source == PLANNED_MODEL
     if latents.enabled(cfg) if planned_training else model.get("precache_mode") == PRECACHE_MODE:
         key = latents.SWITCH if planned_training else "samples.checkpoint"
@@ -291,7 +292,7 @@ def _given_checkpoint(cfg: Any) -> Path:
     return path
 
 
-def _final_nemo(cfg: Any) -> Path:
+def _final_nemo(cfg: Any, stage: str) -> Path:
     """samples.checkpoint (a .nemo), or the .nemo SDXL training saved at its end."""
     if cfg.samples.checkpoint:
         path = Path(cfg.samples.checkpoint)
@@ -305,7 +306,7 @@ def _final_nemo(cfg: Any) -> Path:
         raise ConfigError(
             "samples.checkpoint",
             f"is null (the .nemo SDXL training saves at its end) but {checkpoints_dir(cfg)} has none; allowed: "
-            "a .nemo path, or stages=[training,samples]",
+            f"a .nemo path, or stages=[training,{stage}]",
         )
     return found
 
@@ -321,15 +322,16 @@ def _newest_checkpoint(cfg: Any) -> Path:
     return found
 
 
-def trained_model(cfg: Any, planned: frozenset[str]) -> tuple[dict[str, Any], str]:
+def trained_model(cfg: Any, planned: frozenset[str], stage: str = NAME) -> tuple[dict[str, Any], str]:
     """The model config the sampled checkpoint was trained with, and where it was read: the checkpoint's
-    hparams.yaml (NeMo's conversion needs it too), or the training planned in this launch."""
+    hparams.yaml (NeMo's conversion needs it too), or the training planned in this launch. `stage`: the
+    stage asking (SDXL's evaluation evaluates what this stage samples), named in the refusals."""
     from omegaconf import OmegaConf
 
     if not cfg.samples.checkpoint and "training" in planned:
         return dict(cfg.training.model), PLANNED_MODEL
     if _sdxl(cfg):
-        nemo = _final_nemo(cfg)
+        nemo = _final_nemo(cfg, stage)
         try:
             text = checkpoints.nemo_model_config(nemo)
         except ValueError as error:
@@ -354,7 +356,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
         return
     model, source = trained_model(cfg, planned)
     if _sdxl(cfg):
-        _check_sdxl_text_encoders(cfg, model, source)
+        check_sdxl_text_encoders(cfg, model, source)
     trained, wanted = trained_size(model), cfg.samples.resolution
     if wanted is None and trained is None:
         raise ConfigError("samples.resolution", f"is null but {source} fixes no image size; allowed: a size")
