@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from launcher import nemo_python
 from launcher.config import BackendName, Runtime
@@ -146,11 +146,12 @@ def to_schema(composed: DictConfig, stages: Sequence[StageSpec] = STAGES) -> Any
     try:
         merged = copy.deepcopy(empty)
         merged.merge_with(composed)  # in place: OmegaConf.merge would first deep-copy the fresh schema
-        missing = sorted(OmegaConf.missing_keys(merged))
-        if missing:
-            raise ConfigError(missing[0], "a value is required (set it in conf/ or on the command line)")
         OmegaConf.resolve(merged)
-        cfg = OmegaConf.to_object(merged)
+        cfg = OmegaConf.to_object(merged)  # names the first value left unset (cheaper than missing_keys)
+    except MissingMandatoryValue as error:
+        raise ConfigError(
+            str(error.full_key), "a value is required (set it in conf/ or on the command line)"
+        ) from None
     except OmegaConfBaseException as error:
         raise _explain(error, composed, root) from None
     check(cfg, stages, composed)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,22 +23,19 @@ from launcher.stages.evaluation import status_lines
 
 pytestmark = pytest.mark.slow
 RUN = TINY_RUN
-TINY_EVAL = REPO / "tests" / "nemo_cpu" / "tiny_eval.py"
 
 
 @pytest.fixture(scope="module")
-def shared(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory, nemo_python: str) -> Path:
+def shared(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # The session's tiny run, copied: trained at a learning rate that moves the UNet's zero-initialised
     # cross-attention outputs (at initialisation the prompt has no effect, and every guidance scale
     # would draw the same images).
     shared = tiny_training.copy_to(tmp_path_factory.mktemp("eval_cpu"))
-    for kind, target in (("inception", shared / "eval/inception.pth"), ("clip", shared / "eval/clip")):
-        subprocess.run([nemo_python, str(TINY_EVAL), kind, str(target)], check=True, timeout=600)
     make_coco(shared / "coco")
     return shared
 
 
-def _launch(shared: Path, nemo_python: str, stages: str, scales: str = "1.5,7.5") -> Path:
+def _launch(shared: Path, nets: Path, nemo_python: str, stages: str, scales: str = "1.5,7.5") -> Path:
     return launch(
         compose_config(
             [
@@ -59,8 +55,8 @@ def _launch(shared: Path, nemo_python: str, stages: str, scales: str = "1.5,7.5"
                 f"evaluation.python={nemo_python}",
                 f"evaluation.generate_script={REPO / 'tests/nemo_cpu/generate_fid_cpu.py'}",
                 f"evaluation.score_python={nemo_python}",
-                f"assets.inception.path={shared / 'eval/inception.pth'}",
-                f"assets.text_encoder.local_dir={shared / 'eval/clip'}",
+                f"assets.inception.path={nets / 'inception.pth'}",
+                f"assets.text_encoder.local_dir={nets / 'clip'}",
             ]
         )
     )
@@ -71,9 +67,9 @@ def _results(run: Path) -> list[dict[str, str]]:
 
 
 def test_samples_then_evaluation_write_the_table_and_plot_and_a_rerun_scores_the_same_captions(
-    shared: Path, nemo_python: str
+    shared: Path, tiny_eval_nets: Path, nemo_python: str
 ) -> None:
-    run = _launch(shared, nemo_python, "samples,evaluation")
+    run = _launch(shared, tiny_eval_nets, nemo_python, "samples,evaluation")
     log = next((run / "evaluation/logs").glob("eval_generate_*_0.out")).read_text()
     assert "generate_fid_cpu: running generate_fid_main" in log
     for scale in ("1.5", "7.5"):
@@ -99,6 +95,6 @@ def test_samples_then_evaluation_write_the_table_and_plot_and_a_rerun_scores_the
 
     # Alone: the model the samples job converted. One scale (the first array task, as before) is enough
     # to show the same captions, seed and CPU arithmetic give the same scores, at half the generation.
-    again = _launch(shared, nemo_python, "evaluation", scales="1.5")
+    again = _launch(shared, tiny_eval_nets, nemo_python, "evaluation", scales="1.5")
     assert json.loads((again / "evaluation/captions.json").read_text()) == captions
     assert _results(again) == rows[:1]

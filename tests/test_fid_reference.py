@@ -46,10 +46,10 @@ print(json.dumps({"ours": ours, "reference": reference}))
 """
 
 
-def test_our_fid_is_torch_fidelitys_on_the_same_images(tmp_path: Path, nemo_python: str) -> None:
-    weights = tmp_path / "inception.pth"
-    tiny = REPO / "tests" / "nemo_cpu" / "tiny_eval.py"
-    subprocess.run([nemo_python, str(tiny), "inception", str(weights)], check=True, timeout=300)
+def test_our_fid_is_torch_fidelitys_on_the_same_images(
+    tmp_path: Path, nemo_python: str, tiny_eval_nets: Path
+) -> None:
+    weights = tiny_eval_nets / "inception.pth"
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
         [nemo_python, "-c", _COMPARE, str(tmp_path), str(weights)],

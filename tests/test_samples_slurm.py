@@ -7,6 +7,7 @@ stand-in networks: tests/nemo_cpu/tiny_eval.py)."""
 from __future__ import annotations
 
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,14 +96,9 @@ def test_failed_training_cancels_the_samples(slurm_cluster, slurm_shared: Path) 
 
 
 def test_training_samples_evaluation_chain_with_afterok_edges(
-    slurm_cluster, slurm_shared: Path, nemo_python: str
+    slurm_cluster, slurm_shared: Path, nemo_python: str, tiny_eval_nets: Path
 ) -> None:
-    tiny_eval = TESTS / "nemo_cpu" / "tiny_eval.py"
-    for kind, target in (
-        ("inception", slurm_shared / "eval/inception.pth"),
-        ("clip", slurm_shared / "eval/clip"),
-    ):
-        subprocess.run([nemo_python, str(tiny_eval), kind, str(target)], check=True, timeout=600)
+    nets = shutil.copytree(tiny_eval_nets, slurm_shared / "eval")  # inside the container's mounts
     coco = make_coco(slurm_shared / "coco")
     ids = _launch(
         slurm_shared,
@@ -113,8 +109,8 @@ def test_training_samples_evaluation_chain_with_afterok_edges(
         f"evaluation.python={sys.executable}",
         f"evaluation.generate_script={SAMPLE}",
         f"evaluation.score_python={nemo_python}",
-        f"assets.inception.path={slurm_shared / 'eval/inception.pth'}",
-        f"assets.text_encoder.local_dir={slurm_shared / 'eval/clip'}",
+        f"assets.inception.path={nets / 'inception.pth'}",
+        f"assets.text_encoder.local_dir={nets / 'clip'}",
         "evaluation.score_mem=2G",
     )
     assert slurm_cluster.wait_job(ids["eval_score"], timeout=600).state == "COMPLETED"

@@ -97,6 +97,8 @@ class SlurmCluster:
         self.layout = Layout(state_dir.resolve())
         # slurm.conf settings added to (or replacing) the defaults, e.g. {"MaxArraySize": 64}.
         self.extra_conf = dict(extra_conf or {})
+        # How many times the job table was cleared (limits): jobs of an earlier generation are forgotten.
+        self.generation = 0
         self.state_dir = self.layout.state_dir
         self.conf = self.layout.conf
 
@@ -214,6 +216,7 @@ class SlurmCluster:
 
     def _restart_controller(self, extra_conf: dict[str, object], timeout: float = 30.0) -> None:
         self._cancel_all(timeout)
+        self.generation += 1
         self.extra_conf = extra_conf
         write_configs(self.layout, self._name, self._ports, extra_conf)
         _stop(self.layout.run_dir / "slurmctld.pid", timeout)
