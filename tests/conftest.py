@@ -77,7 +77,7 @@ def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     return calls
 
 
-# Under pytest-xdist (`-n 2 --dist loadgroup`, as tests/run.sh runs), each worker is a session of its own
+# Under pytest-xdist (`-n 3 --dist loadgroup`, as tests/run.sh runs), each worker is a session of its own
 # and builds the session fixtures its tests ask for. The tests that use a NeMo fixture go to one worker
 # together, so that NeMo's fork server, the tiny assets, the demo data and the tiny training are built once;
 # so do the readers of the finished Slurm demo run. The others spread over both workers (each with its own

@@ -19,12 +19,13 @@ export REQUIRE_SLURM=1 REQUIRE_TOOLS=1 REQUIRE_NEMO=1
 export NEMO_PYTHON="$PWD/.venv-nemo/bin/python"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# Two workers (pytest-xdist; each builds its own session fixtures), the 25 slowest set-ups,
-# calls and teardowns, then the total: the suite's budget is 15 minutes of pytest on a 2-core machine
-# (docs/development.md). A fixed order here; a bare `pytest` shuffles it (pytest-randomly), which the
-# suite must pass too.
+# Three workers on the 2-core machine (pytest-xdist; each builds its own session fixtures): with two,
+# a sixth of the CPU sat idle while tests waited on Slurm, servers and jobs (docs/development.md has the
+# figures). Then the 25 slowest set-ups, calls and teardowns, and the total: the suite's budget is 15
+# minutes of pytest on a 2-core machine. A fixed order here; a bare `pytest` shuffles it
+# (pytest-randomly), which the suite must pass too.
 status=0
-.venv/bin/python -m pytest -n 2 --dist loadgroup -p no:randomly --durations=25 "$@" || status=$?
+.venv/bin/python -m pytest -n 3 --dist loadgroup -p no:randomly --durations=25 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "error: pytest collected no tests" >&2
   exit 1
