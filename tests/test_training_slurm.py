@@ -105,6 +105,9 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, shared: Path) -
         (j.state, j.reason) == ("PENDING", "BeginTime") for j in slurm_cluster.jobs(job_id)
     ):
         time.sleep(0.5)
+    # Not within the second of the requeue: slurmd refuses a job's credential issued in the second its first
+    # run was killed ("Job credential revoked", the job FAILS); Slurm's own two minutes are far longer.
+    time.sleep(1.5)
     slurm_cluster.run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=False)
     job = slurm_cluster.wait_job(job_id, timeout=240)
     log = _log(shared, "sd_860m_res_256", ids["sd_860m_res_256"])
