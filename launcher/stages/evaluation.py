@@ -97,16 +97,8 @@ class EvaluationConfig:
     )
 
 
-def _sdxl(cfg: Any) -> bool:
-    return is_sdxl(cfg.training.model)
-
-
-def _sampler(cfg: Any) -> str:
-    return cfg.evaluation.sdxl_sampler if _sdxl(cfg) else cfg.evaluation.sampler
-
-
 def settings(ctx: Context) -> EvaluationSettings:
-    ev, assets, sdxl = ctx.cfg.evaluation, ctx.cfg.assets, _sdxl(ctx.cfg)
+    ev, assets, sdxl = ctx.cfg.evaluation, ctx.cfg.assets, is_sdxl(ctx.cfg.training.model)
     return EvaluationSettings(
         run_dir=str(ctx.run_dir),
         coco_root=str(ev.coco_root),
@@ -116,7 +108,7 @@ def settings(ctx: Context) -> EvaluationSettings:
         sdxl=sdxl,
         checkpoint=ctx.cfg.samples.checkpoint if sdxl else None,
         checkpoints_dir=str(samples.checkpoints_dir(ctx.cfg)),
-        sampler=_sampler(ctx.cfg),
+        sampler=samples.sampler_for(ctx.cfg, ctx.cfg.evaluation),
         steps=ev.steps,
         batch_size=ev.batch_size,
         precision=ev.precision,
@@ -202,7 +194,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
     ev, out = ctx.cfg.evaluation, EvaluationOutputs(ctx.run_dir)
     model = (
         f"SDXL {ctx.cfg.samples.checkpoint or 'the .nemo saved at the end of training'} with sd_xl_infer.py"
-        if _sdxl(ctx.cfg)
+        if is_sdxl(ctx.cfg.training.model)
         else "the model the samples job converted last"
     )
     return (
@@ -223,13 +215,13 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         )
     if len(set(ev.guidance_scales)) != len(ev.guidance_scales):
         raise ConfigError("evaluation.guidance_scales", f"{list(ev.guidance_scales)} repeats a value")
-    if _sampler(cfg) in ("PLMS", "DDIM") and 1000 % ev.steps:
+    if samples.sampler_for(cfg, cfg.evaluation) in ("PLMS", "DDIM") and 1000 % ev.steps:
         raise ConfigError("evaluation.steps", f"{ev.steps} does not divide 1000, which {ev.sampler} needs")
     if cfg.container.runtime is Runtime.pyxis:
         require_mounted("evaluation.coco_root", ev.coco_root, cfg.container.mounts)
         for name in ASSETS.files:  # staged by the assets job, read by the score job
             require_mounted(f"assets.{name}.path", getattr(cfg.assets, name).path, cfg.container.mounts)
-        if _sdxl(cfg) and cfg.samples.checkpoint:  # the .nemo the generation reads
+        if is_sdxl(cfg.training.model) and cfg.samples.checkpoint:  # the .nemo the generation reads
             require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
 
 
@@ -244,7 +236,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
                 "evaluation.coco_root",
                 f"{root} has no {needed}; allowed: a COCO-2014 folder with val2014/ and {CAPTIONS_JSON}",
             )
-    if _sdxl(cfg):
+    if is_sdxl(cfg.training.model):
         # What the samples stage would sample, refused as it refuses it. sd_xl_infer.py draws each caption
         # alone (num_samples 1 per prompt): no batch rule.
         model, source = samples.trained_model(cfg, planned, NAME)
@@ -303,7 +295,7 @@ STAGE = StageSpec(
     config=EvaluationConfig,
     plan=plan,
     # SDXL evaluates the .nemo training saves, which the samples job does not touch.
-    needs=lambda cfg: ("assets", "training") if _sdxl(cfg) else ("assets", "samples"),
+    needs=lambda cfg: ("assets", "training") if is_sdxl(cfg.training.model) else ("assets", "samples"),
     check=_check,
     host_check=_host_check,
     assets=lambda cfg: ASSETS,

@@ -129,17 +129,14 @@ def checkpoints_dir(cfg: Any) -> Path:
     return TrainingOutputs(run_dir_of(cfg)).checkpoints
 
 
-def _sdxl(cfg: Any) -> bool:
-    return is_sdxl(cfg.training.model)
-
-
-def _sampler(cfg: Any) -> str:
-    return cfg.samples.sdxl_sampler if _sdxl(cfg) else cfg.samples.sampler
+def sampler_for(cfg: Any, section: Any) -> str:
+    """The sampler a stage's section (samples, evaluation) names for the trained family."""
+    return section.sdxl_sampler if is_sdxl(cfg.training.model) else section.sampler
 
 
 def settings(ctx: Context) -> SamplingSettings:
     sc = ctx.cfg.samples
-    sdxl = _sdxl(ctx.cfg)
+    sdxl = is_sdxl(ctx.cfg.training.model)
     return SamplingSettings(
         run_dir=str(ctx.run_dir),
         checkpoints_dir=str(checkpoints_dir(ctx.cfg)),
@@ -155,7 +152,7 @@ def settings(ctx: Context) -> SamplingSettings:
         images_per_prompt=sc.images_per_prompt,
         batch_size=sc.batch_size,
         seed=sc.seed,
-        sampler=_sampler(ctx.cfg),
+        sampler=sampler_for(ctx.cfg, ctx.cfg.samples),
         steps=sc.steps,
         guidance_scale=float(sc.guidance_scale),
         resolution=sc.resolution,
@@ -217,7 +214,7 @@ def _check_steps(cfg: Any) -> None:
     than asked, or indexes past the schedule (IndexError: 3 steps of 1000 reach 999 + 1)."""
     timesteps = int(cfg.training.model.get("timesteps", 1000))
     sc = cfg.samples
-    if _sampler(cfg) in ("PLMS", "DDIM") and timesteps % sc.steps:
+    if sampler_for(cfg, cfg.samples) in ("PLMS", "DDIM") and timesteps % sc.steps:
         divisors = [n for n in (10, 20, 25, 40, 50, 100, 125, 200, 250) if timesteps % n == 0]
         raise ConfigError(
             "samples.steps",
@@ -257,7 +254,7 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
     """Steps the sampler can take, a checkpoint the container sees, and prompts NeMo would save over
     each other (it names images by their first 50 characters)."""
     _check_steps(cfg)
-    if _sdxl(cfg):
+    if is_sdxl(cfg.training.model):
         _check_sdxl(cfg)
     if NAME in planned and cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
         require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
@@ -330,7 +327,7 @@ def trained_model(cfg: Any, planned: frozenset[str], stage: str = NAME) -> tuple
 
     if not cfg.samples.checkpoint and "training" in planned:
         return dict(cfg.training.model), PLANNED_MODEL
-    if _sdxl(cfg):
+    if is_sdxl(cfg.training.model):
         nemo = _final_nemo(cfg, stage)
         try:
             text = checkpoints.nemo_model_config(nemo)
@@ -355,7 +352,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     if NAME not in planned:
         return
     model, source = trained_model(cfg, planned)
-    if _sdxl(cfg):
+    if is_sdxl(cfg.training.model):
         check_sdxl_text_encoders(cfg, model, source)
     trained, wanted = trained_size(model), cfg.samples.resolution
     if wanted is None and trained is None:
