@@ -36,10 +36,10 @@ from nemo_cpu.harness import (
 from nemo_cpu.tiny import SDXL_OVERRIDES
 from PIL import Image
 
+from launcher import preview
 from launcher.cli import compose_config, launch
 from launcher.nemo_config import OFFLINE_HUB_ENV
 from launcher.outputs import EvaluationOutputs
-from launcher.preview import PREVIEW
 from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
 from launcher.sampling.job import nemo_env
 from launcher.stages.samples import status_lines
@@ -148,10 +148,12 @@ def test_the_evaluation_draws_one_sd_xl_infer_image_per_caption_and_scale_at_the
         )
     )
     out = EvaluationOutputs(run)
-    out.stage_dir.mkdir(
-        parents=True
-    )  # the dry run wrote its files in the preview, as a launch writes them here
-    shutil.copy(run / PREVIEW / out.settings.relative_to(run), out.settings)
+    # The dry run wrote its files into the run folder, or into its preview once the samples test launched
+    # there (either order): they go where a launch writes them.
+    written = preview.target(run) / out.settings.relative_to(run)
+    out.stage_dir.mkdir(parents=True, exist_ok=True)
+    if written != out.settings:
+        shutil.copy(written, out.settings)
     captions_job = ["-m", "launcher.evaluation.captions", "--coco-root", str(tmp_path / "coco")]
     captions_job += ["--num", str(CAPTIONS), "--seed", "2014", "--out", str(out.stage_dir)]
     subprocess.run([sys.executable, *captions_job], check=True, cwd=REPO, timeout=60)
