@@ -80,8 +80,9 @@ def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
 # Under pytest-xdist (`-n 3 --dist loadgroup`, as tests/run.sh runs), each worker is a session of its own
 # and builds the session fixtures its tests ask for. The tests that use a NeMo fixture go to one worker
 # together, so that NeMo's fork server, the tiny assets, the demo data and the tiny training are built once;
-# so do the readers of the finished Slurm demo run. The others spread over both workers (each with its own
-# Slurm cluster). Marked as each test is collected: xdist's worker reads the marks in its own
+# so do the readers of the finished Slurm demo run, and the tests of one module that share a module-scoped
+# fixture (a worker builds it for each module it runs tests of). The others spread over the workers (each
+# with its own Slurm cluster). Marked as each test is collected: xdist's worker reads the marks in its own
 # pytest_collection_modifyitems, before a conftest's would run.
 NEMO_FIXTURES = frozenset(
     {"nemo_python", "tiny_assets", "demo_data", "new_shared", "nemo_shared", "tiny_training"}
@@ -92,5 +93,13 @@ GROUPS = {"nemo": NEMO_FIXTURES, "slurm_demo": frozenset({"slurm_demo"})}
 def pytest_itemcollected(item: pytest.Item) -> None:
     used = set(getattr(item, "fixturenames", ()))
     group = next((name for name, fixtures in GROUPS.items() if fixtures & used), None)
+    if group is None and _uses_a_module_fixture(item):
+        group = item.path.stem
     if group:
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _uses_a_module_fixture(item: pytest.Item) -> bool:
+    # pytest has no public accessor for a test's resolved fixture definitions at collection.
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d.scope == "module" for defs in definitions.values() for d in defs)
