@@ -22,9 +22,9 @@ from typing import Any
 
 from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
-from data_prep.model_family import is_sdxl
 from data_prep.tar_checks import DataCheckError, load_model_config, planned_world_size, precheck
 from data_prep.wdinfo import WdinfoError
+from launcher.families import family_of
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             report["loader"] = run_nemo_loader(model, args.batches, workers, mbs)
             report["errors"].extend(loader_errors(report["loader"], args.batches))
-            if report["latent"] and not is_sdxl(model):  # SD's latent shapes (SDXL caches text only)
+            # The cached latents' shapes, where the family caches latents (SDXL caches text only).
+            if report["latent"] and family_of(model).cache.stores == "latents":
                 from data_prep.latent_check import loader_errors as latent_errors
 
                 report["errors"].extend(latent_errors(report["loader"], model, mbs))

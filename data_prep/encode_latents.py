@@ -8,7 +8,7 @@
 to every process of every array task (worker = array task x tasks per job + SLURM_PROCID); each tar
 becomes a latent tar of the same name whose samples, in the image tar's key order, each hold one
 `<key>.pickle` member (data_prep.latent_format) computed by NeMo's own VAE and text encoder
-(data_prep.latent_encoder); for SDXL (data_prep.model_family.is_sdxl) a `<key>.pickle` of the caption
+(data_prep.latent_encoder); for SDXL (launcher.families: its cache stores text) a `<key>.pickle` of the caption
 embedders' outputs and the image as `<key>.png` (data_prep.text_cache, NeMo's precache_mode text).
 A tar is written under a temporary name and renamed, then its count record `_counts/<name>.json` commits
 it; a rerun skips every tar whose record matches this run's fingerprint (the image tar's size, the
@@ -34,11 +34,11 @@ from typing import Any, BinaryIO
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
 from data_prep.faults import step_main
-from data_prep.model_family import is_sdxl
 from data_prep.progress import log, read_json
 from data_prep.tar_writer import build_header, end_of_archive
 from data_prep.tario import BLOCK, ZEROS, index_samples, padded, scan_members
 from data_prep.wdinfo import Wdinfo, WdinfoError, read_wdinfo, write_wdinfo
+from launcher.families import family_of
 
 STEP = "encode_latents"
 COUNTS_DIR = "_counts"
@@ -76,14 +76,14 @@ def fingerprint(model: Any) -> str:
     """What the latents depend on besides the image tar: the encode keys' values and the VAE file."""
     from omegaconf import OmegaConf
 
-    sdxl = is_sdxl(model)
+    text_only = family_of(model).cache.stores == "text"
     values = {
         key: OmegaConf.to_container(OmegaConf.select(model, key), resolve=True)
         if OmegaConf.is_config(OmegaConf.select(model, key))
         else OmegaConf.select(model, key)
-        for key in (TEXT_ENCODE_KEYS if sdxl else ENCODE_KEYS)
+        for key in (TEXT_ENCODE_KEYS if text_only else ENCODE_KEYS)
     }
-    if not sdxl:  # SDXL's cache holds no latents: the VAE, the resolution and the crops do not enter it
+    if not text_only:  # SDXL's cache holds no latents: the VAE, the resolution and the crops do not enter it
         vae = str(model.first_stage_config.get("from_pretrained") or "")
         stat = os.stat(vae) if vae and os.path.exists(vae) else None
         values["vae_file"] = [vae, stat.st_size if stat else None, int(stat.st_mtime) if stat else None]
@@ -172,7 +172,7 @@ def encode_tar(encoder: Any, source: Path, target: Path, batch_size: int) -> tup
 
 def make_encoder(model: Any, device: str) -> Any:
     """SD: NeMo's VAE and text encoder (cached latents); SDXL: its caption embedders (cached text)."""
-    if is_sdxl(model):
+    if family_of(model).cache.stores == "text":
         from data_prep.text_cache import TextEncoder
 
         return TextEncoder(model, device)

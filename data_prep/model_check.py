@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.model_family import text_encoders
+from launcher.families import family_of
 
 CAPTION = "a photograph of an astronaut riding a horse"
 
@@ -131,7 +131,7 @@ def _encode(key: str, section: DictConfig) -> tuple[str, Any]:
 def check_text_encoder(model: DictConfig) -> dict[str, Any]:
     """Each text encoder (SD's cond_stage_config, SDXL's caption embedders); the UNet's cross-attention
     width is their token widths together (SDXL's conditioner concatenates them)."""
-    found = {key: _encode(key, section) for key, section in text_encoders(model)}
+    found = {key: _encode(key, section) for key, section in family_of(model).text_encoders(model)}
     widths = [tokens.shape[-1] for _, tokens in found.values()]
     context_dim = model.unet_config.get("context_dim")
     if context_dim is not None and sum(widths) != context_dim:

@@ -1,10 +1,12 @@
-"""data_check's NeMo part: NeMo's own Stable Diffusion (or SDXL) train dataset, built in a real data-parallel
-world of one (gloo) on CPU, and a DataLoader like LatentDiffusion's that draws a few batches, counting the
-errors webdataset swallows (a loader that drops every sample would otherwise look merely slow)."""
+"""data_check's NeMo part: NeMo's own Stable Diffusion (or SDXL) train dataset, built by the builder the
+model's family names (launcher.families: its `cache.loader`) in a real data-parallel world of one (gloo) on CPU,
+and a DataLoader like LatentDiffusion's that draws a few batches, counting the errors webdataset swallows
+(a loader that drops every sample would otherwise look merely slow)."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import socket
 import time
@@ -13,8 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.model_family import SDXL_TEXT_KEY, is_sdxl
-from data_prep.text_cache import PRECACHE_MODE
+from launcher.families import family_of
 
 
 def _free_port() -> int:
@@ -45,9 +46,7 @@ def _count_loader_failures(counter: Any, first: Any, _worker_id: int | None = No
 def _batch_keys(model: DictConfig) -> tuple[str, str]:
     """The batch keys of the images (or latents) and captions (or text embeddings) the model reads: SD's
     first/cond_stage_key; SDXL's DiffusionEngine input_key and the captions its text encoders embed."""
-    if is_sdxl(model):
-        return model.get("input_key", "images"), SDXL_TEXT_KEY
-    return model.first_stage_key, model.cond_stage_key
+    return family_of(model).cache.loader.batch_keys(model)
 
 
 def _draw(loader: Any, batches: int, model: DictConfig) -> dict[str, Any]:
@@ -90,9 +89,6 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
-    from nemo.collections.multimodal.data.stable_diffusion import stable_diffusion_dataset as sd_data
-
-    from data_prep.latent_format import is_latent_key
 
     cfg = OmegaConf.create(OmegaConf.to_container(model, resolve=True))
     assert isinstance(cfg, DictConfig)  # a copy of a DictConfig: the overrides below stay local
@@ -103,19 +99,11 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(1, 1)
-        # NeMo's own choice (ddpm.py build_train_valid_test_datasets): latent keys read .pickle members;
-        # SDXL's (diffusion_engine.py build_train_valid_test_datasets): its loader, with the size/crop conditioning.
-        if is_sdxl(cfg):  # and precache_mode text: the cached text embeddings (data_prep.text_cache)
-            cached = cfg.get("precache_mode") == PRECACHE_MODE
-            build = (
-                sd_data.build_sdxl_precached_text_train_valid_datasets
-                if cached
-                else sd_data.build_sdxl_train_valid_datasets
-            )
-        elif is_latent_key(cfg.first_stage_key):
-            build = sd_data.build_train_valid_precached_datasets
-        else:
-            build = sd_data.build_train_valid_datasets
+        # NeMo's own choice (ddpm.py, diffusion_engine.py build_train_valid_test_datasets), as the family
+        # declares it: the builder of the image tars, or of the cached inputs the config reads.
+        loader = family_of(cfg).cache.loader
+        builder = loader.cached if loader.reads_cache(cfg) else loader.images
+        build = getattr(importlib.import_module(loader.module), builder)
         train_ds, _ = build(cfg, consumed_samples=0)
         failures, first = multiprocessing.Value("i", 0), multiprocessing.Array("c", 300)
         # LatentDiffusion's loader settings; the worker_init_fn only counts swallowed errors.

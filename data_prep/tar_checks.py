@@ -12,11 +12,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from data_prep.latent_check import check_latent_members, count_errors
-from data_prep.latent_format import MEMBER_EXT, is_latent_key
-from data_prep.model_family import is_sdxl
+from data_prep.latent_format import MEMBER_EXT
 from data_prep.tario import split_key
-from data_prep.text_cache import PRECACHE_MODE
 from data_prep.wdinfo import read_wdinfo, shard_plan
+from launcher.families import family_of
 
 # The keys NeMo's construct_image_augmentations accepts; any other raises inside the map, where
 # webdataset's warn_and_continue swallows it for every sample, so training would see no data.
@@ -24,7 +23,6 @@ KNOWN_AUGMENTATIONS = frozenset(
     {"resize_smallest_side", "center_crop_h_w", "random_crop_h_w", "horizontal_flip"}
 )
 OTHER_IMAGE_EXTS = frozenset({"png", "jpeg", "webp", "ppm", "bmp", "gif"})
-SD_MODEL_KEYS = ("first_stage_key", "cond_stage_key")  # SD's loader's; SDXL's reads images and captions
 REQUIRED_MODEL_KEYS = (
     "micro_batch_size",
     "data.num_workers",
@@ -39,14 +37,15 @@ class DataCheckError(Exception):
 
 
 def load_model_config(path: Path) -> DictConfig:
-    """The `model` section of a resolved NeMo training config, with the keys the SD loader reads."""
+    """The `model` section of a resolved NeMo training config, with the keys its family's loader reads
+    (launcher.families: SD's first/cond_stage_key; SDXL's loader reads images and captions)."""
     if not path.is_file():
         raise DataCheckError(f"--training-config {path}: no such file")
     cfg = OmegaConf.load(path)
     model = cfg.get("model") if isinstance(cfg, DictConfig) else None
     if not isinstance(model, DictConfig):
         raise DataCheckError(f"{path}: no 'model' section; pass the resolved NeMo training config")
-    for key in (*(() if is_sdxl(model) else SD_MODEL_KEYS), *REQUIRED_MODEL_KEYS):
+    for key in (*family_of(model).cache.loader.model_keys, *REQUIRED_MODEL_KEYS):
         if OmegaConf.select(model, key, default=None) is None:
             raise DataCheckError(f"{path}: model.{key} is missing; the NeMo SD loader needs it")
     return model
@@ -67,14 +66,13 @@ def check_data_source(model: DictConfig) -> bool:
         raise DataCheckError(
             "model.data.synthetic_data is true: training feeds random tensors, not your dataset; set it false"
         )
-    if is_sdxl(model):  # jpg + txt, or the cached text embeddings' pickle + png (data_prep.text_cache)
-        return model.get("precache_mode") == PRECACHE_MODE
-    if str(model.cond_stage_key).endswith("clip_encoded"):
+    loader = family_of(model).cache.loader  # SD: latent keys; SDXL: precache_mode text (data_prep.text_cache)
+    if "cond_stage_key" in loader.model_keys and str(model.cond_stage_key).endswith("clip_encoded"):
         raise DataCheckError(
             f"model.cond_stage_key={model.cond_stage_key} selects NeMo's CLIP-embedding tars (.pyd members), "
             "which this launcher does not write; allowed: captions, or captions_encoded for cached latents"
         )
-    return is_latent_key(model.first_stage_key)
+    return loader.reads_cache(model)
 
 
 def check_model_settings(model: DictConfig) -> list[str]:

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_prep.model_family import SDXL_TEXT_KEY, sdxl_embedders
-
-CAPTIONS = SDXL_TEXT_KEY  # the key NeMo's SDXL loader yields the caption under
+# The batch key NeMo's SDXL loader yields the caption under (stable_diffusion_dataset.py
+# build_sdxl_train_valid_datasets): the conditioner's embedders of that key are its text encoders.
+CAPTIONS = "captions"
 PRECACHE_MODE = "text"
 PRECACHED = "nemo.collections.multimodal.modules.stable_diffusion.encoders.modules.PrecachedEmbModel"
 MEMBERS = ("pickle", "png")  # pickle first: a tar's first member says "cached" (launcher.preflight)
@@ -39,8 +39,14 @@ MIXED = {"bf16", "bf16-mixed", "16", "16-mixed"}
 TOKENS, TOKEN_PAD = 77, 8  # both NeMo embedders tokenize to 77 and pad their output to a multiple of 8
 
 
+def conditioner_embedders(model: Any) -> list[tuple[str, Any]]:
+    """(key under `model`, entry) of each of a conditioner's emb_models, in NeMo's order."""
+    entries = (model.get("conditioner_config") or {}).get("emb_models") or []
+    return [(f"conditioner_config.emb_models.{index}", entry) for index, entry in enumerate(entries)]
+
+
 def _entries(model: Any) -> list[Any]:
-    return [entry for _, entry in sdxl_embedders(model)]
+    return [entry for _, entry in conditioner_embedders(model)]
 
 
 def _outputs(emb_model: Any) -> int:

@@ -34,7 +34,7 @@ from launcher.rules import (
     ruled,
 )
 
-# The GPU types training's cost line has published figures for (launcher.cost.PUBLISHED_RATES).
+# The GPU types training's cost line has published figures for (the families' published_rates, launcher.families).
 GPU_TYPES = ("H100", "A100")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import types
 import typing
 from collections.abc import Iterator
 from enum import Enum
@@ -34,7 +35,8 @@ class Leaf(NamedTuple):
 def optional_inner(tp: Any) -> Any:
     """`X` of `X | None`, else the type itself."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    return args[0] if union and len(args) == 1 else tp
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:

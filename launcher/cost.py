@@ -10,32 +10,28 @@ The speed comes, in this order, from:
    at 512 px: ~64 img/s per H100. Other resolutions scale by pixel count (the UNet's work is ~proportional
    to latent pixels), cached latents by LATENTS_SPEEDUP (below). One line for the cluster's GPU type, or
    one per GPU type with a published figure when `cluster.gpu_type` is unset.
-   SDXL has no published figure: its estimate is SD 860M's at 256 px scaled by FLOPs per training image
-   (SD_STEP_GFLOP / SDXL_GFLOP below, both counted on NeMo's own modules), at the preset's side.
+   A family without a published figure (SDXL) is priced from the reference family's (SD 860M at 256 px)
+   scaled by FLOPs per training image (SD_STEP_GFLOP below over the family's `gflop`, both counted on
+   NeMo's own modules), at the preset's side (launcher.families).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep import latent_format as fmt
-from data_prep.model_family import is_sdxl
-from launcher import latents, nemo_config
+from launcher import families, latents, nemo_config
 from launcher.bench.cases import Sweep, bench_dir, config_path
 from launcher.config import GPU_TYPES
 from launcher.rules import slurm_time_seconds
 from launcher.sampling.resolution import trained_size
 
+# Where the families' published figures (Family.published_rates: img/s per GPU from images) come from.
 PUBLISHED = "NeMo-Framework-Launcher README (b8dfd8c4)"
-# (text encoder is OpenCLIP, side in px) -> img/s per GPU of each type NVIDIA published, from images.
-PUBLISHED_RATES: dict[tuple[bool, int], dict[str, float]] = {
-    (False, 256): {"H100": 242.0, "A100": 123.0},
-    (True, 512): {"H100": 64.0},
-}
 
 # The one source of the cached-latents factor (README, docs/latents.md, docs/training.md and
 # docs/benchmark.md state this number; tests/test_guard_estimates.py holds them to it). GFLOP per 256 px
@@ -49,24 +45,6 @@ UNET_GFLOP = 537.7  # forward + backward
 SD_STEP_GFLOP = UNET_GFLOP + sum(ENCODERS_GFLOP.values())  # SD 860M, 256 px, from images
 LATENTS_SPEEDUP = round(SD_STEP_GFLOP / UNET_GFLOP, 2)
 LATENTS_SOURCE = f"x{LATENTS_SPEEDUP} for cached latents (FLOP count, not measured: docs/latents.md)"
-
-# GFLOP per SDXL training image at each side of NVIDIA's three presets, counted the same way on NeMo's own
-# modules at the presets' sizes (benchmarks/bench_sdxl_parts.py: torch's FlopCounterMode on the meta
-# device; its VAE row at 256 px equals SD's above, the same VAE counted on CPU). The text towers are what
-# cached text embeddings (the latents switch for SDXL, NeMo's precache_mode text) leave out.
-SDXL_TEXT = ("CLIP ViT-L/14 text forward", "OpenCLIP ViT-bigG-14 text forward")
-SDXL_GFLOP: dict[int, dict[str, float]] = {
-    side: dict(zip(("VAE encoder forward", *SDXL_TEXT, "UNet forward + backward"), row, strict=True))
-    for side, row in {
-        256: (272.7, 13.3, 97.9, 1235.2),
-        512: (1116.7, 13.3, 97.9, 4718.8),
-        1024: (4879.0, 13.3, 97.9, 20238.7),
-    }.items()
-}
-SDXL_SOURCE = (
-    "SDXL scaled by FLOPs per image (NeMo's modules counted, not measured: benchmarks/bench_sdxl_parts.py)"
-)
-
 
 @dataclass(frozen=True)
 class Speed:
@@ -84,10 +62,9 @@ class Key:
     side: int
     model_channels: int
     context_dim: int
-    open_clip: bool
+    family: str
     inputs: str
     micro_batch_size: int
-    sdxl: bool = False
 
 
 def key_of(model: Any, inputs: str) -> Key:
@@ -97,10 +74,9 @@ def key_of(model: Any, inputs: str) -> Key:
         side=size[0],
         model_channels=int(unet.get("model_channels", 0)),
         context_dim=int(unet.get("context_dim", 0)),
-        open_clip=fmt.uses_open_clip(model),
+        family=families.family_of(model).name,
         inputs=inputs,
         micro_batch_size=int(model.get("micro_batch_size", 0)),
-        sdxl=is_sdxl(model),
     )
 
 
@@ -149,26 +125,14 @@ def measured(results_root: Path, key: Key, nodes: int, gpu_type: str | None = No
     return None
 
 
-def _anchor(key: Key) -> tuple[str, int, dict[str, float]]:
-    """The published figure nearest this config: what it is of, its side in px, its rates."""
-    if key.sdxl:  # no SDXL figure: SD 860M's at 256 px is scaled by FLOPs (published)
-        return "SD 860M at 256 px", 256, PUBLISHED_RATES[(False, 256)]
-    anchors = [(side, rates) for (clip, side), rates in PUBLISHED_RATES.items() if clip == key.open_clip]
-    side, rates = min(anchors, key=lambda a: abs(a[0] - key.side))
-    return f"{'SD 2.0' if key.open_clip else 'SD 860M'} at {side} px", side, rates
-
-
-def sdxl_gflop(side: int, inputs: str) -> tuple[float, str]:
-    """GFLOP per SDXL training image at `side` (the counted side nearest it, scaled by pixel count), and how
-    it was got; cached inputs leave the text towers out."""
-    counted = min(SDXL_GFLOP, key=lambda s: abs(s - side)) if side else 256
-    parts = SDXL_GFLOP[counted]
-    total = sum(v for name, v in parts.items() if inputs != "latents" or name not in SDXL_TEXT)
-    how = f"{total:,.0f} GFLOP at {counted} px" + (", text embeddings cached" if inputs == "latents" else "")
-    if side and side != counted:
-        total *= (side / counted) ** 2
-        how += f", scaled to {side} px by pixel count"
-    return total, how
+def _anchor(key: Key) -> tuple[str, int, Mapping[str, float]]:
+    """The published figure nearest this config: what it is of, its side in px, its rates. A family
+    without one of its own is priced from the reference family's (scaled by FLOPs: `published`)."""
+    family = families.named(key.family)
+    if not family.published_rates:
+        family = families.REFERENCE
+    side = min(family.published_rates, key=lambda s: abs(s - key.side))
+    return f"{family.title} at {side} px", side, family.published_rates[side]
 
 
 def published(key: Key, gpu: str) -> Speed | None:
@@ -177,10 +141,10 @@ def published(key: Key, gpu: str) -> Speed | None:
     model, side, rates = _anchor(key)
     if gpu not in rates:
         return None
-    scale, notes = 1.0, [f"published: {PUBLISHED}, {model}"]
-    if key.sdxl:  # the SD 860M 256 px figure from images, times SD's FLOPs per image over SDXL's
-        gflop, how = sdxl_gflop(key.side, key.inputs)
-        notes.append(f"{SDXL_SOURCE}: {SD_STEP_GFLOP:,.0f} / {how}")
+    family, scale, notes = families.named(key.family), 1.0, [f"published: {PUBLISHED}, {model}"]
+    if not family.published_rates and family.gflop:  # the reference's figure from images, x its FLOPs / ours
+        gflop, how = family.gflop(key.side, key.inputs)
+        notes.append(f"{family.gflop_source}: {SD_STEP_GFLOP:,.0f} / {how}")
         return Speed(rates[gpu] * SD_STEP_GFLOP / gflop, ", ".join(notes), estimate=True, gpu=gpu)
     if key.side and key.side != side:
         scale *= (side / key.side) ** 2

@@ -15,10 +15,10 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
-from data_prep.model_family import is_sdxl, text_encoders
-from launcher import fsdp, latents, sdxl_config
+from launcher import fsdp, latents
 from launcher.context import Context
 from launcher.errors import ConfigError
+from launcher.families import family_of
 from launcher.init_unet import FROM_SCRATCH
 from launcher.outputs import TrainingOutputs
 from launcher.rules import slurm_time_seconds
@@ -92,8 +92,7 @@ def _check_time(cfg: Any) -> None:
         )
 
 
-# Where each family's staged VAE and text encoders are (the preset's defaults), by NeMo's encoder class.
-_STAGED_VAE = {False: "${assets.vae.local_dir}", True: "${assets.sdxl_vae.local_dir}"}
+# Where the staged text encoders are (the presets' defaults), by NeMo's encoder class.
 _STAGED_TEXT = {
     "FrozenCLIPEmbedder": "an absolute folder holding the tokenizer and text model (default "
     "${assets.text_encoder.local_dir}, staged by the pretrained_assets job)",
@@ -108,15 +107,17 @@ def _check_pretrained(cfg: Any) -> None:
     model = cfg.training.model
     if model.get("data", {}).get("synthetic_data"):
         return
+    family = family_of(model)
     vae = (model.get("first_stage_config") or {}).get("from_pretrained")
     if not vae:
         raise ConfigError(
             "training.model.first_stage_config.from_pretrained",
             "is null: NeMo would train against a random, frozen VAE and every checkpoint would be useless. "
-            f"Allowed: a VAE file (the default is the staged {_STAGED_VAE[is_sdxl(model)]}/diffusion_pytorch_model"
+            f"Allowed: a VAE file (the default is the staged ${{assets.{family.vae_asset}.local_dir}}"
+            "/diffusion_pytorch_model"
             ".safetensors); only synthetic data (training.model.data.synthetic_data=true) may run without one",
         )
-    for key, encoder in text_encoders(model):
+    for key, encoder in family.text_encoders(model):
         kind = str(encoder.get("_target_", "")).rsplit(".", 1)[-1]
         # NeMo's own default version of these classes is a Hub name (or open_clip's download tag).
         version = str(encoder.get("version", "" if kind in _STAGED_TEXT else "/"))
@@ -164,8 +165,7 @@ def check(cfg: Any) -> None:
     _check_pretrained(cfg)
     latents.check(cfg)
     fsdp.check(cfg)
-    if is_sdxl(cfg.training.model):
-        sdxl_config.check(cfg.training.model, cfg.assets)
+    family_of(cfg.training.model).check(cfg)
     _check_time(cfg)
     if cfg.cluster.gpus_per_node >= 1:
         _check_shape(cfg)

@@ -95,7 +95,8 @@ class TrainingOutputs:
 @dataclass(frozen=True)
 class SamplesOutputs:
     """The samples job: `samples.json` (its settings), then per sampled checkpoint `step_<N>/` with the
-    converted `model.nemo`, `model.nemo.source` (the checkpoint it came from), `grid.png`, `samples.json`."""
+    `model.nemo` it made sampleable (converted, or a .nemo trained from cached text embeddings with its text
+    encoders back), `model.nemo.source` (the checkpoint it came from), `grid.png`, `samples.json`."""
 
     run_dir: Path
 
@@ -125,7 +126,7 @@ class SamplesOutputs:
         return sorted(found, key=lambda p: int(p.parent.name.removeprefix("step_")))
 
     def newest_converted(self) -> tuple[Path, Path] | None:
-        """(model.nemo, the checkpoint it was converted from) of the highest step, if any."""
+        """(model.nemo, the checkpoint it was made from) of the highest step, if any."""
         found = []
         for source in self.stage_dir.glob("step_*/model.nemo.source"):
             step = source.parent.name.removeprefix("step_")

@@ -88,6 +88,10 @@ def _explain(error: OmegaConfBaseException, composed: DictConfig, root: type) ->
         plain = OmegaConf.to_container(composed)
         key = _shape_mismatch(OmegaConf.to_container(OmegaConf.structured(root)), plain) or "config"
     if isinstance(error, ConfigKeyError):
+        from launcher.hydra_errors import renamed
+
+        if (was := renamed(key)) is not None:  # a key of an earlier version, in a YAML or added with +
+            return was
         parent = key.rpartition(".")[0]
         schema = _schema_at(root, parent)
         allowed = ", ".join(f.name for f in fields(schema)) if schema and is_dataclass(schema) else "?"

@@ -10,6 +10,7 @@ from conftest import REPO
 from fixtures.estimates import aws_p5_cfg, write_sweep
 
 from launcher import cost
+from launcher.families import sdxl
 
 
 def test_without_a_sweep_the_published_figures_are_used_and_labelled(tmp_path: Path) -> None:
@@ -62,27 +63,27 @@ def test_sdxl_presets_are_estimated_from_flops_per_image(tmp_path: Path, preset:
     """No published SDXL figure: SD 860M's 256 px one times SD's FLOPs per image over SDXL's at the side."""
     cfg = aws_p5_cfg(tmp_path, f"training=sdxl/sdxl_base_train_res_{preset}", "training.init_from=none")
     (line,) = cost.notes(cfg)
-    rate = 242 * cost.SD_STEP_GFLOP / sum(cost.SDXL_GFLOP[side].values())
+    rate = 242 * cost.SD_STEP_GFLOP / sum(sdxl.GFLOP[side].values())
     assert line.startswith("estimated training cost on H100: ") and f" {rate:,.0f} img/s per GPU" in line
-    assert f"{cost.SDXL_SOURCE}: 824 / {sum(cost.SDXL_GFLOP[side].values()):,.0f} GFLOP at {side} px" in line
+    assert f"{sdxl.GFLOP_SOURCE}: 824 / {sum(sdxl.GFLOP[side].values()):,.0f} GFLOP at {side} px" in line
     (a100,) = cost.notes(
         aws_p5_cfg(tmp_path, f"training=sdxl/sdxl_base_train_res_{preset}", "cluster=aws_p4de")
     )
-    assert f" {123 * cost.SD_STEP_GFLOP / sum(cost.SDXL_GFLOP[side].values()):,.0f} img/s" in a100
+    assert f" {123 * cost.SD_STEP_GFLOP / sum(sdxl.GFLOP[side].values()):,.0f} img/s" in a100
 
 
 def test_sdxl_flops_between_counted_sides_and_with_text_cached() -> None:
-    images, _ = cost.sdxl_gflop(256, "images")
-    cached, how = cost.sdxl_gflop(256, "latents")
+    images, _ = sdxl.gflop(256, "images")
+    cached, how = sdxl.gflop(256, "latents")
     assert images - cached == pytest.approx(13.3 + 97.9) and "text embeddings cached" in how
-    scaled, how = cost.sdxl_gflop(768, "images")  # nearest counted side 512 (ties go to the first)
-    assert scaled == pytest.approx(sum(cost.SDXL_GFLOP[512].values()) * (768 / 512) ** 2)
+    scaled, how = sdxl.gflop(768, "images")  # nearest counted side 512 (ties go to the first)
+    assert scaled == pytest.approx(sum(sdxl.GFLOP[512].values()) * (768 / 512) ** 2)
     assert "scaled to 768 px by pixel count" in how
 
 
 def test_docs_state_the_sdxl_estimates_the_code_makes() -> None:
     text = " ".join((REPO / "docs/training.md").read_text().split())
-    h100 = [242 * cost.SD_STEP_GFLOP / sum(cost.SDXL_GFLOP[side].values()) for side in (256, 512, 1024)]
+    h100 = [242 * cost.SD_STEP_GFLOP / sum(sdxl.GFLOP[side].values()) for side in (256, 512, 1024)]
     assert (
         f"about {h100[0]:.0f} img/s per H100 at 256 px, {h100[1]:.0f} at 512 and {h100[2]:.0f} at 1024"
         in text

@@ -7,6 +7,7 @@ stays light; those tests skip when that interpreter lacks NeMo, and fail instead
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -19,7 +20,9 @@ import pytest
 from fixtures.data import make_dataset
 from omegaconf import OmegaConf
 
-from data_prep import data_check
+from data_prep import data_check, nemo_loader_check
+from launcher.families import registered, sd1
+from launcher.families.family import Loader
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,6 +157,39 @@ def test_unknown_augmentation_and_synthetic_data(tmp_path: Path) -> None:
     config = make_config(tmp_path, wdinfo)
     config.write_text(config.read_text().replace("synthetic_data: false", "synthetic_data: true"))
     assert "synthetic_data is true" in precheck(config, tmp_path)[2]
+
+
+def test_the_models_family_says_which_keys_the_loader_needs_and_whether_it_reads_a_cache(
+    tmp_path: Path,
+) -> None:
+    """A family of its own (launcher.families.registered): data_check asks its `cache.loader`, not which it is."""
+    loader = Loader(
+        images="build_toy_datasets",
+        cached="build_toy_cached_datasets",
+        reads_cache=lambda model: bool(model.get("toy_cached")),
+        batch_keys=lambda model: ("toy_images", "toy_captions"),
+        model_keys=("toy_key",),
+    )
+    cache = dataclasses.replace(sd1.FAMILY.cache, loader=loader)
+    toy = dataclasses.replace(
+        sd1.FAMILY, name="toy", matches=lambda model: "toy_cached" in model, cache=cache
+    )
+    wdinfo = make_dataset(tmp_path, tars=1)
+    with registered(toy):
+        # SD's keys are not the toy loader's: a CLIP-embedding cond_stage_key is not refused, toy_key is missing.
+        config = make_config(tmp_path, wdinfo, toy_cached=False, cond_stage_key="captions_clip_encoded")
+        code, _, errors = precheck(config, tmp_path)
+        assert code == 1 and "model.toy_key is missing" in errors and "clip_encoded" not in errors
+        code, report, errors = precheck(make_config(tmp_path, wdinfo, toy_cached=False, toy_key=1), tmp_path)
+        assert code == 0 and report["latent"] is False, errors
+        _, report, _ = precheck(make_config(tmp_path, wdinfo, toy_cached=True, toy_key=1), tmp_path)
+        assert report["latent"] is True  # the jpg tars are then checked as cached ones
+        assert nemo_loader_check._batch_keys(data_check.load_model_config(tmp_path / "train.yaml")) == (
+            "toy_images",
+            "toy_captions",
+        )
+    sd_config = make_config(tmp_path, wdinfo, cond_stage_key="captions_clip_encoded")
+    assert "CLIP-embedding tars" in precheck(sd_config, tmp_path)[2]  # SD's loader reads cond_stage_key
 
 
 def _run_nemo(python: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,7 @@ from nemo_file import write_nemo
 from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
 from data_prep.serve import serve_folder
 from launcher.errors import ConfigError
-from launcher.evaluation.generate import sdxl_config, share
+from launcher.evaluation.generate import share, xl_task_config
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.pipeline import build_plan
 from launcher.spec import DependencyKind, Plan
@@ -171,7 +171,7 @@ def test_sdxl_generates_with_sd_xl_infer_one_image_per_caption_after_training(
         *GPU,
         f"evaluation.coco_root={coco}",
         "evaluation.batch_size=4",
-        "evaluation.sdxl_sampler=DPMPP2MSampler",
+        "evaluation.sampler=DPMPP2MSampler",
     ]
     cfg = make_config(*given, *SDXL, "stages=[training,samples,evaluation]")
     check_facts(cfg, FIXED_FACTS)
@@ -182,7 +182,7 @@ def test_sdxl_generates_with_sd_xl_infer_one_image_per_caption_after_training(
         (SDXL_PRESET, DependencyKind.afterok)
     ]
     s = _settings(plan)
-    assert (s.sdxl, s.sampler, s.checkpoint) == (True, "DPMPP2MSampler", None)
+    assert (s.family, s.sampler, s.checkpoint) == ("sdxl", "DPMPP2MSampler", None)
     assert s.generate_script.endswith("/stable_diffusion/sd_xl_infer.py")
     assert s.checkpoints_dir == str(plan.run_dir / "training/results/checkpoints")
     assert any("SDXL the .nemo saved at the end of training with sd_xl_infer.py" in n for n in plan.notes)
@@ -190,7 +190,7 @@ def test_sdxl_generates_with_sd_xl_infer_one_image_per_caption_after_training(
     assert "preprocessor_config.json" in " ".join(jobs["pretrained_assets"].argv)
     # Array task 1 (scale 3.0), second of two tasks per node: captions 3-6, from seed + 100 x caption.
     captions = [f"caption {n}" for n in range(7)]
-    config = sdxl_config(s, Path("/r/m.nemo"), (256, 256), 1, captions, share(7, 2, 1), tmp_path / "drawn")
+    config = xl_task_config(s, Path("/r/m.nemo"), (256, 256), 1, captions, share(7, 2, 1), tmp_path / "drawn")
     assert config["infer"] == {
         "num_samples": 1,
         "num_samples_per_batch": 1,
@@ -206,8 +206,14 @@ def test_sdxl_generates_with_sd_xl_infer_one_image_per_caption_after_training(
         50,
     )
     assert (base["height"], base["width"], config["out_path"]) == (256, 256, str(tmp_path / "drawn"))
-    sd = _settings(build_plan(make_config(*given, "stages=[training,samples,evaluation]"), FIXED_FACTS))
-    assert (sd.sdxl, sd.sampler, Path(sd.generate_script).name) == (False, "PLMS", "generate_fid_images.py")
+    # The same sampler for SD is refused (not one of its samplers); null is SD's first.
+    with pytest.raises(
+        ConfigError, match=r"evaluation.sampler: 'DPMPP2MSampler' is not a sampler of SD 860M; "
+    ):
+        make_config(*given, "stages=[training,samples,evaluation]")
+    sd_given = [*given[:-1], "evaluation.sampler=null"]
+    sd = _settings(build_plan(make_config(*sd_given, "stages=[training,samples,evaluation]"), FIXED_FACTS))
+    assert (sd.family, sd.sampler, Path(sd.generate_script).name) == ("sd1", "PLMS", "generate_fid_images.py")
 
 
 def test_sdxl_evaluation_refuses_what_the_samples_stage_cannot_sample(
@@ -218,34 +224,79 @@ def test_sdxl_evaluation_refuses_what_the_samples_stage_cannot_sample(
         ConfigError, match=r"samples.checkpoint: /x/a-step=2\.ckpt: an SDXL training checkpoint"
     ):
         make_config(*given, *SDXL, "stages=[evaluation]", "samples.checkpoint='/x/a-step=2.ckpt'")
-    on = [f"training=sdxl/{SDXL_PRESET}", "data_preparation.precache.enable=true"]
-    cached = make_config(*given, *on, "stages=[training,evaluation]")
-    with pytest.raises(
-        ConfigError, match=r"data_preparation.precache.enable: true: an SDXL model trained from"
-    ):
-        check_facts(cached, FIXED_FACTS)
     alone = make_config(*given, *SDXL, "stages=[evaluation]", "assets.enable=false")
     with pytest.raises(
         ConfigError, match=r"samples.checkpoint: is null .* a \.nemo path, or stages=\[training,evaluation\]"
     ):
         check_facts(alone, FIXED_FACTS)
     nemo = tmp_path / "results" / SDXL_PRESET / "training/results/checkpoints/sdxl.nemo"
-    model: dict = {"conditioner_config": {"emb_models": []}, "precache_mode": "text"}
+    model: dict = {"conditioner_config": {"emb_models": []}, "precache_mode": None}
     write_nemo(nemo, model)
-    with pytest.raises(
-        ConfigError, match=rf"samples.checkpoint: {nemo} \(model_config.yaml\): an SDXL model"
-    ):
-        check_facts(alone, FIXED_FACTS)
-    write_nemo(nemo, {**model, "precache_mode": None})
     with pytest.raises(
         ConfigError, match=r"samples.checkpoint: .* fixes no image size .*allowed: an SDXL model"
     ):
         check_facts(alone, FIXED_FACTS)
-    write_nemo(
-        nemo,
-        {**model, "precache_mode": None, "data": {"train": {"augmentations": {"resize_smallest_side": 256}}}},
-    )
+    write_nemo(nemo, {**model, "data": {"train": {"augmentations": {"resize_smallest_side": 256}}}})
     check_facts(alone, FIXED_FACTS)  # the .nemo training saved at its end
+    assert not _settings(build_plan(alone, FIXED_FACTS)).from_samples
+
+
+def test_the_default_sdxl_composition_on_aws_p5_evaluates_the_samples_jobs_copy_with_text_encoders(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    """aws_p5 caches SDXL's text embeddings (precache_mode text): the samples job samples a copy of the
+    .nemo with the text encoders back, and the evaluation waits for it and generates from it (one copy,
+    not one per array task), as from a converted SD checkpoint."""
+    coco = make_coco(tmp_path / "coco")
+    cfg = make_config(
+        "cluster=aws_p5",
+        f"container.mounts=[{tmp_path}:{tmp_path}]",
+        f"training=sdxl/{SDXL_PRESET}",
+        "stages=[training,samples,evaluation]",
+        f"evaluation.coco_root={coco}",
+        "evaluation.guidance_scales=[2,5,8]",
+    )
+    check_facts(cfg, FIXED_FACTS)
+    plan = build_plan(cfg, FIXED_FACTS)
+    jobs = {job.name: job for job in plan.jobs}
+    assert [(d.job, d.kind) for d in jobs["eval_captions"].depends_on] == [
+        ("samples", DependencyKind.afterok)
+    ]
+    assert [d.job for d in jobs["samples"].depends_on] == [SDXL_PRESET]
+    s = _settings(plan)
+    assert (s.family, s.from_samples, s.checkpoint) == ("sdxl", True, None)
+    samples = json.loads(dict(plan.files)[plan.run_dir / "samples/samples.json"])
+    assert samples["unswitched_config"] == str(plan.run_dir / f"training/{SDXL_PRESET}_encode.yaml")
+    assert any("with its text encoders back (the samples job's newest" in note for note in plan.notes)
+    # From the image tars: the .nemo training saves, beside the samples job.
+    off = make_config(*GPU, *SDXL, "stages=[training,samples,evaluation]", f"evaluation.coco_root={coco}")
+    assert not _settings(build_plan(off, FIXED_FACTS)).from_samples
+
+
+def test_evaluation_alone_of_a_model_trained_from_cached_text_reads_the_samples_jobs_copy(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    from launcher.evaluation.generate import evaluated_model
+
+    run = tmp_path / "results" / SDXL_PRESET
+    trained = {"conditioner_config": {"emb_models": []}, "precache_mode": "text"}
+    write_nemo(run / "training/results/checkpoints/sdxl.nemo", trained)
+    given = [*GPU, f"training=sdxl/{SDXL_PRESET}", f"evaluation.coco_root={make_coco(tmp_path / 'coco')}"]
+    alone = make_config(*given, "stages=[evaluation]", "assets.enable=false")
+    with pytest.raises(
+        ConfigError,
+        match=r"stages: evaluation alone needs a model the samples job wrote \(.*/samples/step_<N>",
+    ):
+        check_facts(alone, FIXED_FACTS)
+    # What the samples job leaves: the copy (its own config: the encoders back, the size) and its source.
+    step = run / "samples/step_2"
+    size = {"data": {"train": {"augmentations": {"resize_smallest_side": 96}}}}
+    write_nemo(step / "model.nemo", {"conditioner_config": {"emb_models": []}, **size})
+    (step / "model.nemo.source").write_text(str(run / "training/results/checkpoints/sdxl.nemo"))
+    check_facts(alone, FIXED_FACTS)
+    s = _settings(build_plan(alone, FIXED_FACTS))
+    assert s.from_samples
+    assert evaluated_model(s) == (step / "model.nemo", (96, 96), " (from sdxl.nemo)")
 
 
 STANDIN = Path(__file__).resolve().parent / "standin_sd_samples.py"
@@ -269,7 +320,7 @@ def test_sdxl_generation_tasks_name_each_image_after_its_caption_and_seed_it_by_
     write_nemo(tmp_path / "results" / SDXL_PRESET / "training/results/checkpoints/sdxl.nemo", model)
     overrides = [
         f"evaluation.python={sys.executable}",
-        f"evaluation.sdxl_generate_script={STANDIN}",
+        f"evaluation.generate_script={STANDIN}",
         "evaluation.num_images=5",
     ]
     cfg = make_config(*GPU, *SDXL, "stages=[evaluation]", f"evaluation.coco_root={coco}", *overrides)

@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 
 from launcher.errors import ConfigError
 from launcher.outputs import TrainingOutputs
-from launcher.sdxl_config import OPEN_CLIP_TEXT
+from launcher.families.sdxl_checks import OPEN_CLIP_TEXT
 from launcher.stages import training_init
 from launcher.unet_shape import tensor_problems, transformer_depths, unet_shape
 from launcher.validate import to_schema

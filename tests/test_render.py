@@ -120,6 +120,16 @@ CASES = {
         "evaluation.coco_root=/fsx/coco2014",
         "evaluation.guidance_scales=[2,5,8]",
     ],
+    # The default SDXL composition on aws_p5 (text embeddings cached: NeMo's precache_mode text) with samples
+    # and evaluation: the samples job puts the text encoders back into a sampling copy of the .nemo
+    # (samples.json names the training config before the switch), and eval_captions waits for it.
+    "aws_p5_sdxl_cached_text_samples_evaluation": [
+        "cluster=aws_p5",
+        "stages=[training,samples,evaluation]",
+        "training=sdxl/sdxl_base_train_res_256_stage_1",
+        "evaluation.coco_root=/fsx/coco2014",
+        "evaluation.guidance_scales=[2,5,8]",
+    ],
     "aws_p5_sdxl_512_stage_2": [
         "cluster=aws_p5",
         "stages=[data_preparation,training]",

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from conftest import FIXED_FACTS
 from nemo_file import write_nemo
 
+from data_prep import text_cache
+from launcher.cli import main
 from launcher.errors import ConfigError
+from launcher.families import renamed_keys
 from launcher.pipeline import build_plan
 from launcher.sampling import checkpoints
 from launcher.sampling.settings import SamplingSettings
@@ -176,48 +180,155 @@ def test_sdxl_samples_the_final_nemo_with_sd_xl_infer(make_config: Callable) -> 
     check_facts(cfg, FIXED_FACTS)
     plan = build_plan(cfg, FIXED_FACTS)
     s = SamplingSettings.from_json(dict(plan.files)[plan.run_dir / "samples" / "samples.json"])
-    assert (s.sdxl, s.ema, s.sampler, s.checkpoint) == (True, False, "EulerEDMSampler", None)
+    assert (s.family, s.ema, s.sampler, s.checkpoint) == ("sdxl", False, "EulerEDMSampler", None)
     assert s.infer_script.endswith("/stable_diffusion/sd_xl_infer.py")
     assert any("the .nemo saved at the end of training" in note for note in plan.notes)
+
+
+@pytest.mark.parametrize(
+    ("training", "sampler", "script"),
+    [
+        ([], "PLMS", "/stable_diffusion/sd_infer.py"),
+        (SDXL, "EulerEDMSampler", "/stable_diffusion/sd_xl_infer.py"),
+    ],
+)
+def test_null_sampler_and_script_are_the_trained_familys_and_a_given_one_is_kept(
+    make_config: Callable, training: list[str], sampler: str, script: str
+) -> None:
+    def written(*overrides: str) -> SamplingSettings:
+        cfg = make_config(*GPU, *training, "stages=[training,samples]", *overrides)
+        check_facts(cfg, FIXED_FACTS)
+        plan = build_plan(cfg, FIXED_FACTS)
+        return SamplingSettings.from_json(dict(plan.files)[plan.run_dir / "samples" / "samples.json"])
+
+    s = written()
+    assert (s.sampler, s.infer_script.endswith(script)) == (sampler, True)
+    other = "DDIM" if sampler == "PLMS" else "DPMPP2MSampler"
+    s = written(f"samples.sampler={other}", "samples.infer_script=/opt/mine/infer.py")
+    assert (s.sampler, s.infer_script) == (other, "/opt/mine/infer.py")
+
+
+@pytest.mark.parametrize(
+    ("training", "sampler", "message"),
+    [
+        (
+            SDXL,
+            "PLMS",
+            "samples.sampler: 'PLMS' is not a sampler of SDXL; allowed: EulerEDMSampler, HeunEDMSampler, "
+            "EulerAncestralSampler, DPMPP2SAncestralSampler, DPMPP2MSampler, LinearMultistepSampler, or null "
+            r"\(EulerEDMSampler\)",
+        ),
+        (
+            [],
+            "EulerEDMSampler",
+            r"samples.sampler: 'EulerEDMSampler' is not a sampler of SD 860M; allowed: PLMS, DDIM, DPM, or null "
+            r"\(PLMS\)",
+        ),
+    ],
+)
+def test_a_sampler_of_another_family_is_refused(
+    make_config: Callable, training: list[str], sampler: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_config(*GPU, *training, "stages=[training,samples]", f"samples.sampler={sampler}")
+    make_config(*GPU, *training, "stages=[training]", f"samples.sampler={sampler}")  # not sampled: not asked
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(renamed_keys().items()))
+def test_a_renamed_key_is_refused_naming_its_new_key(
+    make_config: Callable, capsys: pytest.CaptureFixture[str], old: str, new: str
+) -> None:
+    """On the command line (Hydra cannot override it) and added with + or in a YAML (the schema has no
+    such key): one line, naming the key that replaced it."""
+    assert main(["cluster=slurm", f"{old}=x", "--cfg"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {old}: renamed to {new} (") and err.count("\n") == 1, err
+    with pytest.raises(ConfigError, match=f"^{old}: renamed to {new} "):
+        make_config(*GPU, f"+{old}=x")
 
 
 def test_sdxl_refuses_a_checkpoint_nemo_cannot_convert(make_config: Callable) -> None:
     with pytest.raises(
         ConfigError,
         match=r"samples.checkpoint: /x/a-step=2\.ckpt: an SDXL training checkpoint cannot be sampled .*"
-        r"allowed: null \(the \.nemo sd_xl_train\.py saves at the end of training\) or a \.nemo",
+        r"allowed: null \(the \.nemo training saves at its end\) or a \.nemo",
     ):
         make_config(*GPU, *SDXL, "stages=[samples]", "samples.checkpoint='/x/a-step=2.ckpt'")
 
 
-def test_sdxl_trained_from_cached_text_embeddings_is_refused(make_config: Callable, tmp_path: Path) -> None:
-    on = [*GPU, "training=sdxl/sdxl_base_train_res_256_stage_1", "data_preparation.precache.enable=true"]
-    with pytest.raises(ConfigError, match=r"data_preparation.precache.enable: true: an SDXL model trained"):
-        check_facts(make_config(*on, "stages=[training,samples]"), FIXED_FACTS)
-    model = {"conditioner_config": {"emb_models": []}, "precache_mode": "text"}
-    nemo = write_nemo(tmp_path / "run/model.nemo", model)
-    alone = make_config(
-        *GPU, *SDXL, "stages=[samples]", "assets.enable=false", f"samples.checkpoint='{nemo}'"
+SDXL_PRESET = "sdxl_base_train_res_256_stage_1"
+
+
+def _samples_plan(cfg: Any) -> tuple[SamplingSettings, dict[Path, str]]:
+    check_facts(cfg, FIXED_FACTS)
+    plan = build_plan(cfg, FIXED_FACTS)
+    files = dict(plan.files)
+    return SamplingSettings.from_json(files[plan.run_dir / "samples" / "samples.json"]), files
+
+
+def _emb_models(config_text: str) -> list[dict]:
+    return yaml.safe_load(config_text)["model"]["conditioner_config"]["emb_models"]
+
+
+def test_sdxl_trained_from_cached_text_embeddings_is_sampled_with_its_text_encoders_back(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    """The default SDXL composition on aws_p5 (the switch on: NeMo's precache_mode text): samples.json names
+    the training config before the switch, written with the samples stage's files (data preparation is not
+    planned), whose caption embedders the job puts back (launcher/sampling/text_encoders.py)."""
+    aws_p5 = ["cluster=aws_p5", f"container.mounts=[{tmp_path}:{tmp_path}]"]
+    cfg = make_config(*aws_p5, f"training=sdxl/{SDXL_PRESET}", "stages=[training,samples]")
+    assert cfg.data_preparation.precache.enable  # the preset's default
+    s, files = _samples_plan(cfg)
+    run = Path(s.run_dir)
+    encode = run / f"training/{SDXL_PRESET}_encode.yaml"
+    assert s.unswitched_config == str(encode)
+    encode_model = yaml.safe_load(files[encode])["model"]
+    unswitched = encode_model["conditioner_config"]["emb_models"]
+    trained = _emb_models(files[run / f"training/{SDXL_PRESET}.yaml"])
+    # The caption embedders, not the cache's readers: switched, they are what training reads.
+    assert not encode_model.get("precache_mode") and unswitched != trained
+    assert text_cache.cached_conditioner({"conditioner_config": {"emb_models": unswitched}}) == trained
+    # Not trained from the cache: nothing to put back, no extra file.
+    off, files = _samples_plan(make_config(*GPU, *SDXL, "stages=[training,samples]"))
+    assert off.unswitched_config is None and encode not in files
+
+
+def _stored(model: dict) -> dict:
+    """A stored model config as sd_xl_train.py saves it in the .nemo (the size it fixes besides)."""
+    return {**model, "data": {"train": {"augmentations": {"resize_smallest_side": 256}}}}
+
+
+def test_a_given_nemo_trained_from_cached_text_is_sampled_unless_its_conditioner_is_not_the_launchs(
+    make_config: Callable, tmp_path: Path
+) -> None:
+    """samples.checkpoint alone (no training planned, no data preparation in this run folder): its stored
+    precache_mode decides; the caption embedders this launch would put back must switch to its own."""
+    preset = make_config(*SDXL).training.model  # resolved, as the launch writes it
+    cached = text_cache.cached_conditioner(preset)
+    nemo = write_nemo(
+        tmp_path / "elsewhere/sdxl.nemo",
+        _stored({"precache_mode": "text", "conditioner_config": {"emb_models": cached}}),
     )
+    given = [*GPU, "stages=[samples]", "assets.enable=false", f"samples.checkpoint='{nemo}'"]
+    s, files = _samples_plan(make_config(*SDXL, *given))
+    encode = Path(s.run_dir) / f"training/{SDXL_PRESET}_encode.yaml"
+    assert (
+        s.unswitched_config == str(encode)
+        and _emb_models(files[encode]) == preset["conditioner_config"]["emb_models"]
+    )
+    swapped = [cached[1], cached[0], *cached[2:]]  # not what this launch's conditioner switches to
+    write_nemo(nemo, _stored({"precache_mode": "text", "conditioner_config": {"emb_models": swapped}}))
     with pytest.raises(
-        ConfigError, match=f"samples.checkpoint: {nemo} \\(model_config.yaml\\): an SDXL model"
+        ConfigError,
+        match=rf"samples.checkpoint: {nemo} \(model_config.yaml\): trained from cached text embeddings, its "
+        rf"text encoders are put back from {SDXL_PRESET}_encode.yaml .* does not give the \.nemo's: emb_models.0",
     ):
-        check_facts(alone, FIXED_FACTS)
-    model = {
-        **model,
-        "precache_mode": None,
-        "data": {"train": {"augmentations": {"resize_smallest_side": 256}}},
-    }
-    check_facts(
-        make_config(
-            *GPU,
-            *SDXL,
-            "stages=[samples]",
-            "assets.enable=false",
-            f"samples.checkpoint='{write_nemo(nemo, model)}'",
-        ),
-        FIXED_FACTS,
-    )
+        check_facts(make_config(*SDXL, *given), FIXED_FACTS)
+    # From the image tars: sampled as it is.
+    write_nemo(nemo, _stored({"precache_mode": None, "conditioner_config": {"emb_models": []}}))
+    s, files = _samples_plan(make_config(*SDXL, *given))
+    assert s.unswitched_config is None and encode not in files
 
 
 def test_the_final_nemo_has_the_step_of_the_checkpoint_saved_before_it(tmp_path: Path) -> None:
@@ -246,3 +357,36 @@ def test_sdxl_refuses_a_nemo_that_is_not_one(make_config: Callable, tmp_path: Pa
         r"allowed: a \.nemo NeMo saved",
     ):
         check_facts(cfg, FIXED_FACTS)
+
+
+def test_the_copy_with_text_encoders_back_is_made_once_per_nemo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The samples job's restore (launcher.sampling.job.restored_model; NeMo's side in
+    tests/test_sdxl_cached_text_samples_nemo.py): refused without the unswitched config, else written once
+    per .nemo and reused, as a converted checkpoint is."""
+    import dataclasses
+
+    from launcher.sampling import job
+
+    made: list[tuple[Path, Path]] = []
+
+    def restore(nemo: Path, unswitched: list, out: Path) -> Path:
+        made.append((nemo, out))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(b"copy")
+        return out
+
+    monkeypatch.setattr(job, "restore_text_encoders", restore)
+    monkeypatch.setattr(job, "unswitched_conditioner", lambda config: [])
+    fields = {f.name: None for f in dataclasses.fields(SamplingSettings)}
+    s = SamplingSettings(**{**fields, "run_dir": str(tmp_path / "run"), "prompts": ()})
+    first, second = tmp_path / "a.nemo", tmp_path / "b.nemo"
+    with pytest.raises(SystemExit, match="names no training config before the switch"):
+        job.restored_model(s, first, 2)
+    s = dataclasses.replace(s, unswitched_config=str(tmp_path / "x_encode.yaml"))
+    copy = tmp_path / "run/samples/step_2/model.nemo"
+    assert job.restored_model(s, first, 2) == job.restored_model(s, first, 2) == copy
+    assert job.restored_model(s, second, 2) == copy  # another .nemo of the same step: made anew
+    assert made == [(first, copy), (second, copy)]
+    assert (tmp_path / "run/samples/step_2/model.nemo.source").read_text() == str(second)

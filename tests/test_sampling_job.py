@@ -36,7 +36,7 @@ def _settings(run: Path, **changes: object) -> SamplingSettings:
         checkpoints_dir=str(run / "training/results/checkpoints"),
         checkpoint=None,
         ema=True,
-        sdxl=False,
+        family="sd1",
         nemo_python=sys.executable,
         convert_script=str(STANDIN),
         infer_script=str(STANDIN),

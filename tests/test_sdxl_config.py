@@ -1,18 +1,18 @@
 """The SDXL presets (conf/training/sdxl/) compose with NVIDIA's values, and what NeMo's SDXL training cannot
-run is refused before anything is written, naming the key (launcher/sdxl_config.py, launcher/nemo_config.py,
+run is refused before anything is written, naming the key (launcher/families/sdxl_checks.py, launcher/nemo_config.py,
 launcher/latents.py). NeMo's own code runs these presets in tests/test_nemo_sdxl.py."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from data_prep.model_family import is_sdxl, text_encoders
-from launcher import sdxl_config
 from launcher.errors import ConfigError
+from launcher.families import family_of, sdxl_checks
 from launcher.sampling.resolution import trained_size
 
 IMAGES = "data_preparation.precache.enable=false"  # the GPU presets' latents are SD's: SDXL reads images
@@ -39,7 +39,7 @@ def test_each_preset_composes_with_nvidias_values(make_config: Callable, tmp_pat
     assert (tr.trainer["num_nodes"], tr.trainer["max_steps"]) == (nodes, steps)
     assert (model["micro_batch_size"], model["global_batch_size"]) == (micro, batch)
     assert tr.run.script.endswith("/stable_diffusion/sd_xl_train.py")
-    assert is_sdxl(model) and model["fsdp"] and model["optim"]["lr"] == 2.048e-5
+    assert family_of(model).name == "sdxl" and model["fsdp"] and model["optim"]["lr"] == 2.048e-5
     assert trained_size(model) == (side, side)
     assert cfg.data_preparation.download_images.image_size == side
     unet = model["unet_config"]
@@ -48,7 +48,7 @@ def test_each_preset_composes_with_nvidias_values(make_config: Callable, tmp_pat
         2816,
         [1, 2, 10],
     )
-    versions = [encoder["version"] for _, encoder in text_encoders(model)]
+    versions = [encoder["version"] for _, encoder in family_of(model).text_encoders(model)]
     assert versions == [
         cfg.assets.text_encoder.local_dir,
         f"{cfg.assets.open_clip_bigg.local_dir}/open_clip_pytorch_model.bin",
@@ -58,7 +58,8 @@ def test_each_preset_composes_with_nvidias_values(make_config: Callable, tmp_pat
 
 def test_the_text_encoders_device_is_settable(make_config: Callable) -> None:
     cfg = make_config(*GPU, STAGE_1, f"{CONDITIONER}.0.emb_model.device=cpu")
-    assert [encoder["device"] for _, encoder in text_encoders(cfg.training.model)] == ["cpu", "cuda"]
+    model = cfg.training.model
+    assert [encoder["device"] for _, encoder in family_of(model).text_encoders(model)] == ["cpu", "cuda"]
 
 
 def _refused(make_config: Callable, *overrides: str) -> ConfigError:
@@ -132,7 +133,7 @@ def test_no_resize_smallest_side_is_refused(make_config: Callable) -> None:
     model = copy.deepcopy(cfg.training.model)
     del model["data"]["train"]["augmentations"]["resize_smallest_side"]
     with pytest.raises(ConfigError, match="the training resolution in px") as refused:
-        sdxl_config.check(model, cfg.assets)
+        sdxl_checks.check(dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, model=model)))
     assert refused.value.key == "training.model.data.train.augmentations.resize_smallest_side"
 
 

@@ -80,7 +80,7 @@ def test_the_samples_stage_grids_what_sd_xl_infer_draws_from_the_final_nemo(
                 *SDXL_OVERRIDES,
                 "stages=[samples]",
                 "assets.enable=false",
-                *samples_on_cpu(nemo_python),
+                *samples_on_cpu(nemo_python, SD_XL_INFER_CPU),
                 "samples.steps=2",
                 f"samples.images_per_prompt={SAMPLES}",
                 f"samples.prompts=[{','.join(PROMPTS)}]",
@@ -143,7 +143,7 @@ def test_the_evaluation_draws_one_sd_xl_infer_image_per_caption_and_scale_at_the
                 "evaluation.steps=2",
                 "evaluation.precision=32-true",
                 f"evaluation.python={nemo_python}",
-                f"evaluation.sdxl_generate_script={SD_XL_INFER_CPU}",
+                f"evaluation.generate_script={SD_XL_INFER_CPU}",
             ]
         )
     )

@@ -77,8 +77,8 @@ def test_caption_embedders_become_readers_of_their_stored_outputs_in_place() -> 
 
 def test_the_switch_sets_text_mode_and_the_readers_and_the_storage_note_counts_full_size() -> None:
     from launcher import latents
+    from launcher.families import family_of
     from launcher.layout import DataLayout
-    from launcher.stages.precache import _per_sample
 
     cfg = _cfg()
     latents.check(cfg)
@@ -88,7 +88,8 @@ def test_the_switch_sets_text_mode_and_the_readers_and_the_storage_note_counts_f
     assert overrides["data"]["train"]["dataset_path"] == ["/d/tarfiles_latents/wdinfo.pkl"]
     # 80 x 2048 cross-attention + 1280 pooled (2816 - 3 x 512) float16 numbers, pickle and tar header.
     assert text_cache.stored_values(cfg.training.model) == 80 * 2048 + 1280
-    assert _per_sample(cfg.training.model)[0] == 512 + (2 * (80 * 2048 + 1280) + 256 + 511) // 512 * 512
+    per_sample = family_of(cfg.training.model).cache.per_sample
+    assert per_sample(cfg.training.model)[0] == 512 + (2 * (80 * 2048 + 1280) + 256 + 511) // 512 * 512
     assert latents.training_overrides(_cfg(enable=False), DataLayout(Path("/d"))) == {}
 
 

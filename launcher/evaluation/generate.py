@@ -7,17 +7,21 @@ inference setup forces Lightning's TorchElasticEnvironment, which reads WORLD_SI
 task is the guidance scale, SLURM_LOCALID this process's share of the captions. Images:
 evaluation/images/<scale>/image<n:06d>.png, n the caption's number, at the size the model was trained at.
 
-SD: NeMo's generate_fid_images.py, which picks the scale and the share itself (from SLURM_ARRAY_TASK_ID,
-SLURM_LOCALID and fid.ntasks_per_node), on the model the samples job converted last
-(samples/step_<N>/model.nemo, its training's hparams.yaml giving the size).
+The model (settings.from_samples, decided at planning time): the model the samples job made sampleable
+last, samples/step_<N>/model.nemo, for a checkpoint it converts (its training's hparams.yaml giving the
+size) or a .nemo trained from cached text embeddings (the copy with its text encoders back; size: its
+model_config.yaml); else the .nemo the samples stage samples (size: its model_config.yaml). What differs by
+model family is asked of the family (settings.family, launcher.families): the program (`inference.program`):
 
-SDXL: NeMo has no FID script for SDXL (generate_fid_images.py builds MegatronLatentDiffusion), so each task
-runs NeMo's sd_xl_infer.py, as the SDXL samples job does, on the .nemo the samples stage samples (size:
-its model_config.yaml), with its scale and its share of the captions (split as generate_fid_images.py
-splits them) as prompts, one image each. sd_xl_infer numbers its images `{n:09}.png` after what its folder
-already holds: each task draws into an empty folder of its own, then the images take their captions'
-numbers. Caption n is drawn from seed `seed + 100 n` (sd_xl_infer's seed for prompt i is `infer.seed +
-100 i`), whichever task draws it.
+sd_infer (SD): NeMo's generate_fid_images.py, which picks the scale and the share itself (from
+SLURM_ARRAY_TASK_ID, SLURM_LOCALID and fid.ntasks_per_node).
+
+sd_xl_infer (SDXL): NeMo has no FID script for SDXL (generate_fid_images.py builds MegatronLatentDiffusion),
+so each task runs NeMo's sd_xl_infer.py, as the samples job does, with its scale and its share of the
+captions (split as generate_fid_images.py splits them) as prompts, one image each. sd_xl_infer numbers its
+images `{n:09}.png` after what its folder already holds: each task draws into an empty folder of its own,
+then the images take their captions' numbers. Caption n is drawn from seed `seed + 100 n` (sd_xl_infer's
+seed for prompt i is `infer.seed + 100 i`), whichever task draws it.
 """
 
 from __future__ import annotations
@@ -36,19 +40,14 @@ if __package__ in (None, ""):  # started by path: find this repo
 from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
 from launcher.evaluation.settings import EvaluationSettings
+from launcher.families import named
 from launcher.sampling.checkpoints import hparams_of
-from launcher.sampling.job import (
-    infer_section,
-    nemo_env,
-    sdxl_model_config,
-    sdxl_nemo,
-    trainer_and_model,
-    xl_infer_config,
-)
+from launcher.sampling.infer_config import infer_section, program, trainer_and_model, xl_infer_config
+from launcher.sampling.job import nemo_env, nemo_to_sample, stored_model_config
 from launcher.sampling.resolution import trained_size
 
 # sd_xl_infer's seed step between consecutive prompts (v2.4.0: `infer.seed + i * 100 + batchid * 200`).
-SDXL_SEED_STEP = 100
+XL_INFER_SEED_STEP = 100
 
 
 def share(count: int, parts: int, index: int) -> range:
@@ -87,7 +86,7 @@ def generate_config(s: EvaluationSettings, nemo: Path, size: tuple[int, int], lo
     }
 
 
-def sdxl_config(
+def xl_task_config(
     s: EvaluationSettings,
     nemo: Path,
     size: tuple[int, int],
@@ -104,7 +103,7 @@ def sdxl_config(
         out,
         prompts=[captions[n] for n in mine],
         scale=float(s.guidance_scales[task]),
-        seed=s.seed + SDXL_SEED_STEP * mine.start,
+        seed=s.seed + XL_INFER_SEED_STEP * mine.start,
         per_prompt=1,
     )
 
@@ -137,27 +136,43 @@ def run_nemo(s: EvaluationSettings, config: dict[str, Any], name: str, local: in
     return subprocess.run(argv, env=task_env(local), check=False).returncode
 
 
-def generate_sd(s: EvaluationSettings, task: int, local: int) -> int:
+def evaluated_model(s: EvaluationSettings) -> tuple[Path, tuple[int, int], str]:
+    """The .nemo to generate from, the size it was trained at, and where it came from: the model the
+    samples job made sampleable last (settings.from_samples: converted, or with its text encoders back),
+    else the .nemo the samples stage samples."""
     from omegaconf import OmegaConf
 
-    found = s.samples.newest_converted()
-    if found is None:
-        raise SystemExit(f"evaluation: no model.nemo the samples job converted under {s.samples.stage_dir}")
-    nemo, checkpoint = found
-    size = trained_size(OmegaConf.to_container(OmegaConf.load(hparams_of(checkpoint)).cfg))
+    if s.from_samples:
+        found = s.samples.newest_converted()
+        if found is None:
+            raise SystemExit(f"evaluation: no model.nemo the samples job wrote under {s.samples.stage_dir}")
+        nemo, checkpoint = found
+        came_from = f" (from {checkpoint.name})"
+        if named(s.family).inference.converts_checkpoints:
+            where = str(hparams_of(checkpoint))
+            model = OmegaConf.to_container(OmegaConf.load(where).cfg)
+        else:
+            where, model = f"{nemo} (model_config.yaml)", stored_model_config(nemo)
+    else:
+        nemo = nemo_to_sample(s, "evaluation")
+        where, came_from = f"{nemo} (model_config.yaml)", ""
+        model = stored_model_config(nemo)
+    size = trained_size(model)  # type: ignore[arg-type]
     if size is None:
-        raise SystemExit(f"evaluation: {hparams_of(checkpoint)} fixes no image size")
-    print(
-        f"evaluation: task {task}.{local}: {nemo} (from {checkpoint.name}) at {size[1]}x{size[0]}", flush=True
-    )
+        raise SystemExit(f"evaluation: {where} fixes no image size")
+    return nemo, size, came_from
+
+
+def generate_fid(s: EvaluationSettings, task: int, local: int) -> int:
+    """NeMo's generate_fid_images.py, which picks its scale and its captions itself."""
+    nemo, size, came_from = evaluated_model(s)
+    print(f"evaluation: task {task}.{local}: {nemo}{came_from} at {size[1]}x{size[0]}", flush=True)
     return run_nemo(s, generate_config(s, nemo, size, local), f"generate_{task}_{local}", local)
 
 
-def generate_sdxl(s: EvaluationSettings, task: int, local: int) -> int:
-    nemo = sdxl_nemo(s, "evaluation")
-    size = trained_size(sdxl_model_config(nemo))
-    if size is None:
-        raise SystemExit(f"evaluation: {nemo} (model_config.yaml) fixes no image size")
+def generate_with_infer(s: EvaluationSettings, task: int, local: int) -> int:
+    """NeMo's sd_xl_infer.py on this task's scale and share of the captions, one image each."""
+    nemo, size, _ = evaluated_model(s)
     captions = [row["caption"] for row in json.loads(s.outputs.captions_json.read_text())]
     mine, scale = share(len(captions), s.tasks_per_node, local), s.guidance_scales[task]
     print(
@@ -167,9 +182,9 @@ def generate_sdxl(s: EvaluationSettings, task: int, local: int) -> int:
     )
     if not mine:  # fewer captions than tasks
         return 0
-    drawn = s.outputs.images / f".sdxl_{task}_{local}"
+    drawn = s.outputs.images / f".drawn_{task}_{local}"
     shutil.rmtree(drawn, ignore_errors=True)
-    config = sdxl_config(s, nemo, size, task, captions, mine, drawn)
+    config = xl_task_config(s, nemo, size, task, captions, mine, drawn)
     done = run_nemo(s, config, f"sd_xl_infer_{task}_{local}", local)
     if done:
         return done
@@ -184,11 +199,15 @@ def generate_sdxl(s: EvaluationSettings, task: int, local: int) -> int:
     return 0
 
 
+# Each inference program's generation (launcher.families: `inference.program`).
+GENERATORS = {"sd_infer": generate_fid, "sd_xl_infer": generate_with_infer}
+
+
 @step_main("evaluation")
 def main(argv: list[str]) -> int:
     s = EvaluationSettings.from_json(Path(argv[0]).read_text())
     task, local = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")), int(os.environ.get("SLURM_LOCALID", "0"))
-    return (generate_sdxl if s.sdxl else generate_sd)(s, task, local)
+    return GENERATORS[program(s)](s, task, local)
 
 
 if __name__ == "__main__":

@@ -21,20 +21,24 @@ class EvaluationSettings:
     num_images: int
     guidance_scales: tuple[float, ...]
     seed: int
-    # SDXL (data_prep.model_family): NeMo's sd_xl_infer.py generates from the .nemo the samples stage
-    # samples, `checkpoint` (samples.checkpoint) or the one training saved at its end in `checkpoints_dir`;
-    # SD: generate_fid_images.py from the model the samples job converted last.
-    sdxl: bool
+    # The trained model's family (launcher.families.named): which program generates (SD:
+    # generate_fid_images.py, SDXL: sd_xl_infer.py).
+    family: str
+    # True: the model the samples job made sampleable, its newest samples/step_<N>/model.nemo: a converted
+    # checkpoint, or a copy of a .nemo trained from cached text embeddings with its text encoders back
+    # (launcher.sampling.sampled.evaluated_from_samples). False: the .nemo the samples stage samples,
+    # `checkpoint` (samples.checkpoint) or the one training saved at its end in `checkpoints_dir`.
+    from_samples: bool
     checkpoint: str | None
     checkpoints_dir: str
-    sampler: str  # the family's: evaluation.sampler (SD) or evaluation.sdxl_sampler
+    sampler: str  # evaluation.sampler, or the family's first
     steps: int
     batch_size: int
     precision: str
     # NeMo tasks per node of one guidance scale (one per GPU), each its own process.
     tasks_per_node: int
     nemo_python: str
-    generate_script: str  # generate_fid_images.py (SD) or sd_xl_infer.py (SDXL)
+    generate_script: str  # evaluation.generate_script, or the family's
     # The score's interpreter (torch, torchmetrics, torch-fidelity, transformers) and the plot's.
     score_python: str
     plot_python: str

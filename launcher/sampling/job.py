@@ -11,9 +11,15 @@ package from its path). Steps, each a child process of NVIDIA's example scripts:
 4. grid.png, samples.json (what was sampled, how), and the training plot (`python -m launcher.plot`).
 Everything lands in <run>/samples/step_<N>/; each file appears only once complete.
 
-SDXL (settings.sdxl): steps 1-2 become the .nemo sd_xl_train.py saved at the end of training (or the given
-.nemo; its step is that of the -last checkpoint saved just before it), and step 3 NeMo's sd_xl_infer.py,
-which names its images `{n:09}.png` in prompt order.
+What differs by model family is asked of the family (settings.family, launcher.families): a family whose
+checkpoints NeMo does not convert (`inference.converts_checkpoints`, SDXL's) has steps 1-2 become the .nemo
+training saved at its end (or the given .nemo; its step is that of the -last checkpoint saved just before
+it); the program whose config step 3 writes is the family's `inference.program`: sd_infer, or sd_xl_infer
+(SDXL's), which names its images `{n:09}.png` in prompt order. A .nemo trained from cached text embeddings
+(its stored precache_mode) holds no text encoders: step 2 becomes a copy of it with the caption embedders of
+settings.unswitched_config and their staged weights put back (launcher/sampling/text_encoders.py), written
+as model.nemo (model.nemo.source: the .nemo it came from; reused as a converted model is), and the
+evaluation generates from that copy.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,7 @@ if __package__ in (None, ""):  # started by path: find this repo
 
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
 from data_prep.faults import step_main
+from launcher.families import named
 from launcher.sampling.checkpoints import (
     ema_twin,
     final_nemo,
@@ -43,8 +50,14 @@ from launcher.sampling.checkpoints import (
     step_of_nemo,
 )
 from launcher.sampling.grid import grid_image
+from launcher.sampling.infer_config import program, program_config
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
+from launcher.sampling.text_encoders import (
+    restore_text_encoders,
+    trained_on_cached_text,
+    unswitched_conditioner,
+)
 
 
 def checkpoint_to_sample(s: SamplingSettings) -> Path:
@@ -105,132 +118,14 @@ def convert(s: SamplingSettings, checkpoint: Path, nemo_file: Path) -> None:
             partial.unlink(missing_ok=True)
 
 
-def infer_section(s: Any, size: tuple[int, int], out: Path, **given: Any) -> dict[str, Any]:
-    """The `infer` keys sd_infer.yaml and sd_fid_images.yaml share, every one given, from settings `s`
-    (samples' or the evaluation's); `given` sets the keys that differ."""
-    return {
-        "num_images_per_prompt": 1,
-        "batch_size": s.batch_size,
-        "height": size[0],
-        "width": size[1],
-        "down_factor": 8,
-        "inference_steps": s.steps,
-        "sampler_type": s.sampler,
-        "eta": 0,
-        "output_type": "pil",
-        "out_path": str(out),
-        "seed": s.seed,
-        **given,
-    }
-
-
-def inference_trainer(precision: str) -> dict[str, Any]:
-    """One GPU per process, no logger."""
-    return {"devices": 1, "num_nodes": 1, "accelerator": "gpu", "precision": precision, "logger": False}
-
-
-def trainer_and_model(precision: str, nemo_file: Path) -> dict[str, Any]:
-    """The trainer, and the .nemo to restore."""
-    model = {"restore_from_path": str(nemo_file), "precision": precision}
-    return {"trainer": inference_trainer(precision), "model": model}
-
-
-def infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
-    """sd_infer.yaml's keys (examples/.../stable_diffusion/conf/sd_infer.yaml), every one given."""
-    infer = infer_section(
-        s,
-        size,
-        out,
-        unconditional_guidance_scale=s.guidance_scale,
-        num_images_per_prompt=s.images_per_prompt,
-        save_to_file=True,
-        prompts=list(s.prompts),
-    )
-    return {"name": "stable-diffusion-samples", "infer": infer, **trainer_and_model(s.precision, nemo_file)}
-
-
-def xl_infer_config(
-    s: Any,
-    size: tuple[int, int],
-    nemo_file: Path,
-    out: Path,
-    *,
-    prompts: Sequence[str],
-    scale: float,
-    seed: int,
-    per_prompt: int,
-) -> dict:
-    """sd_xl_infer.yaml's keys (v2.4.0 examples/.../stable_diffusion/conf/sd_xl_infer.yaml), every one the
-    script reads, from settings `s` (samples' or the evaluation's: sampler, steps, batch_size, precision);
-    NVIDIA's values except those, the prompts, `per_prompt` images of each, the guidance scale (VanillaCFG's
-    `sampling.base.scale`, get_guider_config in sdxl_pipeline.py), the trained size, and no refiner.
-    sd_xl_infer draws prompt i's batch b with seed `infer.seed + 100 i + 200 b`."""
-    height, width = size
-    base = {
-        "sampler": s.sampler,
-        "width": width,
-        "height": height,
-        "steps": s.steps,
-        "discretization": "LegacyDDPMDiscretization",
-        "guider": "VanillaCFG",
-        "thresholder": "None",
-        "scale": scale,
-        "img2img_strength": 1.0,
-        "sigma_min": 0.0292,
-        "sigma_max": 14.6146,
-        "rho": 3.0,
-        "s_churn": 0.0,
-        "s_tmin": 0.0,
-        "s_tmax": 999.0,
-        "s_noise": 1.0,
-        "eta": 1.0,
-        "order": 4,
-        # The size conditioning: an image of the trained size, uncropped (as training saw it).
-        "orig_width": width,
-        "orig_height": height,
-        "crop_coords_top": 0,
-        "crop_coords_left": 0,
-        "aesthetic_score": 5.0,
-        "negative_aesthetic_score": 5.0,
-    }
-    # sd_xl_infer draws num_samples // num_samples_per_batch batches per prompt: a divisor, or images go missing.
-    per_batch = max(n for n in range(1, per_prompt + 1) if per_prompt % n == 0 and n <= s.batch_size)
-    infer = {
-        "num_samples": per_prompt,
-        "num_samples_per_batch": per_batch,
-        "prompt": list(prompts),
-        "negative_prompt": "",
-        "seed": seed,
-    }
-    return {
-        "trainer": inference_trainer(s.precision),
-        "model": {"restore_from_path": str(nemo_file), "is_legacy": False},
-        "infer": infer,
-        "sampling": {"base": base},
-        "use_refiner": False,
-        "use_fp16": False,
-        "out_path": str(out),
-    }
-
-
 def sample(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, step_dir: Path) -> Path:
-    """NeMo's sd_infer.py (SDXL: sd_xl_infer.py) into a fresh folder, which replaces images/ once every
-    image is written."""
+    """NeMo's inference script (sd_infer.py, SDXL's sd_xl_infer.py) into a fresh folder, which replaces
+    images/ once every image is written."""
     from omegaconf import OmegaConf
 
     images, partial = step_dir / "images", step_dir / ".images.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    if s.sdxl:
-        script = "sd_xl_infer"
-        given = {
-            "prompts": s.prompts,
-            "scale": s.guidance_scale,
-            "seed": s.seed,
-            "per_prompt": s.images_per_prompt,
-        }
-        written = xl_infer_config(s, size, nemo_file, partial, **given)
-    else:
-        script, written = "sd_infer", infer_config(s, size, nemo_file, partial)
+    script, written = program(s), program_config(s, size, nemo_file, partial)
     config = step_dir / f"{script}.yaml"
     write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(written)))
     argv = [s.nemo_python, "-u", s.infer_script, "--config-path", str(step_dir), "--config-name", config.name]
@@ -243,7 +138,7 @@ def sample(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, step_dir
 def image_name(s: SamplingSettings, row: int, column: int) -> str:
     """What NeMo names an image: sd_infer after the prompt's start and its index; sd_xl_infer counts
     `{n:09}.png` over the prompts in order (perform_save_locally), each prompt's images together."""
-    if s.sdxl:
+    if program(s) == "sd_xl_infer":
         return f"{row * s.images_per_prompt + column:09}.png"
     return f"{s.prompts[row][:NAME_CHARS]}_{column}.png"
 
@@ -267,41 +162,64 @@ def write_plot(s: SamplingSettings) -> None:
     print(f"samples: training plot: {(done.stdout + done.stderr).strip()}", flush=True)
 
 
-def sdxl_nemo(s: Any, job: str) -> Path:
-    """The SDXL .nemo settings `s` (samples' or the evaluation's) name: `checkpoint`, else the one
-    training saved at its end in `checkpoints_dir`."""
+def nemo_to_sample(s: Any, job: str) -> Path:
+    """The .nemo settings `s` (samples' or the evaluation's) name for a family whose checkpoints are not
+    converted: `checkpoint`, else the one training saved at its end in `checkpoints_dir`."""
     nemo = Path(s.checkpoint) if s.checkpoint else final_nemo(Path(s.checkpoints_dir))
     if nemo is None:
-        raise SystemExit(f"{job}: no .nemo in {s.checkpoints_dir} (sd_xl_train.py saves one at its end)")
+        raise SystemExit(f"{job}: no .nemo in {s.checkpoints_dir} (training saves one at its end)")
     return nemo
 
 
-def sdxl_model_config(nemo: Path) -> dict[str, Any]:
-    """The model config stored in an SDXL .nemo, as plain containers."""
+def stored_model_config(nemo: Path) -> dict[str, Any]:
+    """The model config stored in a .nemo (model_config.yaml), as plain containers."""
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.create(nemo_model_config(nemo)))  # type: ignore[return-value]
 
 
-def sdxl_model(s: SamplingSettings) -> tuple[Path, int]:
+def nemo_and_step(s: SamplingSettings) -> tuple[Path, int]:
     """The .nemo to sample (the given one, else the one training saved at its end) and its step."""
-    nemo = sdxl_nemo(s, "samples")
+    nemo = nemo_to_sample(s, "samples")
     step = step_of_nemo(nemo)
     if step is None:
         raise SystemExit(f"samples: no finished checkpoint beside {nemo} gives its training step")
     return nemo, step
 
 
-def converted_model(s: SamplingSettings, checkpoint: Path, step: int | None) -> Path:
-    """The checkpoint as model.nemo in its step folder, converted unless a previous run of this job did."""
+def made_once(s: SamplingSettings, came_from: Path, step: int | None, make: Callable[[Path], Any]) -> Path:
+    """model.nemo in its step folder, made from `came_from` by `make(model.nemo)` unless a previous run of
+    this job made it from that very file (model.nemo.source names it)."""
     out = s.outputs
     nemo_file, source = out.model(step), out.model_source(step)
-    # Reused only for the very checkpoint it came from (another run's step N lands in the same folder).
-    if not (nemo_file.exists() and source.exists() and source.read_text() == str(checkpoint)):
+    # Reused only for the very file it came from (another run's step N lands in the same folder).
+    if not (nemo_file.exists() and source.exists() and source.read_text() == str(came_from)):
         source.unlink(missing_ok=True)
-        convert(s, checkpoint, nemo_file)
-        write_atomic(source, str(checkpoint))
+        make(nemo_file)
+        write_atomic(source, str(came_from))
     return nemo_file
+
+
+def converted_model(s: SamplingSettings, checkpoint: Path, step: int | None) -> Path:
+    """The checkpoint as model.nemo in its step folder, converted unless a previous run of this job did."""
+    return made_once(s, checkpoint, step, lambda nemo_file: convert(s, checkpoint, nemo_file))
+
+
+def restored_model(s: SamplingSettings, nemo: Path, step: int) -> Path:
+    """A copy of `nemo` (trained from cached text embeddings) with its text encoders back, as model.nemo in
+    its step folder, written unless a previous run of this job did so from that same .nemo."""
+    if not s.unswitched_config:
+        raise SystemExit(
+            f"samples: {nemo} was trained from cached text embeddings and samples.json names no training "
+            "config before the switch (planned for another model): launch the samples stage again"
+        )
+    config = Path(s.unswitched_config)
+
+    def restore(nemo_file: Path) -> None:
+        print(f"samples: text encoders: the caption embedders of {config} into {nemo_file}", flush=True)
+        restore_text_encoders(nemo, unswitched_conditioner(config), nemo_file)
+
+    return made_once(s, nemo, step, restore)
 
 
 @step_main("samples")
@@ -309,14 +227,15 @@ def main(argv: list[str]) -> int:
     s = SamplingSettings.from_json(Path(argv[0]).read_text())
     from omegaconf import OmegaConf
 
-    if s.sdxl:
-        checkpoint, step = sdxl_model(s)
-        where = f"{checkpoint} (model_config.yaml)"
-        model = sdxl_model_config(checkpoint)
-    else:
+    converts = named(s.family).inference.converts_checkpoints
+    if converts:
         checkpoint = checkpoint_to_sample(s)
         step, where = step_of(checkpoint), str(hparams_of(checkpoint))
         model = OmegaConf.to_container(OmegaConf.load(where).cfg)
+    else:
+        checkpoint, step = nemo_and_step(s)
+        where = f"{checkpoint} (model_config.yaml)"
+        model = stored_model_config(checkpoint)
     out = s.outputs
     step_dir = out.step_dir(step)
     step_dir.mkdir(parents=True, exist_ok=True)
@@ -325,7 +244,12 @@ def main(argv: list[str]) -> int:
     size = (s.resolution, s.resolution) if s.resolution else trained
     if size is None:
         raise SystemExit(f"samples: {where} fixes no image size: set samples.resolution")
-    nemo_file = checkpoint if s.sdxl else converted_model(s, checkpoint, step)
+    if converts:
+        nemo_file = converted_model(s, checkpoint, step)
+    elif trained_on_cached_text(model):
+        nemo_file = restored_model(s, checkpoint, step)
+    else:
+        nemo_file = checkpoint
     images = sample(s, size, nemo_file, step_dir)
     title = (
         f"{Path(s.run_dir).name}  step {step}{'  EMA' if is_ema(checkpoint) else ''}  {s.sampler} {s.steps} steps  "
@@ -346,6 +270,7 @@ def main(argv: list[str]) -> int:
         "steps": s.steps,
         "guidance_scale": s.guidance_scale,
         "precision": s.precision,
+        "model": str(nemo_file),  # what NeMo restored: the checkpoint's .nemo, or a copy made here
     }
     write_json_atomic(step_dir / "samples.json", record)
     print(f"samples: grid {out.grid(step)}", flush=True)

@@ -22,9 +22,11 @@ class SamplingSettings:
     checkpoint: str | None
     # NeMo's EMA weights (`-EMA.ckpt`) when training kept them (training.exp_manager.ema.enable).
     ema: bool
-    # SDXL: the run's final .nemo (or `checkpoint`, a .nemo) sampled by sd_xl_infer.py, nothing converted.
-    sdxl: bool
-    # NeMo's interpreter and NVIDIA's example scripts (inside the container): sd_infer.py or sd_xl_infer.py.
+    # The trained model's family (launcher.families.named): whether the checkpoint is converted (else the
+    # run's final .nemo, or `checkpoint`, a .nemo, is sampled) and which program's config is written.
+    family: str
+    # NeMo's interpreter and NVIDIA's example scripts (inside the container): the family's inference script
+    # (sd_infer.py, sd_xl_infer.py) unless samples.infer_script names another.
     nemo_python: str
     convert_script: str
     infer_script: str
@@ -35,12 +37,17 @@ class SamplingSettings:
     images_per_prompt: int
     batch_size: int
     seed: int
-    sampler: str  # the family's: samples.sampler (SD) or samples.sdxl_sampler
+    sampler: str  # samples.sampler, or the family's first
     steps: int
     guidance_scale: float
     # None: the resolution the checkpoint's hparams.yaml trained at.
     resolution: int | None
     precision: str
+    # A model trained from cached text embeddings (launcher.sampling.sampled.from_cached_text): the training
+    # config before the switch (`<training config stem>_encode.yaml`, written with the samples stage's
+    # files), whose caption embedders the job puts back into a sampling copy of the .nemo
+    # (launcher/sampling/text_encoders.py); None for any other model.
+    unswitched_config: str | None = None
 
     @property
     def outputs(self) -> SamplesOutputs:

@@ -6,13 +6,12 @@ training), and only those wait for it: a wrong repo id, revision or token never 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 from omegaconf import MISSING
 
-from data_prep.latent_format import uses_open_clip
-from data_prep.model_family import is_sdxl
+from launcher import families
 from launcher.config import JobResources, Runtime
 from launcher.context import Context
 from launcher.errors import ConfigError
@@ -81,7 +80,7 @@ class FileAssetConfig:
 
 
 @dataclass
-class AssetsConfig:
+class AssetsCore:
     """Pretrained parts of the model that training loads but never trains (CLIP text encoder, VAE)."""
 
     enable: bool = described(
@@ -93,31 +92,26 @@ class AssetsConfig:
         None,
         help="A file holding the HF token, read at run time (HF_TOKEN in the job's environment also works).",
     )
-    text_encoder: AssetConfig = field(default_factory=AssetConfig)
-    vae: AssetConfig = field(default_factory=AssetConfig)
-    # Staged only when the training preset's text encoder is OpenCLIP (the SD 2.0 presets).
-    open_clip: AssetConfig = field(default_factory=AssetConfig)
-    # Staged instead of `vae` when the training preset is SDXL, with CLIP ViT-L/14 (text_encoder).
-    open_clip_bigg: AssetConfig = field(default_factory=AssetConfig)
-    sdxl_vae: AssetConfig = field(default_factory=AssetConfig)
-    # Staged only when a planned stage needs it (StageSpec.assets: evaluation's FID network).
-    inception: FileAssetConfig = field(default_factory=FileAssetConfig)
-    resources: JobResources = field(default_factory=JobResources)
+
+
+# One pinned Hub repo per asset that some model family stages (Family.assets: the trained family's are
+# staged), then the single-file assets a planned stage may need (StageSpec.assets: evaluation's FID
+# network) and the job's resources.
+AssetsConfig = make_dataclass(
+    "AssetsConfig",
+    [
+        *((name, AssetConfig, field(default_factory=AssetConfig)) for name in families.asset_names()),
+        ("inception", FileAssetConfig, field(default_factory=FileAssetConfig)),
+        ("resources", JobResources, field(default_factory=JobResources)),
+    ],
+    bases=(AssetsCore,),
+)
+AssetsConfig.__doc__ = AssetsCore.__doc__
 
 
 def by_name(cfg: Any) -> dict[str, AssetConfig]:
-    """Every asset the planned stages read, under the name its config key has (and the job's log uses)."""
-    model = cfg.training.model
-    if is_sdxl(model):  # CLIP ViT-L/14, OpenCLIP ViT-bigG-14 and SDXL's own VAE
-        return {
-            "text_encoder": cfg.assets.text_encoder,
-            "open_clip_bigg": cfg.assets.open_clip_bigg,
-            "sdxl_vae": cfg.assets.sdxl_vae,
-        }
-    assets = {"text_encoder": cfg.assets.text_encoder, "vae": cfg.assets.vae}
-    if uses_open_clip(model):
-        assets["open_clip"] = cfg.assets.open_clip
-    return assets
+    """Every asset the trained family stages, under the name its config key has (and the job's log uses)."""
+    return {name: getattr(cfg.assets, name) for name in families.family_of(cfg.training.model).assets}
 
 
 def _asset_args(name: str, asset: AssetConfig, extra: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -1,10 +1,11 @@
 """benchmark: a throughput sweep of NeMo's own training, and a report after it.
 
 Per node count one array job over the micro batch sizes; task i runs `launcher.bench.task`, which
-starts the preset's NeMo script (training.run.script: sd_train.py, or sd_xl_train.py for SDXL, which
-has no synthetic data and reads the prepared data) on the case's config (the resolved training config
-plus only the sweep's values) and samples GPU memory beside it. A report job follows all arrays whatever their state
-(afterany): an out-of-memory task is a result, not a reason to cancel the report.
+starts the preset's NeMo script (training.run.script: sd_train.py, or sd_xl_train.py for SDXL), on
+synthetic data where the trained family has it (else the prepared data: launcher.families), with the
+case's config (the resolved training config plus only the sweep's values) and samples GPU memory beside
+it. A report job follows all arrays whatever their state (afterany): an out-of-memory task is a result,
+not a reason to cancel the report.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from data_prep.model_family import is_sdxl
-from launcher import latents, nemo_config, nemo_python
+from launcher import nemo_config, nemo_python
 from launcher.bench.cases import Case, Sweep, bench_dir, config_path, task_dir
 from launcher.config import BackendName, JobResources
 from launcher.context import Context
 from launcher.errors import ConfigError
+from launcher.families import family_of
 from launcher.nemo_python import NemoJob
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
@@ -58,9 +59,10 @@ class BenchmarkConfig:
     )
     max_steps: int = ruled(Range(1), 50, help="Optimizer steps per task.")
     warmup_steps: int = ruled(Range(0), 10, help="The first steps, left out of every number.")
-    synthetic_data: bool = described(
-        True,
-        help="NeMo's synthetic data (no dataset, no loader cost); false reads the prepared data under data_dir.",
+    synthetic_data: bool | None = described(
+        None,
+        help="NeMo's synthetic data (no dataset, no loader cost); false reads the prepared data under data_dir; "
+        "null: synthetic where NeMo has it for the trained family (SD), else the prepared data (SDXL).",
     )
     time_per_task: str = ruled(SlurmTime(), "00:30:00", help="Time limit of each sweep task.")
     array_throttle: int | None = ruled(
@@ -74,6 +76,12 @@ class BenchmarkConfig:
     report_resources: JobResources = field(
         default_factory=lambda: JobResources(cpus_per_task=1, mem="4G", time="00:10:00")
     )
+
+
+def synthetic(cfg: Any) -> bool:
+    """The sweep runs on NeMo's synthetic data: as set, else where the trained family has it."""
+    chosen = cfg.benchmark.synthetic_data
+    return family_of(cfg.training.model).synthetic_keys is not None if chosen is None else bool(chosen)
 
 
 def job_name(nodes: int) -> str:
@@ -98,7 +106,7 @@ def _sweep(cfg: Any) -> Sweep:
     return Sweep(
         max_steps=b.max_steps,
         warmup_steps=b.warmup_steps,
-        synthetic_data=b.synthetic_data,
+        synthetic_data=synthetic(cfg),
         memory_sample_s=b.memory_sample_s,
         cases=cases,
     )
@@ -111,19 +119,17 @@ def _case_cfg(cfg: Any, case: Case) -> Any:
         "micro_batch_size": case.micro_batch_size,
         "global_batch_size": case.global_batch_size,
     }
-    reads_latents = case.inputs == "latents"
-    if b.synthetic_data:
+    reads_latents, keys = case.inputs == "latents", family_of(tr.model).synthetic_keys
+    if synthetic(cfg) and keys is not None:
         # One epoch covers every step: an epoch boundary inside the measured steps would restart
         # the loader workers and be counted as training time.
         length = (b.max_steps + 1) * case.micro_batch_size
         model["data"] = {"synthetic_data": True, "synthetic_data_length": length}
-        # NeMo's synthetic dataset yields encoded tensors for encoded keys (SDSyntheticDataset).
-        keys = latents.LATENT_KEYS if reads_latents else latents.IMAGE_KEYS
-        model.update(first_stage_key=keys[0], cond_stage_key=keys[1])
+        model.update(keys(reads_latents))
     merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(dict(tr.model)), model), resolve=True)
     # Real data: the latents switch decides what the case reads (latents.training_overrides).
     dp = cfg.data_preparation
-    pre = dataclasses.replace(dp.precache, enable=reads_latents and not b.synthetic_data)
+    pre = dataclasses.replace(dp.precache, enable=reads_latents and not synthetic(cfg))
     changed = dataclasses.replace(
         tr,
         run=dataclasses.replace(tr.run, time_limit=b.time_per_task),
@@ -235,7 +241,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
 def _needs(cfg: Any) -> tuple[str, ...]:
     """The staged models (the sweep builds the training model); the prepared data, and the data check
     that guards GPU time, only when it reads real data; the rehearsal of the training it measures."""
-    data = () if cfg.benchmark.synthetic_data else ("data_preparation", "data_check")
+    data = () if synthetic(cfg) else ("data_preparation", "data_check")
     return ("assets", *data, "rehearsal")
 
 
@@ -253,14 +259,14 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         )
     if NAME not in planned:
         return
-    if b.synthetic_data and is_sdxl(cfg.training.model):
-        # build_sdxl_train_valid_datasets (NeMo 2.4) has no synthetic branch: it would read the data path.
+    family = family_of(cfg.training.model)
+    if b.synthetic_data and family.synthetic_keys is None:
         raise ConfigError(
             "benchmark.synthetic_data",
-            "is true, but NeMo's SDXL training (MegatronDiffusionEngine) has no synthetic data; allowed: "
-            "false (the sweep reads the prepared data under data_dir, as training does)",
+            f"is true, but NeMo's {family.title} training has no synthetic data; allowed: false or null (the "
+            "sweep reads the prepared data under data_dir, as training does)",
         )
-    if "latents" in b.inputs and not b.synthetic_data and not cfg.data_preparation.precache.enable:
+    if "latents" in b.inputs and not synthetic(cfg) and not cfg.data_preparation.precache.enable:
         raise ConfigError(
             "benchmark.inputs",
             f"{b.inputs} with benchmark.synthetic_data=false reads the cached latents, but "

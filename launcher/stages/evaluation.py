@@ -6,11 +6,16 @@ model the samples job converted last; `eval_score` (one GPU) computes FID agains
 CLIP score, and writes evaluation/results.{csv,md} and fid_clip.png. Chosen with samples it waits for
 them; alone it evaluates the newest model.nemo under <run>/samples/.
 
-SDXL (data_prep.model_family): NeMo has no FID script for SDXL, so each generation task runs NeMo's
-sd_xl_infer.py on its share of the captions (launcher/evaluation/generate.py) from the .nemo the samples
-stage samples (samples.checkpoint, else the one training saves at its end: there is nothing to convert),
-refused as the samples stage refuses it (a .ckpt, a model trained from cached text embeddings). Chosen
-with training it waits for training, not for the samples job.
+What differs by model family is the family's (launcher.families, `inference`): its samplers and
+generation script (evaluation.sampler and evaluation.generate_script null: the family's own), and where
+the model comes from. A family whose checkpoints NeMo does not convert (SDXL: NeMo has no FID script for
+it either, so each generation task runs NeMo's sd_xl_infer.py on its share of the captions,
+launcher/evaluation/generate.py) is evaluated from the .nemo the samples stage samples (samples.checkpoint,
+else the one training saves at its end), refused as the samples stage refuses it (a .ckpt); chosen with
+training it waits for training, not for the samples job. Unless that .nemo was trained from cached text
+embeddings: the samples job writes a copy with its text encoders back (launcher/sampling/text_encoders.py),
+and, as for a converted checkpoint, the evaluation waits for it and generates from the newest one
+(settings.from_samples, launcher.sampling.sampled.evaluated_from_samples): one copy per run, not per task.
 """
 
 from __future__ import annotations
@@ -20,20 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_prep.model_family import is_sdxl
 from launcher import nemo_config
 from launcher.config import JobResources, Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.evaluation.settings import CAPTIONS_JSON, EvaluationSettings
+from launcher.families import all_samplers
 from launcher.outputs import EvaluationOutputs, SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
-from launcher.sampling.checkpoints import hparams_of
+from launcher.sampling import sampled
+from launcher.sampling.checkpoints import hparams_of, nemo_model_config
 from launcher.sampling.resolution import trained_size
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stage import AssetNeeds, StageSpec
-from launcher.stages import samples
 from launcher.stages.common import after, cpu_resources, make_job, require_mounted
 
 NAME = "evaluation"
@@ -59,11 +64,11 @@ class EvaluationConfig:
         factory=lambda: [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
         help="One array task per scale.",
     )
-    sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's SD sampler.")
-    sdxl_sampler: str = ruled(
-        Choice(samples.SDXL_SAMPLERS),
-        "EulerEDMSampler",
-        help="NeMo's SDXL sampler (sd_xl_infer's sampling.base.sampler), for SDXL presets.",
+    sampler: str | None = ruled(
+        Choice(all_samplers()),
+        None,
+        help="NeMo's sampler, one of the trained model family's; null = the family's first (SD: PLMS, "
+        "SDXL: EulerEDMSampler).",
     )
     steps: int = ruled(Range(1, 1000), 50, help="Sampling steps (PLMS/DDIM: a divisor of 1000).")
     batch_size: int = ruled(
@@ -76,15 +81,12 @@ class EvaluationConfig:
         Choice(("16-mixed", "bf16-mixed", "32-true")), "16-mixed", help="Generation precision."
     )
     python: str = ruled(Text(), "python3", help="NeMo's interpreter in the container.")
-    generate_script: str = ruled(
+    generate_script: str | None = ruled(
         Text(),
-        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/generate_fid_images.py",
-        help="NeMo's FID image generation.",
-    )
-    sdxl_generate_script: str = ruled(
-        Text(),
-        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_xl_infer.py",
-        help="NeMo's SDXL text-to-image inference, which generates the images for SDXL presets.",
+        None,
+        help="What generates the images; null = the trained model family's (SD: NeMo's FID image generation "
+        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/generate_fid_images.py, SDXL: "
+        "sd_xl_infer.py there).",
     )
     score_python: str = ruled(
         Text(), "/opt/eval/bin/python", help="An interpreter with torch, torchmetrics and torch-fidelity."
@@ -98,23 +100,26 @@ class EvaluationConfig:
 
 
 def settings(ctx: Context) -> EvaluationSettings:
-    ev, assets, sdxl = ctx.cfg.evaluation, ctx.cfg.assets, is_sdxl(ctx.cfg.training.model)
+    ev, assets, family = ctx.cfg.evaluation, ctx.cfg.assets, sampled.family(ctx.cfg)
+    converts = family.inference.converts_checkpoints
+    planned = frozenset(stage.name for stage in ctx.stages)
     return EvaluationSettings(
         run_dir=str(ctx.run_dir),
         coco_root=str(ev.coco_root),
         num_images=ev.num_images,
         guidance_scales=tuple(float(g) for g in ev.guidance_scales),
         seed=ev.seed,
-        sdxl=sdxl,
-        checkpoint=ctx.cfg.samples.checkpoint if sdxl else None,
-        checkpoints_dir=str(samples.checkpoints_dir(ctx.cfg)),
-        sampler=samples.sampler_for(ctx.cfg, ctx.cfg.evaluation),
+        family=family.name,
+        from_samples=sampled.evaluated_from_samples(ctx.cfg, planned),
+        checkpoint=None if converts else ctx.cfg.samples.checkpoint,
+        checkpoints_dir=str(sampled.checkpoints_dir(ctx.cfg)),
+        sampler=sampled.sampler(ctx.cfg, NAME),
         steps=ev.steps,
         batch_size=ev.batch_size,
         precision=ev.precision,
         tasks_per_node=max(ctx.cfg.cluster.gpus_per_node, 1),
         nemo_python=ev.python,
-        generate_script=ev.sdxl_generate_script if sdxl else ev.generate_script,
+        generate_script=ev.generate_script or family.inference.generate_script,
         score_python=ev.score_python,
         plot_python=ctx.python,
         code_dir=ctx.code_dir,
@@ -191,15 +196,24 @@ def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
-    ev, out = ctx.cfg.evaluation, EvaluationOutputs(ctx.run_dir)
-    model = (
-        f"SDXL {ctx.cfg.samples.checkpoint or 'the .nemo saved at the end of training'} with sd_xl_infer.py"
-        if is_sdxl(ctx.cfg.training.model)
-        else "the model the samples job converted last"
+    ev, out, family, s = (
+        ctx.cfg.evaluation,
+        EvaluationOutputs(ctx.run_dir),
+        sampled.family(ctx.cfg),
+        settings(ctx),
     )
+    script = Path(s.generate_script).name
+    nemo = ctx.cfg.samples.checkpoint or "the .nemo saved at the end of training"
+    if family.inference.converts_checkpoints:
+        evaluated = "the model the samples job converted last"
+    elif s.from_samples:
+        copy = SamplesOutputs(ctx.run_dir).model("<N>")
+        evaluated = f"{family.title} {nemo} with its text encoders back (the samples job's newest {copy}) with {script}"
+    else:
+        evaluated = f"{family.title} {nemo} with {script}"
     return (
         f"evaluation: {ev.num_images} COCO captions (seed {ev.seed}) x {len(ev.guidance_scales)} guidance "
-        f"scale(s) {list(ev.guidance_scales)} of {model}; results: {out.results_md}, {out.plot.name}",
+        f"scale(s) {list(ev.guidance_scales)} of {evaluated}; results: {out.results_md}, {out.plot.name}",
     )
 
 
@@ -215,18 +229,23 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         )
     if len(set(ev.guidance_scales)) != len(ev.guidance_scales):
         raise ConfigError("evaluation.guidance_scales", f"{list(ev.guidance_scales)} repeats a value")
-    if samples.sampler_for(cfg, cfg.evaluation) in ("PLMS", "DDIM") and 1000 % ev.steps:
-        raise ConfigError("evaluation.steps", f"{ev.steps} does not divide 1000, which {ev.sampler} needs")
+    sampled.check_sampler(cfg, NAME)
+    if sampled.strided(cfg, NAME) and 1000 % ev.steps:
+        sampler = sampled.sampler(cfg, NAME)
+        raise ConfigError("evaluation.steps", f"{ev.steps} does not divide 1000, which {sampler} needs")
     if cfg.container.runtime is Runtime.pyxis:
         require_mounted("evaluation.coco_root", ev.coco_root, cfg.container.mounts)
         for name in ASSETS.files:  # staged by the assets job, read by the score job
             require_mounted(f"assets.{name}.path", getattr(cfg.assets, name).path, cfg.container.mounts)
-        if is_sdxl(cfg.training.model) and cfg.samples.checkpoint:  # the .nemo the generation reads
+        if (
+            not sampled.family(cfg).inference.converts_checkpoints and cfg.samples.checkpoint
+        ):  # the .nemo read
             require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    """COCO as the jobs will read it, and a model to evaluate (the samples job converts it)."""
+    """COCO as the jobs will read it, and a model to evaluate (the samples job converts it, or puts the
+    text encoders back in it)."""
     if NAME not in planned:
         return
     root = Path(cfg.evaluation.coco_root)
@@ -236,35 +255,46 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
                 "evaluation.coco_root",
                 f"{root} has no {needed}; allowed: a COCO-2014 folder with val2014/ and {CAPTIONS_JSON}",
             )
-    if is_sdxl(cfg.training.model):
-        # What the samples stage would sample, refused as it refuses it. sd_xl_infer.py draws each caption
-        # alone (num_samples 1 per prompt): no batch rule.
-        model, source = samples.trained_model(cfg, planned, NAME)
-        samples.check_sdxl_text_encoders(cfg, model, source)
-        if trained_size(model) is None:
+    family = sampled.family(cfg)
+    if sampled.evaluated_from_samples(cfg, planned):
+        evaluated = _evaluated_model(cfg, planned)
+    else:
+        # What the samples stage would sample, refused as it refuses it.
+        evaluated, source = sampled.trained_model(cfg, planned, NAME)
+        if trained_size(evaluated) is None:
             raise ConfigError(
                 "samples.checkpoint",
-                f"{source} fixes no image size (data.train.augmentations.resize_smallest_side); allowed: an "
-                "SDXL model trained at one size",
+                f"{source} fixes no image size (data.train.augmentations); allowed: an {family.title} model "
+                "trained at one size",
             )
-        return
-    _check_batch(cfg, _evaluated_model(cfg, planned))
+    # Only a global batch is divided by the model's micro batch (sd_xl_infer.py draws each caption alone).
+    if family.inference.batch_is_global:
+        _check_batch(cfg, evaluated)
 
 
 def _evaluated_model(cfg: Any, planned: frozenset[str]) -> dict[str, Any]:
-    """The model config of what will be evaluated: the samples stage's, or the newest converted one's."""
+    """The model config of what will be evaluated: the samples stage's, or that of the newest model the
+    samples job made sampleable (converted: its hparams.yaml; a copy with its text encoders back: its own)."""
     from omegaconf import OmegaConf
 
     if "samples" in planned:
-        return samples.trained_model(cfg, planned)[0]
+        return sampled.trained_model(cfg, planned)[0]
     converted = SamplesOutputs(run_dir_of(cfg))
     found = converted.newest_converted()
+    made = "converted" if sampled.family(cfg).inference.converts_checkpoints else "wrote"
     if found is None:
         raise ConfigError(
             "stages",
-            f"evaluation alone needs a model the samples job converted ({converted.model('<N>')}) and there "
+            f"evaluation alone needs a model the samples job {made} ({converted.model('<N>')}) and there "
             "is none; allowed: stages=[samples,evaluation] (or with training)",
         )
+    if not sampled.family(cfg).inference.converts_checkpoints:
+        try:
+            return OmegaConf.to_container(OmegaConf.create(nemo_model_config(found[0])))  # type: ignore[return-value]
+        except ValueError as error:
+            raise ConfigError(
+                "stages", f"{error}; allowed: stages=[samples,evaluation], which writes it again"
+            ) from error
     hparams = hparams_of(found[1])
     return OmegaConf.to_container(OmegaConf.load(hparams).get("cfg") or {}) if hparams.is_file() else {}  # type: ignore[return-value]
 
@@ -294,8 +324,13 @@ STAGE = StageSpec(
     name=NAME,
     config=EvaluationConfig,
     plan=plan,
-    # SDXL evaluates the .nemo training saves, which the samples job does not touch.
-    needs=lambda cfg: ("assets", "training") if is_sdxl(cfg.training.model) else ("assets", "samples"),
+    # A model the samples job makes sampleable (converts, or puts the text encoders back in) is evaluated
+    # from there; another from the .nemo training saves, which the samples job does not touch.
+    needs=lambda cfg: (
+        ("assets", "samples")
+        if sampled.evaluated_from_samples(cfg, frozenset(cfg.stages))
+        else ("assets", "training")
+    ),
     check=_check,
     host_check=_host_check,
     assets=lambda cfg: ASSETS,

@@ -13,12 +13,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from data_prep import latent_format as fmt
-from data_prep import text_cache
-from data_prep.model_family import is_sdxl
 from launcher import latents, nemo_config, nemo_python
 from launcher.config import JobResources
 from launcher.context import Context
+from launcher.families import family_of
 from launcher.nemo_python import NemoJob
 from launcher.sizing import encode_tasks, planned_rows
 from launcher.spec import Array, JobSpec, Resources
@@ -31,10 +29,10 @@ ENCODE_SUFFIX = "_encode.yaml"
 
 
 def encode_config_file(ctx: Context) -> tuple[Path, str]:
-    """The config the encode step builds NeMo's encoders from: training's own for SD (its VAE and text
-    encoder stay in it); for SDXL training's before the switch replaced the caption embedders by the
-    cache's readers (data_prep.text_cache), written beside it."""
-    if not is_sdxl(ctx.cfg.training.model):
+    """The config the encode step builds NeMo's encoders from: training's own (SD: its VAE and text encoder
+    stay in it), or, for a family whose switch replaces the encoders (SDXL's caption embedders by the
+    cache's readers, data_prep.text_cache), training's before the switch, written beside it."""
+    if not family_of(ctx.cfg.training.model).cache.encodes_from_unswitched_config:
         return nemo_config.config_file(ctx)
     path = nemo_config.config_path(ctx)
     return path.with_name(f"{path.stem}{ENCODE_SUFFIX}"), nemo_config.to_yaml(nemo_config.build(ctx, False))
@@ -104,24 +102,9 @@ def plan(ctx: Context, config_path: Any, last_job: str | None, env: dict[str, st
     return encode, wdinfo
 
 
-def _per_sample(model: Any) -> tuple[int, str]:
-    """(bytes per sample, what they hold) in the cached tars."""
-    if is_sdxl(model):
-        values, dtype = text_cache.stored_values(model), text_cache.stored_dtype(model)
-        per_sample = fmt.pickle_member_bytes(values, int(dtype[-1]))
-        kind = {"<f2": "float16", "<f4": "float32"}[dtype]
-        return per_sample, (
-            f"{kind} text embeddings, {values:,} numbers, tar header included; plus a copy of each image, "
-            "as large as the image tars"
-        )
-    moments, text = fmt.sample_shapes(model)
-    shapes = f"float16 moments {'x'.join(map(str, moments))} + text {'x'.join(map(str, text))}"
-    return fmt.sample_bytes(moments, text), f"{shapes}, tar header included"
-
-
 def storage_note(cfg: Any) -> str:
     """Bytes per sample and for the planned rows, printed before anything runs."""
-    per_sample, what = _per_sample(cfg.training.model)
+    per_sample, what = family_of(cfg.training.model).cache.per_sample(cfg.training.model)
     head = f"precache: {per_sample:,} bytes per sample ({what})"
     rows = planned_rows(cfg)
     if rows is None:

@@ -1,10 +1,12 @@
 """The rehearsal: the planned training, tiny and on CPU, in its own container, before any GPU job.
 
 One CPU job (`data_prep/rehearsal.py`) with the training job's container, mounts, environment
-and secret files reads the NeMo config training will read and runs NeMo's sd_train.py on it with a
-tiny UNet of the same kind: 2 steps on the prepared data (or cached latents) with the staged VAE and
-text encoder, a checkpoint and its resume in a second process, one sampled image, and
-training.init_from's UNet checked against the planned one. The GPU jobs (training, the benchmark
+and secret files reads the NeMo config training will read and runs NeMo's training script on it
+(training.run.script: sd_train.py, sd_xl_train.py) with a tiny UNet of the same kind: 2 steps on the
+prepared data (or cached latents) with the staged VAE and text encoders, a checkpoint and its resume in
+a second process, one sampled image, and training.init_from's UNet checked against the planned one.
+What differs by model family (NeMo's model class, its sampler, its CPU-only settings) is the family's
+`rehearsal` (launcher/families/family.py). The GPU jobs (training, the benchmark
 sweep) wait on it (afterok): a plan only NeMo can refuse fails in minutes of CPU, and Slurm cancels them.
 """
 
@@ -14,11 +16,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from data_prep.model_family import is_sdxl
 from launcher import nemo_config, nemo_python, rehearsal_report
 from launcher.config import JobResources
 from launcher.context import Context
 from launcher.errors import ConfigError
+from launcher.families import family_of
 from launcher.nemo_python import NemoJob
 from launcher.outputs import RehearsalOutputs
 from launcher.rules import Text, described, ruled
@@ -37,8 +39,9 @@ class RehearsalConfig:
         False,
         help=(
             "Rehearse the planned training on CPU before the GPU jobs, which wait on it (afterok): NeMo's "
-            "sd_train.py with a tiny UNet of the same kind, 2 steps on the prepared data, a checkpoint and "
-            "its resume, one sampled image. `rehearsal=true` on the command line is the same."
+            "training script (sd_train.py, sd_xl_train.py) with a tiny UNet of the same kind, 2 steps on "
+            "the prepared data, a checkpoint and its resume, one sampled image. `rehearsal=true` on the "
+            "command line is the same."
         ),
     )
     python: str | None = ruled(
@@ -49,7 +52,7 @@ class RehearsalConfig:
     script: str | None = ruled(
         Text(),
         None,
-        help="NeMo's sd_train.py that the rehearsal runs (on CPU, its CUDA-only calls replaced); "
+        help="NeMo's training script that the rehearsal runs (on CPU, its CUDA-only calls replaced); "
         "null = training.run.script.",
     )
     partition: str | None = ruled(
@@ -116,12 +119,12 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     if NAME not in planned:
         return
-    if is_sdxl(cfg.training.model):
+    family = family_of(cfg.training.model)
+    refusal = family.rehearsal_refusal or (None if family.rehearsal else "its family declares no `rehearsal`")
+    if refusal:
         raise ConfigError(
             "rehearsal.enable",
-            "is true, but the rehearsal drives SD's MegatronLatentDiffusion and its sampler "
-            "(data_prep/rehearsal_step.py), not SDXL's MegatronDiffusionEngine. Allowed with an SDXL preset: "
-            "rehearsal.enable=false",
+            f"is true, but {refusal}. Allowed with a {family.title} preset: rehearsal.enable=false",
         )
     nemo_config.check(cfg)
 

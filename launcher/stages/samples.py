@@ -6,10 +6,15 @@ with NeMo's own sd_infer.py at the trained resolution with fixed prompts and see
 `<run>/samples/step_<N>/grid.png` and the training plot. Chosen with training it waits for the last
 training part; alone it samples the run's newest finished checkpoint, or `samples.checkpoint`.
 
-SDXL (data_prep.model_family): convert_ckpt_to_nemo.py has no SDXL model type, so the job samples the
+What differs by model family is the family's (launcher.families, `inference`): its samplers and scripts
+(samples.sampler and samples.infer_script null: the family's own), and whether NeMo converts its
+checkpoints. SDXL's it does not (convert_ckpt_to_nemo.py has no SDXL model type), so the job samples the
 `.nemo` sd_xl_train.py saves at the end of training (or a given .nemo) with NeMo's sd_xl_infer.py; a
-.ckpt is refused. A run trained from cached text embeddings is refused too: its .nemo holds no text
-encoders and its conditioner reads stored embeddings, not prompts (docs/latents.md).
+.ckpt is refused. A run trained from cached text embeddings (its .nemo holds no text encoders and its
+conditioner reads stored embeddings, not prompts: docs/latents.md) is sampled from a copy of its .nemo with
+the staged text encoders put back (launcher/sampling/text_encoders.py): samples.json names the training
+config before the switch (`<training config stem>_encode.yaml`), written with this stage's files so that it
+exists where data preparation never ran, and the job writes the copy as `step_<N>/model.nemo`.
 """
 
 from __future__ import annotations
@@ -18,37 +23,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.model_family import is_sdxl
-from data_prep.text_cache import PRECACHE_MODE
-from launcher import latents, nemo_config
+from launcher import nemo_config
 from launcher.config import Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
-from launcher.outputs import SamplesOutputs, TrainingOutputs
+from launcher.families import all_samplers
+from launcher.outputs import SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Pattern, Range, SlurmTime, Text, ruled
-from launcher.sampling import checkpoints
+from launcher.sampling import sampled
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
 from launcher.spec import JobSpec, Resources
 from launcher.stage import StageSpec
 from launcher.stages.common import make_job, require_mounted
+from launcher.stages.precache import encode_config_file
 
 NAME = "samples"
 JOB_NAME = "samples"
 # NeMo saves each image as `<prompt[:50]>_<i>.png`: a '/' would name a folder.
 PROMPT = Pattern(r"[^/\x00-\x1f]*[^/\x00-\x1f\s][^/\x00-\x1f]*", "text without '/' or control characters")
-# Where the training planned in this launch fixes the size (trained_model's source).
-PLANNED_MODEL = "training.model.data.train.augmentations"
-# get_sampler_config in NeMo v2.4.0's parts/stable_diffusion/sdxl_pipeline.py.
-SDXL_SAMPLERS = (
-    "EulerEDMSampler",
-    "HeunEDMSampler",
-    "EulerAncestralSampler",
-    "DPMPP2SAncestralSampler",
-    "DPMPP2MSampler",
-    "LinearMultistepSampler",
-)
 DEFAULT_PROMPTS = [
     "a red bicycle leaning against a brick wall",
     "a bowl of ramen on a wooden table, seen from above",
@@ -63,7 +57,7 @@ DEFAULT_PROMPTS = [
 
 @dataclass
 class SamplesConfig:
-    """Sampling one checkpoint with NeMo's sd_infer.py (conf/samples/default.yaml)."""
+    """Sampling one checkpoint with NeMo's inference for its model family (conf/samples/default.yaml)."""
 
     checkpoint: str | None = ruled(
         ABS_PATH,
@@ -80,13 +74,11 @@ class SamplesConfig:
     seed: int = ruled(
         Range(0, 2**31 - 1), 1234, help="Starting noise: the same at every checkpoint, so grids compare."
     )
-    sampler: str = ruled(
-        Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's SD sampler (sd_infer's infer.sampler_type)."
-    )
-    sdxl_sampler: str = ruled(
-        Choice(SDXL_SAMPLERS),
-        "EulerEDMSampler",
-        help="NeMo's SDXL sampler (sd_xl_infer's sampling.base.sampler), for SDXL presets.",
+    sampler: str | None = ruled(
+        Choice(all_samplers()),
+        None,
+        help="NeMo's sampler, one of the trained model family's (SD: PLMS, DDIM, DPM; SDXL: sd_xl_infer's); "
+        "null = the family's first (SD: PLMS, SDXL: EulerEDMSampler).",
     )
     steps: int = ruled(
         Range(1, 1000), 50, help="Sampling steps (PLMS/DDIM: a divisor of the 1000 timesteps)."
@@ -105,15 +97,11 @@ class SamplesConfig:
     convert_script: str = ruled(
         Text(), "/opt/NeMo/examples/multimodal/convert_ckpt_to_nemo.py", help="NeMo's checkpoint conversion."
     )
-    infer_script: str = ruled(
+    infer_script: str | None = ruled(
         Text(),
-        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_infer.py",
-        help="NeMo's text-to-image inference.",
-    )
-    sdxl_infer_script: str = ruled(
-        Text(),
-        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_xl_infer.py",
-        help="NeMo's SDXL text-to-image inference, for SDXL presets.",
+        None,
+        help="NeMo's text-to-image inference; null = the trained model family's (SD: "
+        "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion/sd_infer.py, SDXL: sd_xl_infer.py there).",
     )
     time_limit: str = ruled(SlurmTime(), "01:00:00", help="The samples job's time limit.")
     mem: str | None = ruled(
@@ -121,42 +109,41 @@ class SamplesConfig:
     )
 
 
-def _ema(cfg: Any) -> bool:
-    return bool((cfg.training.exp_manager.get("ema") or {}).get("enable"))
+def _planned(ctx: Context) -> frozenset[str]:
+    return frozenset(stage.name for stage in ctx.stages)
 
 
-def checkpoints_dir(cfg: Any) -> Path:
-    return TrainingOutputs(run_dir_of(cfg)).checkpoints
-
-
-def sampler_for(cfg: Any, section: Any) -> str:
-    """The sampler a stage's section (samples, evaluation) names for the trained family."""
-    return section.sdxl_sampler if is_sdxl(cfg.training.model) else section.sampler
+def unswitched_config(ctx: Context) -> tuple[Path, str] | None:
+    """(path, text) of the training config before the switch, whose caption embedders the job puts back,
+    when the sampled model was trained from cached text embeddings; else None."""
+    return encode_config_file(ctx) if sampled.from_cached_text(ctx.cfg, _planned(ctx)) else None
 
 
 def settings(ctx: Context) -> SamplingSettings:
-    sc = ctx.cfg.samples
-    sdxl = is_sdxl(ctx.cfg.training.model)
+    sc, inference = ctx.cfg.samples, sampled.family(ctx.cfg).inference
+    unswitched = unswitched_config(ctx)
     return SamplingSettings(
         run_dir=str(ctx.run_dir),
-        checkpoints_dir=str(checkpoints_dir(ctx.cfg)),
+        checkpoints_dir=str(sampled.checkpoints_dir(ctx.cfg)),
         checkpoint=sc.checkpoint,
-        ema=_ema(ctx.cfg) and not sdxl,
-        sdxl=sdxl,
+        # NeMo's EMA weights are a training checkpoint's twin: what the conversion reads.
+        ema=sampled.ema(ctx.cfg) and inference.converts_checkpoints,
+        family=sampled.family(ctx.cfg).name,
         nemo_python=sc.python,
         convert_script=sc.convert_script,
-        infer_script=sc.sdxl_infer_script if sdxl else sc.infer_script,
+        infer_script=sc.infer_script or inference.infer_script,
         plot_python=ctx.python,
         code_dir=ctx.code_dir,
         prompts=tuple(sc.prompts),
         images_per_prompt=sc.images_per_prompt,
         batch_size=sc.batch_size,
         seed=sc.seed,
-        sampler=sampler_for(ctx.cfg, ctx.cfg.samples),
+        sampler=sampled.sampler(ctx.cfg, NAME),
         steps=sc.steps,
         guidance_scale=float(sc.guidance_scale),
         resolution=sc.resolution,
         precision=sc.precision,
+        unswitched_config=str(unswitched[0]) if unswitched else None,
     )
 
 
@@ -195,15 +182,25 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
 
 
 def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
-    return ((settings_path(ctx.run_dir), settings(ctx).to_json()),)
+    unswitched = unswitched_config(ctx)
+    return ((settings_path(ctx.run_dir), settings(ctx).to_json()), *((unswitched,) if unswitched else ()))
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
     sc, s = ctx.cfg.samples, settings(ctx)
-    newest = "the .nemo saved at the end of training" if s.sdxl else "the newest finished training checkpoint"
+    converts = sampled.family(ctx.cfg).inference.converts_checkpoints
+    newest = (
+        "the newest finished training checkpoint" if converts else "the .nemo saved at the end of training"
+    )
+    restored = (
+        f" with its text encoders put back (from {Path(s.unswitched_config).name}) in a sampling copy "
+        f"{SamplesOutputs(ctx.run_dir).model('<N>')}"
+        if s.unswitched_config
+        else ""
+    )
     return (
         f"samples: {len(sc.prompts)} prompt(s) x {sc.images_per_prompt} image(s) of {sc.checkpoint or newest}"
-        f"{' (EMA weights)' if s.ema else ''}, {s.sampler} {sc.steps} steps, seed {sc.seed}; "
+        f"{' (EMA weights)' if s.ema else ''}{restored}, {s.sampler} {sc.steps} steps, seed {sc.seed}; "
         f"grid: {SamplesOutputs(ctx.run_dir).grid('<N>')}",
     )
 
@@ -214,48 +211,34 @@ def _check_steps(cfg: Any) -> None:
     than asked, or indexes past the schedule (IndexError: 3 steps of 1000 reach 999 + 1)."""
     timesteps = int(cfg.training.model.get("timesteps", 1000))
     sc = cfg.samples
-    if sampler_for(cfg, cfg.samples) in ("PLMS", "DDIM") and timesteps % sc.steps:
+    if sampled.strided(cfg, NAME) and timesteps % sc.steps:
         divisors = [n for n in (10, 20, 25, 40, 50, 100, 125, 200, 250) if timesteps % n == 0]
         raise ConfigError(
             "samples.steps",
-            f"{sc.steps} does not divide the model's {timesteps} timesteps, which {sc.sampler} needs; "
-            f"allowed: a divisor such as {', '.join(map(str, divisors))}",
+            f"{sc.steps} does not divide the model's {timesteps} timesteps, which {sampled.sampler(cfg, NAME)} "
+            f"needs; allowed: a divisor such as {', '.join(map(str, divisors))}",
         )
 
 
-def _check_sdxl(cfg: Any) -> None:
-    """What an SDXL model can be sampled from: a .nemo (NeMo cannot convert an SDXL .ckpt), trained with
-    its text encoders."""
-    given = cfg.samples.checkpoint
+def _check_nemo_given(cfg: Any) -> None:
+    """A family whose checkpoints NeMo cannot convert is sampled from a .nemo only."""
+    given, title = cfg.samples.checkpoint, sampled.family(cfg).title
     if given and not str(given).endswith(".nemo"):
         raise ConfigError(
             "samples.checkpoint",
-            f"{given}: an SDXL training checkpoint cannot be sampled (NeMo's convert_ckpt_to_nemo.py has no "
-            "SDXL model type); allowed: null (the .nemo sd_xl_train.py saves at the end of training) or a .nemo",
-        )
-
-
-def check_sdxl_text_encoders(cfg: Any, model: dict[str, Any], source: str) -> None:
-    """A model trained from cached text embeddings: its .nemo holds no text encoders and its conditioner
-    reads stored embeddings, not prompts, so sd_xl_infer.py cannot sample it (docs/latents.md). The
-    evaluation's SDXL generation refuses it too."""
-    planned_training = source == PLANNED_MODEL
-    if latents.enabled(cfg) if planned_training else model.get("precache_mode") == PRECACHE_MODE:
-        key = latents.SWITCH if planned_training else "samples.checkpoint"
-        raise ConfigError(
-            key,
-            f"{'true' if planned_training else source}: an SDXL model trained from cached text embeddings has "
-            "no text encoders in its .nemo and its conditioner reads stored embeddings, not prompts; allowed: "
-            f"samples of an SDXL model trained from the image tars ({latents.SWITCH}=false)",
+            f"{given}: an {title} training checkpoint cannot be sampled (NeMo's convert_ckpt_to_nemo.py has no "
+            f"{title} model type); allowed: null (the .nemo training saves at its end) or a .nemo",
         )
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    """Steps the sampler can take, a checkpoint the container sees, and prompts NeMo would save over
-    each other (it names images by their first 50 characters)."""
+    """A sampler of the trained family, steps it can take, a checkpoint it can sample that the container
+    sees, and prompts NeMo would save over each other (it names images by their first 50 characters)."""
+    if NAME in planned:
+        sampled.check_sampler(cfg, NAME)
     _check_steps(cfg)
-    if is_sdxl(cfg.training.model):
-        _check_sdxl(cfg)
+    if not sampled.family(cfg).inference.converts_checkpoints:
+        _check_nemo_given(cfg)
     if NAME in planned and cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
         require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
     seen: dict[str, int] = {}
@@ -271,90 +254,15 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         seen[head] = i
 
 
-def _given_checkpoint(cfg: Any) -> Path:
-    """samples.checkpoint, refused unless it is a NeMo training checkpoint."""
-    path = Path(cfg.samples.checkpoint)
-    if not path.is_file() or path.suffix != ".ckpt":
-        raise ConfigError(
-            "samples.checkpoint",
-            f"{path} is not an existing .ckpt file; allowed: a training checkpoint "
-            "(…/results/checkpoints/*.ckpt), or null for this run's newest",
-        )
-    if checkpoints.step_of(path) is None:
-        raise ConfigError(
-            "samples.checkpoint",
-            f"{path.name} has no '-step=<N>' in its name as NeMo writes it; allowed: a checkpoint under "
-            "NeMo's own name",
-        )
-    return path
-
-
-def _final_nemo(cfg: Any, stage: str) -> Path:
-    """samples.checkpoint (a .nemo), or the .nemo SDXL training saved at its end."""
-    if cfg.samples.checkpoint:
-        path = Path(cfg.samples.checkpoint)
-        if not path.is_file():
-            raise ConfigError(
-                "samples.checkpoint", f"{path} does not exist; allowed: an existing .nemo, or null"
-            )
-        return path
-    found = checkpoints.final_nemo(checkpoints_dir(cfg))
-    if found is None:
-        raise ConfigError(
-            "samples.checkpoint",
-            f"is null (the .nemo SDXL training saves at its end) but {checkpoints_dir(cfg)} has none; allowed: "
-            f"a .nemo path, or stages=[training,{stage}]",
-        )
-    return found
-
-
-def _newest_checkpoint(cfg: Any) -> Path:
-    found = checkpoints.newest(checkpoints_dir(cfg), _ema(cfg))
-    if found is None:
-        raise ConfigError(
-            "samples.checkpoint",
-            f"is null (this run's newest finished checkpoint) but {checkpoints_dir(cfg)} has no finished "
-            f"{'-EMA ' if _ema(cfg) else ''}checkpoint; allowed: a checkpoint path, or stages=[training,samples]",
-        )
-    return found
-
-
-def trained_model(cfg: Any, planned: frozenset[str], stage: str = NAME) -> tuple[dict[str, Any], str]:
-    """The model config the sampled checkpoint was trained with, and where it was read: the checkpoint's
-    hparams.yaml (NeMo's conversion needs it too), or the training planned in this launch. `stage`: the
-    stage asking (SDXL's evaluation evaluates what this stage samples), named in the refusals."""
-    from omegaconf import OmegaConf
-
-    if not cfg.samples.checkpoint and "training" in planned:
-        return dict(cfg.training.model), PLANNED_MODEL
-    if is_sdxl(cfg.training.model):
-        nemo = _final_nemo(cfg, stage)
-        try:
-            text = checkpoints.nemo_model_config(nemo)
-        except ValueError as error:
-            raise ConfigError("samples.checkpoint", f"{error}; allowed: a .nemo NeMo saved") from error
-        return OmegaConf.to_container(OmegaConf.create(text)), f"{nemo} (model_config.yaml)"  # type: ignore[return-value]
-    path = _given_checkpoint(cfg) if cfg.samples.checkpoint else _newest_checkpoint(cfg)
-    hparams = checkpoints.hparams_of(path)
-    if not hparams.is_file():
-        raise ConfigError(
-            "samples.checkpoint",
-            f"{hparams} does not exist: NeMo's conversion of {path.name} needs the training's hparams.yaml "
-            "two folders up from the checkpoint",
-        )
-    model = OmegaConf.to_container(OmegaConf.load(hparams).get("cfg") or {})
-    return model, str(hparams)  # type: ignore[return-value]
-
-
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     """The checkpoint must exist now (or come from training planned with it), and the resolution be the
     one it was trained at."""
     if NAME not in planned:
         return
-    model, source = trained_model(cfg, planned)
-    if is_sdxl(cfg.training.model):
-        check_sdxl_text_encoders(cfg, model, source)
-    trained, wanted = trained_size(model), cfg.samples.resolution
+    trained_with, source = sampled.trained_model(cfg, planned)
+    if sampled.from_cached_text(cfg, planned):
+        check_restorable(cfg, planned, facts, trained_with, source)
+    trained, wanted = trained_size(trained_with), cfg.samples.resolution
     if wanted is None and trained is None:
         raise ConfigError("samples.resolution", f"is null but {source} fixes no image size; allowed: a size")
     if wanted is not None and trained is not None and trained != (wanted, wanted):
@@ -364,6 +272,20 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
             "samples.resolution",
             f"{wanted}: the model was trained at {size} ({source}); allowed: {allowed}",
         )
+
+
+def check_restorable(
+    cfg: Any, planned: frozenset[str], facts: Facts, model: dict[str, Any], source: str
+) -> None:
+    """The .nemo trained from cached text embeddings gets its text encoders back from the caption embedders
+    of the training config before the switch, as this launch writes it: refused unless they switch to its
+    own (launcher.sampling.text_encoders.restored_config, pure)."""
+    import yaml
+
+    ctx = Context(cfg=cfg, facts=facts, run_dir=run_dir_of(cfg))
+    path, text = encode_config_file(ctx)
+    unswitched = yaml.safe_load(text)["model"]["conditioner_config"]["emb_models"]
+    sampled.check_text_encoders_restorable(model, source, unswitched, path.name)
 
 
 def status_lines(run: Path) -> list[str]:

@@ -144,11 +144,11 @@ SD_INFER_CPU = Path(__file__).resolve().parent / "sd_infer_cpu.py"
 SD_XL_INFER_CPU = Path(__file__).resolve().parent / "sd_xl_infer_cpu.py"
 
 
-def samples_on_cpu(nemo_python: str) -> list[str]:
-    """The samples job's NeMo parts as the CPU runners (NeMo's own code, CUDA calls patched)."""
+def samples_on_cpu(nemo_python: str, infer_script: Path = SD_INFER_CPU) -> list[str]:
+    """The samples job's NeMo parts as the CPU runners (NeMo's own code, CUDA calls patched); `infer_script`
+    the runner of the trained family's inference script (SDXL's: SD_XL_INFER_CPU)."""
     return [
         f"samples.python={nemo_python}",
         f"samples.convert_script={CONVERT_CPU}",
-        f"samples.infer_script={SD_INFER_CPU}",
-        f"samples.sdxl_infer_script={SD_XL_INFER_CPU}",
+        f"samples.infer_script={infer_script}",
     ]

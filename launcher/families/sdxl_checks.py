@@ -1,5 +1,6 @@
 """What the launcher refuses in an SDXL training config (NeMo's MegatronDiffusionEngine, sd_xl_train.py)
-before anything is submitted; nemo_config.check calls `check` for SDXL configs (data_prep.model_family).
+before anything is submitted: the SDXL family's `check` (launcher.nemo_config asks the family) and
+`check_cache` (the cached text embeddings' settings, launcher.latents asks).
 
 - The image augmentations: NeMo's SDXL loader (stable_diffusion_dataset.py build_sdxl_train_valid_datasets)
   computes the size/crop conditioning from the image after `resize_smallest_side` and crops it square;
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_prep.model_family import sdxl_embedders
+from data_prep import text_cache
 from launcher.errors import ConfigError
+from launcher.families.family import CACHE_SWITCH
 
 MODEL = "training.model"
 AUG = f"{MODEL}.data.train.augmentations"
@@ -56,7 +58,9 @@ def _widths(emb_model: Any, assets: Any) -> tuple[int | None, int | None]:
 
 
 def _check_sizes(model: Any, assets: Any) -> None:
-    widths = [_widths(entry.get("emb_model") or {}, assets) for _, entry in sdxl_embedders(model)]
+    widths = [
+        _widths(entry.get("emb_model") or {}, assets) for _, entry in text_cache.conditioner_embedders(model)
+    ]
     unet = model.get("unet_config") or {}
     for index, name, what in (
         (0, "context_dim", "the text encoders' widths (cross-attention)"),
@@ -90,8 +94,9 @@ def _check_augmentations(model: Any) -> None:
         )
 
 
-def check(model: Any, assets: Any) -> None:
-    """Every refusal of an SDXL `model` section (`assets`: the launcher's validated assets section)."""
+def check(cfg: Any) -> None:
+    """Every refusal of an SDXL training config's `model` section (the staged assets name its widths)."""
+    model, assets = cfg.training.model, cfg.assets
     if (model.get("data") or {}).get("synthetic_data"):
         raise ConfigError(
             f"{MODEL}.data.synthetic_data",
@@ -106,3 +111,33 @@ def check(model: Any, assets: Any) -> None:
         )
     _check_augmentations(model)
     _check_sizes(model, assets)
+
+
+def check_cache(cfg: Any, enabled: bool) -> None:
+    """SDXL caches the caption embedders' outputs only (NeMo's precache_mode text): the images, their
+    augmentations and the size/crop conditioning stay as they are (precache_mode set by hand is refused
+    by `check`)."""
+    if not enabled:
+        return
+    model = cfg.training.model
+    keys = text_cache.caption_keys(model)
+    if not keys:
+        raise ConfigError(
+            "training.model.conditioner_config.emb_models",
+            f"no embedder reads {text_cache.CAPTIONS!r}: there is no text to cache. Allowed: the preset's "
+            f"conditioner, or {CACHE_SWITCH}=false",
+        )
+    entries = model.get("conditioner_config", {}).get("emb_models")
+    for index in keys:
+        if entries[index].get("legacy_ucg_value") is not None:
+            raise ConfigError(
+                f"training.model.conditioner_config.emb_models.{index}.legacy_ucg_value",
+                "replaces captions in the batch, which training from cached text embeddings does not "
+                f"read. Allowed: null (ucg_rate drops the embedding instead), or {CACHE_SWITCH}=false",
+            )
+    if (model.get("data", {}).get("train", {}) or {}).get("filterings"):
+        raise ConfigError(
+            "training.model.data.train.filterings",
+            "NeMo's cached-text loader filters on a 'jpg' member its tars do not have (it reads 'png'). "
+            f"Allowed with {CACHE_SWITCH}=true: null",
+        )

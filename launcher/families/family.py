@@ -1,0 +1,148 @@
+"""The model-family contract: everything that differs between NeMo's diffusion families, declared in one
+object per family (launcher/families/<name>.py) and asked by the stages and the job programs. Nothing
+outside launcher/families/ asks which family a config is: it asks the family (docs/adding-a-family.md).
+
+A family is recognised from the training config's `model` section, as diffusers picks a pipeline from a
+model's own model_index.json: the first registered family whose `matches` says yes (launcher.families).
+This module is data and types only; it imports nothing of the planner, so job programs may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+# `model` below is a training config's `model` section (a DictConfig or a plain dict: both have .get);
+# `cfg` the launcher's validated root config.
+ModelTest = Callable[[Any], bool]
+TextEncoders = Callable[[Any], list[tuple[str, Any]]]
+Size = Callable[[Any], "tuple[int, int] | None"]
+# The switch of cached latents, named in the families' refusals (launcher.latents reads it).
+CACHE_SWITCH = "data_preparation.precache.enable"
+
+
+def no_refusal(cfg: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Inference:
+    """How NeMo draws images from a trained model of the family (the samples and evaluation stages)."""
+
+    # NeMo's samplers for it; the first is the default (samples.sampler / evaluation.sampler null).
+    samplers: tuple[str, ...]
+    # NeMo's text-to-image script (samples.infer_script null) and what generates the evaluation's images
+    # (evaluation.generate_script null), as the container holds them.
+    infer_script: str
+    generate_script: str
+    # The job-side driver that writes the script's config: "sd_infer" (sd_infer.py, generate_fid_images.py)
+    # or "sd_xl_infer" (launcher/sampling/job.py, launcher/evaluation/generate.py).
+    program: str
+    # True: a training .ckpt is converted to a .nemo (NeMo's convert_ckpt_to_nemo.py, the EMA twin when
+    # training kept one) and that is sampled; False: the .nemo training saves at its end (or a given .nemo).
+    converts_checkpoints: bool
+    # Samplers that take every (timesteps // steps)-th timestep: `steps` must divide the model's timesteps.
+    strided_samplers: tuple[str, ...] = ()
+    # The evaluation's batch is a global batch NeMo divides by the model's micro batch (generate_fid_images).
+    batch_is_global: bool = False
+
+    @property
+    def default_sampler(self) -> str:
+        return self.samplers[0]
+
+
+@dataclass(frozen=True)
+class Loader:
+    """How NeMo's training reads the family's data: data_check builds NeMo's own dataset with it
+    (data_prep/nemo_loader_check.py) and checks the config and the tars against it (data_prep/tar_checks.py)."""
+
+    # NeMo's dataset builders, functions of `module` called (model config, consumed_samples=0): from the
+    # image tars, and from the cached inputs data_preparation.precache writes.
+    images: str
+    cached: str
+    # The config has training read the cached inputs rather than the image tars.
+    reads_cache: ModelTest
+    # (batch key of the images or latents, batch key of the captions or text embeddings) the loader yields.
+    batch_keys: Callable[[Any], tuple[str, str]]
+    # Keys under `model` the builders read besides data.* and micro_batch_size (refused when missing).
+    model_keys: tuple[str, ...] = ()
+    module: str = "nemo.collections.multimodal.data.stable_diffusion.stable_diffusion_dataset"
+
+
+@dataclass(frozen=True)
+class Cache:
+    """What data preparation's cached latents (data_preparation.precache) store for the family and what
+    the switch changes in NeMo's training config (launcher.latents asks)."""
+
+    # "latents": the VAE's moments and the text encoder's output per sample (NeMo's precached loader);
+    # "text": the caption embedders' outputs only (NeMo's precache_mode text), the images kept.
+    stores: str
+    # The keys the switch sets in NeMo's `model` section (dataset paths aside).
+    overrides: Callable[[Any], dict[str, Any]]
+    # Refusals of the switch's settings, with `enabled` (the switch is on and the data real).
+    check: Callable[[Any, bool], None]
+    # (bytes per cached sample, what they hold), printed before anything runs.
+    per_sample: Callable[[Any], tuple[int, str]]
+    # How NeMo's training reads the data, from the image tars with the switch off or the cached inputs
+    # with it on (data_check builds NeMo's dataset with it).
+    loader: Loader
+    # The encode step builds its encoders from the training config before the switch rewrote it (SDXL's
+    # conditioner then reads stored embeddings, not captions); else from training's own config.
+    encodes_from_unswitched_config: bool = False
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """How the rehearsal (data_prep/rehearsal.py) runs the family's training tiny on CPU. The training
+    script is the training job's own either way (training.run.script: sd_train.py, sd_xl_train.py)."""
+
+    # NeMo's LightningModule that script builds ("module:Class"): the rehearsal wraps its __init__ to
+    # record the model, the trainer's resume point and what the UNet (at `unet`, an attribute path from
+    # the module) is fed (data_prep/rehearsal_step.py).
+    model_class: str
+    # The job-side function ("module:function", data_prep/rehearsal_sample.py) that draws the one image
+    # from the trained module, and the functions of data_prep/nemo_cpu.py it needs applied first.
+    sampler: str
+    sampler_patches: tuple[str, ...]
+    unet: str = "model.model.diffusion_model"
+    # Keys under `model` that cannot run on a CPU -> (the value the rehearsal sets, why), besides those
+    # every family shares (data_prep/rehearsal_config.py: the world, the width, CUDA kernels, devices).
+    cpu_settings: Mapping[str, tuple[Any, str]] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: NeMo's programs, samplers, assets, cached inputs, checks and costs for it."""
+
+    # Its name in settings files and the data it writes ("sd1", "sd2", "sdxl"), and in messages.
+    name: str
+    title: str
+    matches: ModelTest
+    # (key under `model`, config) of each text encoder NeMo builds from the config.
+    text_encoders: TextEncoders
+    # The entries of `assets` the assets job stages for it (cfg.assets.<name>), the VAE's among them.
+    assets: tuple[str, ...]
+    vae_asset: str
+    inference: Inference
+    cache: Cache
+    # (height, width) of the training images the config fixes, or None.
+    trained_size: Size
+    # NeMo's training of it on random tensors (model.data.synthetic_data, the sweep's default source):
+    # the model keys that make them latents (True) or images; None: NeMo has no synthetic data for it.
+    synthetic_keys: Callable[[bool], dict[str, Any]] | None = None
+    # Refusals of its training config (cfg: the root config) before anything is submitted.
+    check: Callable[[Any], None] = no_refusal
+    # NVIDIA's published training speed from images, {side px: {GPU type: img/s per GPU}}; none: the cost
+    # line scales the reference figure by `gflop` (launcher.cost).
+    published_rates: Mapping[int, Mapping[str, float]] = field(default_factory=lambda: MappingProxyType({}))
+    # (GFLOP per training image at a side, with inputs "images" or "latents"; how it was counted).
+    gflop: Callable[[int, str], tuple[float, str]] | None = None
+    gflop_source: str = ""
+    # How NeMo's training of it runs tiny on CPU before the GPU jobs (rehearsal=true); a refusal names
+    # why the rehearsal cannot run it (then `rehearsal` may be None).
+    rehearsal: Rehearsal | None = None
+    rehearsal_refusal: str | None = None
+    # Keys earlier versions of the launcher had for this family alone: old key -> the key that replaced it.
+    renamed_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))

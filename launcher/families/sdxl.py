@@ -1,0 +1,169 @@
+"""SDXL (NeMo's MegatronDiffusionEngine, `sd_xl_train.py`): NVIDIA's three base presets
+(conf/training/sdxl/), docs/sdxl.md.
+
+Its text encoders (CLIP ViT-L/14 and OpenCLIP ViT-bigG-14) and size/crop embedders sit in
+`conditioner_config` (diffusion_engine.py reads `cfg.conditioner_config`; SD's model never does). It is
+sampled by sd_xl_infer.py from the .nemo sd_xl_train.py saves at its end (convert_ckpt_to_nemo.py has no
+SDXL model type), and what cached latents store for it is the text embeddings only (NeMo's
+`precache_mode: text`, data_prep/text_cache.py). What its training config is refused for is in
+launcher/families/sdxl_checks.py.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+from data_prep import latent_format as fmt
+from data_prep import text_cache
+from launcher.families import sdxl_checks
+from launcher.families.family import Cache, Family, Inference, Loader, Rehearsal
+
+EXAMPLES = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion"
+
+# get_sampler_config in NeMo v2.4.0's parts/stable_diffusion/sdxl_pipeline.py; the first is the default.
+INFERENCE = Inference(
+    samplers=(
+        "EulerEDMSampler",
+        "HeunEDMSampler",
+        "EulerAncestralSampler",
+        "DPMPP2SAncestralSampler",
+        "DPMPP2MSampler",
+        "LinearMultistepSampler",
+    ),
+    infer_script=f"{EXAMPLES}/sd_xl_infer.py",
+    # NeMo has no FID script for SDXL: each generation task runs sd_xl_infer.py on its share of the captions.
+    generate_script=f"{EXAMPLES}/sd_xl_infer.py",
+    program="sd_xl_infer",
+    converts_checkpoints=False,
+)
+
+# GFLOP per SDXL training image at each side of NVIDIA's three presets, counted on NeMo's own modules at
+# the presets' sizes (benchmarks/bench_sdxl_parts.py: torch's FlopCounterMode on the meta device; its VAE
+# row at 256 px equals SD's, the same VAE counted on CPU). The text towers are what cached text
+# embeddings leave out.
+TEXT_TOWERS = ("CLIP ViT-L/14 text forward", "OpenCLIP ViT-bigG-14 text forward")
+GFLOP: dict[int, dict[str, float]] = {
+    side: dict(zip(("VAE encoder forward", *TEXT_TOWERS, "UNet forward + backward"), row, strict=True))
+    for side, row in {
+        256: (272.7, 13.3, 97.9, 1235.2),
+        512: (1116.7, 13.3, 97.9, 4718.8),
+        1024: (4879.0, 13.3, 97.9, 20238.7),
+    }.items()
+}
+GFLOP_SOURCE = (
+    "SDXL scaled by FLOPs per image (NeMo's modules counted, not measured: benchmarks/bench_sdxl_parts.py)"
+)
+
+
+def _matches(model: Any) -> bool:
+    return bool(model.get("conditioner_config"))
+
+
+def text_encoders(model: Any) -> list[tuple[str, Any]]:
+    """Each conditioner embedder of the captions."""
+    return [
+        (f"{key}.emb_model", entry.get("emb_model") or {})
+        for key, entry in text_cache.conditioner_embedders(model)
+        if entry.get("input_key") == text_cache.CAPTIONS
+    ]
+
+
+def trained_size(model: Any) -> tuple[int, int] | None:
+    """NeMo's SDXL loader (build_sdxl_train_valid_datasets) crops a square of `resize_smallest_side`."""
+    augmentations = ((model.get("data") or {}).get("train") or {}).get("augmentations") or {}
+    side = augmentations.get("resize_smallest_side")
+    return (int(side), int(side)) if side else None
+
+
+def gflop(side: int, inputs: str) -> tuple[float, str]:
+    """GFLOP per training image at `side` (the counted side nearest it, scaled by pixel count), and how it
+    was got; cached inputs leave the text towers out."""
+    counted = min(GFLOP, key=lambda s: abs(s - side)) if side else 256
+    parts = GFLOP[counted]
+    total = sum(v for name, v in parts.items() if inputs != "latents" or name not in TEXT_TOWERS)
+    how = f"{total:,.0f} GFLOP at {counted} px" + (", text embeddings cached" if inputs == "latents" else "")
+    if side and side != counted:
+        total *= (side / counted) ** 2
+        how += f", scaled to {side} px by pixel count"
+    return total, how
+
+
+def cache_overrides(model: Any) -> dict[str, Any]:
+    """NeMo's precache_mode text, read through a conditioner whose caption embedders read the stored
+    embeddings (data_prep.text_cache)."""
+    return {
+        "precache_mode": text_cache.PRECACHE_MODE,
+        "conditioner_config": {"emb_models": text_cache.cached_conditioner(model)},
+    }
+
+
+def per_sample(model: Any) -> tuple[int, str]:
+    values, dtype = text_cache.stored_values(model), text_cache.stored_dtype(model)
+    kind = {"<f2": "float16", "<f4": "float32"}[dtype]
+    return fmt.pickle_member_bytes(values, int(dtype[-1])), (
+        f"{kind} text embeddings, {values:,} numbers, tar header included; plus a copy of each image, "
+        "as large as the image tars"
+    )
+
+
+# NeMo's SDXL loaders (diffusion_engine.py build_train_valid_test_datasets): the images (or the stored
+# embeddings' png) under `input_key`, with the size/crop conditioning; the captions, or with precache_mode
+# text the caption embedders' stored outputs (data_prep.text_cache), under CAPTIONS.
+LOADER = Loader(
+    images="build_sdxl_train_valid_datasets",
+    cached="build_sdxl_precached_text_train_valid_datasets",
+    reads_cache=lambda model: model.get("precache_mode") == text_cache.PRECACHE_MODE,
+    batch_keys=lambda model: (model.get("input_key", "images"), text_cache.CAPTIONS),
+)
+
+# sd_xl_train.py (v2.4.0) builds MegatronDiffusionEngine; its DiffusionEngine keeps the UNet in an
+# OpenAIWrapper as `model.diffusion_model` (diffusion_engine.py, diffusionmodules/wrappers.py), the same path
+# as SD's. The image is drawn as sd_xl_infer.py draws it (SamplingPipeline, data_prep/rehearsal_sample.py),
+# whose sampling code defaults to device "cuda". With model.fsdp the script builds NLPFSDPStrategy, which
+# torch refuses without a GPU ("FSDP needs a non-CPU accelerator device"); off, it builds NLPDDPStrategy.
+REHEARSAL = Rehearsal(
+    model_class="nemo.collections.multimodal.models.text_to_image.stable_diffusion.diffusion_engine"
+    ":MegatronDiffusionEngine",
+    sampler="data_prep.rehearsal_sample:diffusion_engine",
+    sampler_patches=("patch_engine_sampling_for_cpu",),
+    cpu_settings=MappingProxyType(
+        {"fsdp": (False, "FSDP needs a GPU: sd_xl_train.py takes NeMo's DDP strategy without it")}
+    ),
+)
+
+CACHE = Cache(
+    stores="text",
+    overrides=cache_overrides,
+    check=sdxl_checks.check_cache,
+    per_sample=per_sample,
+    loader=LOADER,
+    encodes_from_unswitched_config=True,
+)
+
+FAMILY = Family(
+    name="sdxl",
+    title="SDXL",
+    matches=_matches,
+    text_encoders=text_encoders,
+    # CLIP ViT-L/14 (text_encoder, SD's too), OpenCLIP ViT-bigG-14 and SDXL's own VAE.
+    assets=("text_encoder", "open_clip_bigg", "sdxl_vae"),
+    vae_asset="sdxl_vae",
+    inference=INFERENCE,
+    cache=CACHE,
+    trained_size=trained_size,
+    # build_sdxl_train_valid_datasets (NeMo 2.4) has no synthetic branch (synthetic_keys None): it reads
+    # the data path.
+    check=sdxl_checks.check,
+    rehearsal=REHEARSAL,
+    gflop=gflop,
+    gflop_source=GFLOP_SOURCE,
+    renamed_keys=MappingProxyType(
+        {
+            "samples.sdxl_sampler": "samples.sampler",
+            "samples.sdxl_infer_script": "samples.infer_script",
+            "evaluation.sdxl_sampler": "evaluation.sampler",
+            "evaluation.sdxl_generate_script": "evaluation.generate_script",
+        }
+    ),
+)

@@ -1,0 +1,138 @@
+"""The configs of NeMo's inference programs that the samples job and the evaluation's generation write:
+sd_infer.py's (and generate_fid_images.py's shared `infer` keys) and sd_xl_infer.py's, every key given,
+picked by the family's `inference.program` (launcher.families)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.families import named
+from launcher.sampling.settings import SamplingSettings
+
+
+def infer_section(s: Any, size: tuple[int, int], out: Path, **given: Any) -> dict[str, Any]:
+    """The `infer` keys sd_infer.yaml and sd_fid_images.yaml share, every one given, from settings `s`
+    (samples' or the evaluation's); `given` sets the keys that differ."""
+    return {
+        "num_images_per_prompt": 1,
+        "batch_size": s.batch_size,
+        "height": size[0],
+        "width": size[1],
+        "down_factor": 8,
+        "inference_steps": s.steps,
+        "sampler_type": s.sampler,
+        "eta": 0,
+        "output_type": "pil",
+        "out_path": str(out),
+        "seed": s.seed,
+        **given,
+    }
+
+
+def inference_trainer(precision: str) -> dict[str, Any]:
+    """One GPU per process, no logger."""
+    return {"devices": 1, "num_nodes": 1, "accelerator": "gpu", "precision": precision, "logger": False}
+
+
+def trainer_and_model(precision: str, nemo_file: Path) -> dict[str, Any]:
+    """The trainer, and the .nemo to restore."""
+    model = {"restore_from_path": str(nemo_file), "precision": precision}
+    return {"trainer": inference_trainer(precision), "model": model}
+
+
+def infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
+    """sd_infer.yaml's keys (examples/.../stable_diffusion/conf/sd_infer.yaml), every one given."""
+    infer = infer_section(
+        s,
+        size,
+        out,
+        unconditional_guidance_scale=s.guidance_scale,
+        num_images_per_prompt=s.images_per_prompt,
+        save_to_file=True,
+        prompts=list(s.prompts),
+    )
+    return {"name": "stable-diffusion-samples", "infer": infer, **trainer_and_model(s.precision, nemo_file)}
+
+
+def xl_infer_config(
+    s: Any,
+    size: tuple[int, int],
+    nemo_file: Path,
+    out: Path,
+    *,
+    prompts: Sequence[str],
+    scale: float,
+    seed: int,
+    per_prompt: int,
+) -> dict:
+    """sd_xl_infer.yaml's keys (v2.4.0 examples/.../stable_diffusion/conf/sd_xl_infer.yaml), every one the
+    script reads, from settings `s` (samples' or the evaluation's: sampler, steps, batch_size, precision);
+    NVIDIA's values except those, the prompts, `per_prompt` images of each, the guidance scale (VanillaCFG's
+    `sampling.base.scale`, get_guider_config in sdxl_pipeline.py), the trained size, and no refiner.
+    sd_xl_infer draws prompt i's batch b with seed `infer.seed + 100 i + 200 b`."""
+    height, width = size
+    base = {
+        "sampler": s.sampler,
+        "width": width,
+        "height": height,
+        "steps": s.steps,
+        "discretization": "LegacyDDPMDiscretization",
+        "guider": "VanillaCFG",
+        "thresholder": "None",
+        "scale": scale,
+        "img2img_strength": 1.0,
+        "sigma_min": 0.0292,
+        "sigma_max": 14.6146,
+        "rho": 3.0,
+        "s_churn": 0.0,
+        "s_tmin": 0.0,
+        "s_tmax": 999.0,
+        "s_noise": 1.0,
+        "eta": 1.0,
+        "order": 4,
+        # The size conditioning: an image of the trained size, uncropped (as training saw it).
+        "orig_width": width,
+        "orig_height": height,
+        "crop_coords_top": 0,
+        "crop_coords_left": 0,
+        "aesthetic_score": 5.0,
+        "negative_aesthetic_score": 5.0,
+    }
+    # sd_xl_infer draws num_samples // num_samples_per_batch batches per prompt: a divisor, or images go missing.
+    per_batch = max(n for n in range(1, per_prompt + 1) if per_prompt % n == 0 and n <= s.batch_size)
+    infer = {
+        "num_samples": per_prompt,
+        "num_samples_per_batch": per_batch,
+        "prompt": list(prompts),
+        "negative_prompt": "",
+        "seed": seed,
+    }
+    return {
+        "trainer": inference_trainer(s.precision),
+        "model": {"restore_from_path": str(nemo_file), "is_legacy": False},
+        "infer": infer,
+        "sampling": {"base": base},
+        "use_refiner": False,
+        "use_fp16": False,
+        "out_path": str(out),
+    }
+
+
+def program(s: Any) -> str:
+    """The inference program of settings `s`'s family (samples' or the evaluation's)."""
+    return named(s.family).inference.program
+
+
+def program_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
+    """The config of the family's inference program (`inference.program`): sd_infer's or sd_xl_infer's."""
+    if program(s) == "sd_xl_infer":
+        given = {
+            "prompts": s.prompts,
+            "scale": s.guidance_scale,
+            "seed": s.seed,
+            "per_prompt": s.images_per_prompt,
+        }
+        return xl_infer_config(s, size, nemo_file, out, **given)
+    return infer_config(s, size, nemo_file, out)

@@ -1,0 +1,193 @@
+"""What the samples and evaluation stages draw from, decided at planning time: the trained model's family
+(launcher.families) and the sampler it is asked for, the checkpoint or .nemo sampled, and the model
+config it was trained with.
+
+A family whose checkpoints NeMo converts (`inference.converts_checkpoints`) is sampled from a training
+.ckpt (this run's newest finished one, or samples.checkpoint) and its hparams.yaml; another from a .nemo
+(samples.checkpoint, else the one training saves at its end) and the model config stored in it. A
+model trained from cached text embeddings (`from_cached_text`) is sampled from a copy of its .nemo with the
+staged text encoders put back (launcher/sampling/text_encoders.py, the samples job writes it), and the
+evaluation then generates from that copy, as from a converted checkpoint (`evaluated_from_samples`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from data_prep.text_cache import PRECACHE_MODE
+from launcher import latents
+from launcher.errors import ConfigError
+from launcher.families import family_of
+from launcher.families.family import Family
+from launcher.outputs import TrainingOutputs
+from launcher.paths import run_dir_of
+from launcher.sampling import checkpoints, text_encoders
+
+# Where the training planned in this launch fixes the size (trained_model's source).
+PLANNED_MODEL = "training.model.data.train.augmentations"
+
+
+def family(cfg: Any) -> Family:
+    """The family of the trained model: that of the training config (a checkpoint's is the same)."""
+    return family_of(cfg.training.model)
+
+
+def sampler(cfg: Any, section: str) -> str:
+    """`<section>.sampler` (samples, evaluation); null: the trained family's first sampler."""
+    return getattr(cfg, section).sampler or family(cfg).inference.default_sampler
+
+
+def check_sampler(cfg: Any, section: str) -> None:
+    """`<section>.sampler` must be one of the trained family's samplers."""
+    given, fam = getattr(cfg, section).sampler, family(cfg)
+    if given is not None and given not in fam.inference.samplers:
+        raise ConfigError(
+            f"{section}.sampler",
+            f"{given!r} is not a sampler of {fam.title}; allowed: {', '.join(fam.inference.samplers)}, or "
+            f"null ({fam.inference.default_sampler})",
+        )
+
+
+def strided(cfg: Any, section: str) -> bool:
+    """Whether the section's sampler takes every (timesteps // steps)-th timestep (steps must divide)."""
+    return sampler(cfg, section) in family(cfg).inference.strided_samplers
+
+
+def ema(cfg: Any) -> bool:
+    """Whether training keeps NeMo's EMA weights (training.exp_manager.ema.enable)."""
+    return bool((cfg.training.exp_manager.get("ema") or {}).get("enable"))
+
+
+def checkpoints_dir(cfg: Any) -> Path:
+    return TrainingOutputs(run_dir_of(cfg)).checkpoints
+
+
+def given_checkpoint(cfg: Any) -> Path:
+    """samples.checkpoint, refused unless it is a NeMo training checkpoint."""
+    path = Path(cfg.samples.checkpoint)
+    if not path.is_file() or path.suffix != ".ckpt":
+        raise ConfigError(
+            "samples.checkpoint",
+            f"{path} is not an existing .ckpt file; allowed: a training checkpoint "
+            "(…/results/checkpoints/*.ckpt), or null for this run's newest",
+        )
+    if checkpoints.step_of(path) is None:
+        raise ConfigError(
+            "samples.checkpoint",
+            f"{path.name} has no '-step=<N>' in its name as NeMo writes it; allowed: a checkpoint under "
+            "NeMo's own name",
+        )
+    return path
+
+
+def nemo_to_sample(cfg: Any, stage: str) -> Path:
+    """samples.checkpoint (a .nemo), or the .nemo training saved at its end."""
+    if cfg.samples.checkpoint:
+        path = Path(cfg.samples.checkpoint)
+        if not path.is_file():
+            raise ConfigError(
+                "samples.checkpoint", f"{path} does not exist; allowed: an existing .nemo, or null"
+            )
+        return path
+    found = checkpoints.final_nemo(checkpoints_dir(cfg))
+    if found is None:
+        raise ConfigError(
+            "samples.checkpoint",
+            f"is null (the .nemo {family(cfg).title} training saves at its end) but {checkpoints_dir(cfg)} has "
+            f"none; allowed: a .nemo path, or stages=[training,{stage}]",
+        )
+    return found
+
+
+def newest_checkpoint(cfg: Any) -> Path:
+    found = checkpoints.newest(checkpoints_dir(cfg), ema(cfg))
+    if found is None:
+        raise ConfigError(
+            "samples.checkpoint",
+            f"is null (this run's newest finished checkpoint) but {checkpoints_dir(cfg)} has no finished "
+            f"{'-EMA ' if ema(cfg) else ''}checkpoint; allowed: a checkpoint path, or stages=[training,samples]",
+        )
+    return found
+
+
+def trained_model(cfg: Any, planned: frozenset[str], stage: str = "samples") -> tuple[dict[str, Any], str]:
+    """The model config the sampled checkpoint was trained with, and where it was read: the checkpoint's
+    hparams.yaml (NeMo's conversion needs it too), a .nemo's model_config.yaml, or the training planned in
+    this launch. `stage`: the stage asking (an evaluation of a .nemo evaluates what the samples stage
+    samples), named in the refusals."""
+    from omegaconf import OmegaConf
+
+    if not cfg.samples.checkpoint and "training" in planned:
+        return dict(cfg.training.model), PLANNED_MODEL
+    if not family(cfg).inference.converts_checkpoints:
+        nemo = nemo_to_sample(cfg, stage)
+        try:
+            text = checkpoints.nemo_model_config(nemo)
+        except ValueError as error:
+            raise ConfigError("samples.checkpoint", f"{error}; allowed: a .nemo NeMo saved") from error
+        return OmegaConf.to_container(OmegaConf.create(text)), f"{nemo} (model_config.yaml)"  # type: ignore[return-value]
+    path = given_checkpoint(cfg) if cfg.samples.checkpoint else newest_checkpoint(cfg)
+    hparams = checkpoints.hparams_of(path)
+    if not hparams.is_file():
+        raise ConfigError(
+            "samples.checkpoint",
+            f"{hparams} does not exist: NeMo's conversion of {path.name} needs the training's hparams.yaml "
+            "two folders up from the checkpoint",
+        )
+    model = OmegaConf.to_container(OmegaConf.load(hparams).get("cfg") or {})
+    return model, str(hparams)  # type: ignore[return-value]
+
+
+def from_cached_text(cfg: Any, planned: frozenset[str]) -> bool:
+    """Whether the sampled model was trained from cached text embeddings (a family whose cached inputs are
+    its text embeddings, `cache.stores` "text"): with training planned in this launch (samples.checkpoint
+    null), the switch; else the precache_mode stored in the .nemo (samples.checkpoint, or the one training
+    saved at its end). Its .nemo holds no text encoders and its conditioner reads stored embeddings: the
+    samples job samples a copy with the staged encoders put back (launcher/sampling/text_encoders.py).
+    False while there is no .nemo to read yet (the host checks refuse that)."""
+    if family(cfg).cache.stores != "text":
+        return False
+    if not cfg.samples.checkpoint and "training" in planned:
+        return latents.enabled(cfg)
+    nemo = (
+        Path(cfg.samples.checkpoint)
+        if cfg.samples.checkpoint
+        else checkpoints.final_nemo(checkpoints_dir(cfg))
+    )
+    if nemo is None or nemo.suffix != ".nemo" or not nemo.is_file():
+        return False
+    try:
+        stored = yaml.safe_load(checkpoints.nemo_model_config(nemo))
+    except (ValueError, yaml.YAMLError):
+        return False  # refused by trained_model, naming samples.checkpoint
+    return isinstance(stored, dict) and stored.get("precache_mode") == PRECACHE_MODE
+
+
+def evaluated_from_samples(cfg: Any, planned: frozenset[str]) -> bool:
+    """Whether the evaluation generates from the model the samples job made sampleable (its newest
+    samples/step_<N>/model.nemo) rather than from the .nemo the samples stage samples: a checkpoint NeMo
+    converts, or a model trained from cached text embeddings (its copy with the text encoders back)."""
+    return family(cfg).inference.converts_checkpoints or from_cached_text(cfg, planned)
+
+
+def check_text_encoders_restorable(
+    model: dict[str, Any], source: str, unswitched: list[dict[str, Any]], unswitched_source: str
+) -> None:
+    """A .nemo trained from cached text embeddings is sampled once the caption embedders of the training
+    config before the switch (`unswitched`, the encode step's) are back in it: they must switch to the
+    .nemo's own (launcher.sampling.text_encoders.restored_config, pure). Training planned in this launch
+    is switched from that very config."""
+    if source == PLANNED_MODEL:
+        return
+    try:
+        text_encoders.restored_config(model, unswitched)
+    except text_encoders.TextEncodersError as error:
+        raise ConfigError(
+            "samples.checkpoint",
+            f"{source}: trained from cached text embeddings, its text encoders are put back from "
+            f"{unswitched_source} (the training config before the switch) and {error}; allowed: a .nemo "
+            "trained with this launch's training config, or from the image tars",
+        ) from error

@@ -1,0 +1,186 @@
+"""A samplable copy of an SDXL .nemo trained from cached text embeddings (data_prep/text_cache.py).
+
+Training from the cache (NeMo's `precache_mode: text`) replaces each caption embedder of
+`conditioner_config.emb_models` by NeMo's PrecachedEmbModel, which reads stored embeddings and has no
+weights; the .nemo sd_xl_train.py saves at the end holds that conditioner and no text-encoder tensors.
+NeMo's sd_xl_infer.py cannot draw from it: its prompts never reach a text encoder. The encoders are frozen
+(GeneralConditioner, is_trainable false) and the assets job stages their weights where the unswitched
+config's `version` paths point, so training never changed them and inference can have them back.
+
+What NeMo (2.4.1, the SDXL files as in the container's 2.0.0) does when sd_xl_infer.py restores a .nemo,
+and so what the copy must hold:
+- parts/utils.py `setup_trainer_and_model_for_inference` reads the stored model_config.yaml, applies the
+  script's model_cfg_modifier (precision, ckpt_path, inductor, the VAE's target: never the conditioner),
+  then `MegatronDiffusionEngine.restore_from(..., strict=True)`. The config is therefore the .nemo's own.
+- The load is strict: NLPSaveRestoreConnector.restore_from -> load_instance_with_state_dict ->
+  NLPAdapterModelMixin.load_state_dict (strict=True unless PEFT is set up) -> NLPModel.load_state_dict,
+  which retries non-strict only to forgive missing `_extra_state` keys and raises otherwise. A conditioner
+  with CLIP and OpenCLIP and a weights file without their tensors fails, so the copy carries them: the
+  state dict of NeMo's own embedder built from the unswitched entry (the staged weights, as training's
+  encode step built it), under `model.conditioner.embedders.<position>.` (MegatronDiffusionEngine.model
+  -> DiffusionEngine.conditioner -> GeneralConditioner.embedders, an nn.ModuleList in config order).
+- `precache_mode` (diffusion_engine.py) only picks the training data loader (text) or skips the VAE
+  (both); it is removed, so that the copy reads as what it is: a model that takes prompts.
+
+The unswitched entries come from the config the encode step read (`<training config stem>_encode.yaml`,
+launcher/stages/precache.py `encode_config_file`): a PrecachedEmbModel entry keeps only its stored keys,
+not which encoder wrote them. They are checked against the .nemo: switched again with
+data_prep.text_cache.cached_conditioner they must give the .nemo's entries (the `device` aside: where the
+tensors go, not what they are).
+
+Job side: runs in NeMo's interpreter (torch, hydra and NeMo imported lazily); importing it needs omegaconf.
+
+    <nemo python> -m launcher.sampling.text_encoders NEMO UNSWITCHED_CONFIG OUT    # what the function does
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import sys
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from data_prep import text_cache
+from data_prep.atomic import atomic_path
+from launcher.sampling.checkpoints import nemo_model_config
+
+CONFIG_MEMBER = "model_config.yaml"  # NeMo's SaveRestoreConnector names
+WEIGHTS_MEMBER = "model_weights.ckpt"
+# Where GeneralConditioner's embedder i sits in MegatronDiffusionEngine's state dict.
+EMBEDDER_PREFIX = "model.conditioner.embedders.{}."
+
+
+class TextEncodersError(ValueError):
+    """The .nemo and the unswitched conditioner do not belong together, or the .nemo is not one to fix."""
+
+
+def trained_on_cached_text(model_config: Mapping[str, Any]) -> bool:
+    """Whether a .nemo's model config was trained from cached text embeddings (NeMo's precache_mode text)."""
+    return model_config.get("precache_mode") == text_cache.PRECACHE_MODE
+
+
+def unswitched_conditioner(config: Path) -> list[dict[str, Any]]:
+    """`model.conditioner_config.emb_models` of a training config before the switch (the encode step's
+    `<stem>_encode.yaml`), resolved, as plain containers."""
+    from omegaconf import OmegaConf
+
+    entries = OmegaConf.select(OmegaConf.load(config), "model.conditioner_config.emb_models")
+    if entries is None:
+        raise TextEncodersError(f"{config} has no model.conditioner_config.emb_models")
+    return OmegaConf.to_container(entries, resolve=True)  # type: ignore[return-value]
+
+
+def _placement_free(entry: Any) -> Any:
+    """An emb_models entry without its emb_model's `device` (where tensors go, not what they are)."""
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("emb_model"), Mapping):
+        return entry
+    emb = {k: v for k, v in entry["emb_model"].items() if k != "device"}
+    return {**entry, "emb_model": emb}
+
+
+def restored_config(stored: Mapping[str, Any], unswitched: list[dict[str, Any]]) -> tuple[dict, list[int]]:
+    """The .nemo's model config with its caption embedders back (and precache_mode removed), and their
+    positions in emb_models. Refuses an unswitched conditioner that does not switch to the stored one."""
+    if not trained_on_cached_text(stored):
+        raise TextEncodersError(
+            f"precache_mode is {stored.get('precache_mode')!r}, not {text_cache.PRECACHE_MODE!r}: "
+            "the model was not trained from cached text embeddings and needs no restore"
+        )
+    have = list((stored.get("conditioner_config") or {}).get("emb_models") or [])
+    unswitched_model = {"conditioner_config": {"emb_models": unswitched}}
+    want = text_cache.cached_conditioner(unswitched_model)
+    differ = [
+        i
+        for i in range(max(len(want), len(have)))
+        if i >= min(len(want), len(have)) or _placement_free(want[i]) != _placement_free(have[i])
+    ]
+    if differ:
+        i = differ[0]
+        raise TextEncodersError(
+            f"the unswitched conditioner does not give the .nemo's: emb_models.{i} switched to cached "
+            f"text is {want[i] if i < len(want) else None}, the .nemo's {have[i] if i < len(have) else None}"
+        )
+    positions = sorted(text_cache.caption_keys(unswitched_model))
+    emb_models = [unswitched[i] if i in positions else entry for i, entry in enumerate(have)]
+    config = {k: v for k, v in stored.items() if k != "precache_mode"}
+    config["conditioner_config"] = {**stored["conditioner_config"], "emb_models": emb_models}
+    return config, positions
+
+
+def encoder_tensors(emb_models: list[dict[str, Any]], positions: list[int]) -> dict[str, Any]:
+    """The state dict of NeMo's own embedder at each position (built from its entry, with the weights
+    its `version` names), under the keys MegatronDiffusionEngine gives them."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    tensors: dict[str, Any] = {}
+    for position in positions:
+        # NeMo's CLIP / OpenCLIP embedders build on the CPU; `device` only says where tokens go later.
+        embedder = instantiate(OmegaConf.create(emb_models[position]["emb_model"]))
+        tensors.update(embedder.state_dict(prefix=EMBEDDER_PREFIX.format(position)))
+        del embedder
+    return tensors
+
+
+def restore_text_encoders(nemo: Path, unswitched: list[dict[str, Any]], out: Path) -> Path:
+    """Write `out`, a copy of `nemo` that NeMo's sd_xl_infer.py draws from with prompts: its config's
+    caption embedders are the unswitched ones (precache_mode removed) and its weights hold their tensors
+    besides the trained ones (unchanged). Every other member is copied as is. Written under a temporary
+    name beside `out`, renamed once complete. Returns `out`."""
+    import torch
+    from omegaconf import OmegaConf
+
+    stored = OmegaConf.to_container(OmegaConf.create(nemo_model_config(nemo)))
+    assert isinstance(stored, dict)
+    config, positions = restored_config(stored, unswitched)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(nemo) as source, tempfile.TemporaryDirectory(dir=out.parent, prefix=".restore.") as tmp:
+        members = source.getmembers()
+        weights = next((m for m in members if Path(m.name).name == WEIGHTS_MEMBER), None)
+        if weights is None:
+            raise TextEncodersError(f"{nemo} holds no {WEIGHTS_MEMBER} (a sharded checkpoint is not handled)")
+        extracted = Path(tmp) / WEIGHTS_MEMBER
+        with source.extractfile(weights) as member, extracted.open("wb") as copy:  # type: ignore[union-attr]
+            shutil.copyfileobj(member, copy, 1 << 24)
+        # mmap: the trained tensors (10 GB for SDXL's UNet) stay on disk until torch.save copies them.
+        state = torch.load(extracted, map_location="cpu", mmap=True, weights_only=False)
+        added = encoder_tensors(config["conditioner_config"]["emb_models"], positions)
+        clash = sorted(set(state) & set(added))
+        if clash:
+            raise TextEncodersError(f"{nemo} already holds text-encoder tensors, e.g. {clash[0]}")
+        state.update(added)
+        restored = Path(tmp) / "restored.ckpt"
+        torch.save(state, restored)
+        del state, added
+        extracted.unlink()  # a .nemo's size less on disk while the copy is written
+        config_text = OmegaConf.to_yaml(OmegaConf.create(config)).encode()
+        with atomic_path(out) as partial, tarfile.open(partial, "w:") as tar:  # NeMo writes "w:" too
+            for member in members:
+                name = Path(member.name).name
+                if name == WEIGHTS_MEMBER:
+                    info = tarfile.TarInfo(member.name)
+                    info.size, info.mode, info.mtime = restored.stat().st_size, member.mode, member.mtime
+                    with restored.open("rb") as handle:
+                        tar.addfile(info, handle)
+                elif name == CONFIG_MEMBER:
+                    info = tarfile.TarInfo(member.name)
+                    info.size, info.mode, info.mtime = len(config_text), member.mode, member.mtime
+                    tar.addfile(info, io.BytesIO(config_text))
+                else:
+                    tar.addfile(member, source.extractfile(member) if member.isfile() else None)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    nemo, config, out = map(Path, argv)
+    restore_text_encoders(nemo, unswitched_conditioner(config), out)
+    print(f"text encoders: {out} (from {nemo}, the caption embedders of {config})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
