@@ -141,3 +141,40 @@ def patch_sampler_for_cpu() -> list[str]:
 
     base_sampler.AbstractBaseSampler.register_buffer = register_buffer
     return ["samplers AbstractBaseSampler.register_buffer: .to('cuda') -> tensor kept on CPU"]
+
+
+def _cpu_defaults(function: Any) -> None:
+    """A function's `device="cuda"` default -> "cpu" (for every caller that leaves it out)."""
+    if function.__defaults__:
+        function.__defaults__ = tuple("cpu" if d == "cuda" else d for d in function.__defaults__)
+
+
+@_once
+def patch_engine_sampling_for_cpu() -> list[str]:
+    """MegatronDiffusionEngine's sampling (sd_xl_infer.py's path, NeMo v2.4.0): SamplingPipeline.text_to_image
+    calls sdxl_helpers.do_sample and get_batch without a device, whose defaults are "cuda", as are
+    BaseDiffusionSampler's (diffusionmodules/sampling.py): the same calls on CPU. do_sample wraps sampling
+    in torch.autocast(device): bfloat16 on CPU where CUDA computes float16; disabled, CPU samples are float32."""
+    import importlib
+
+    import torch
+
+    parts = "nemo.collections.multimodal.parts.stable_diffusion."
+    # By name: this module names no model family (tests/test_families.py).
+    helpers = importlib.import_module(parts + "sdxl_helpers")
+    pipelines = importlib.import_module(parts + "sdxl_pipeline")
+    from nemo.collections.multimodal.modules.stable_diffusion.diffusionmodules import sampling
+
+    functions = [
+        pipelines.SamplingPipeline.__init__,
+        sampling.BaseDiffusionSampler.__init__,
+        helpers.do_sample,
+        helpers.get_batch,
+    ]
+    for function in functions:
+        _cpu_defaults(function)
+    helpers.autocast = lambda device, **_k: torch.autocast(device, enabled=False)
+    return [
+        f"device='cuda' defaults -> 'cpu' in {len(functions)} functions of NeMo's diffusion-engine sampling",
+        "sdxl_helpers' autocast(device) -> disabled (CPU autocast would compute bfloat16)",
+    ]

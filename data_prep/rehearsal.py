@@ -1,13 +1,15 @@
 """The rehearsal: the planned training, run as it will run but tiny and on CPU, before any GPU job.
 
-    python <repo>/data_prep/rehearsal.py --training-config PLANNED.yaml --sd-train SD_TRAIN.py --workdir DIR
+    python <repo>/data_prep/rehearsal.py --training-config PLANNED.yaml --sd-train TRAIN.py --workdir DIR
         --report REPORT.json --sample SAMPLE.png [--init-from SOURCE] [--synthetic-data]
 
 It runs in the training job's container, with its mounts and environment (the launcher plans it like
 the training job, on a CPU node), on the config the training job reads, changed only where a CPU and a
-tiny UNet need it (data_prep.rehearsal_config). NeMo's own sd_train.py trains step 1 from scratch on the
-prepared data (or cached latents) with the staged VAE and text encoder and writes a checkpoint; a second
-process resumes it for step 2 and samples one image (data_prep.rehearsal_step). With training.init_from,
+tiny UNet need it (data_prep.rehearsal_config). NeMo's own training script (training.run.script:
+sd_train.py, or sd_xl_train.py for SDXL) trains step 1 from scratch on the prepared data (or cached
+latents) with the staged VAE and text encoders and writes a checkpoint; a second process resumes it for
+step 2 and samples one image (data_prep.rehearsal_step, data_prep.rehearsal_sample). What differs by
+model family is the family's `rehearsal` (launcher/families/family.py). With training.init_from,
 the earlier UNet is checked against the planned one first. The report (JSON) says what it found; a
 failure ends the log in one line, `rehearsal: error: <what, naming the key>`, and the GPU jobs waiting
 on it (afterok) are cancelled by Slurm.
@@ -43,7 +45,9 @@ class RehearsalFailed(Exception):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rehearsal.py", description=__doc__.split("\n")[0])
     parser.add_argument("--training-config", type=Path, required=True, help="the training job's NeMo config")
-    parser.add_argument("--sd-train", type=Path, required=True, help="NeMo's sd_train.py, where the job runs")
+    parser.add_argument(
+        "--sd-train", type=Path, required=True, help="NeMo's training script, where the job runs"
+    )
     parser.add_argument("--workdir", type=Path, required=True, help="the tiny config, NeMo's results")
     parser.add_argument("--report", type=Path, required=True, help="what it found (JSON)")
     parser.add_argument("--sample", type=Path, required=True, help="the image sampled after step 2")

@@ -1,9 +1,11 @@
-"""The rehearsal's training config: the planned one, as sd_train.py will read it, made to run on one CPU.
+"""The rehearsal's training config: the planned one, as NeMo's training script (training.run.script:
+sd_train.py, sd_xl_train.py) will read it, made to run on one CPU.
 
 What changes is listed by `derive` (one line each, printed in the job's log and kept in its report):
 the world (one CPU process), the steps (2, a checkpoint every step), the batch (1), the UNet's width
 (`tiny_width`: same class, same arguments, same depth, tiny channels), the CUDA-only kernels (flash
-attention, inductor, CUDA graphs, FP8) and what a tiny UNet cannot load (a full-size checkpoint). The
+attention, inductor, CUDA graphs, FP8), the text encoders' device, what the family's `rehearsal.cpu_settings`
+names (launcher/families: SDXL's FSDP) and what a tiny UNet cannot load (a full-size checkpoint). The
 data, the VAE and text encoder files, the keys NeMo reads, exp_manager's resume and EMA, the optimizer
 and the precision stay as planned. Plain dicts only (no torch).
 """
@@ -14,6 +16,8 @@ import copy
 import math
 from pathlib import Path
 from typing import Any
+
+from launcher.families import family_of
 
 STEPS = 2  # step 1 from scratch, its checkpoint, then a new process resumes it for step 2
 GROUPS = 32  # NeMo's UNet normalizes in 32 groups: its channels must be a multiple of 32
@@ -91,9 +95,27 @@ def _model(model: dict[str, Any], synthetic: bool, changes: list[str]) -> None:
     for key in ("use_flash_attention", "use_te_fp8"):
         if key in unet:
             _set(unet, key, False, "a CUDA kernel", changes, "model.unet_config")
-    cond = model.get("cond_stage_config") or {}
-    if "device" in cond:
-        _set(cond, "device", "cpu", "no GPU", changes, "model.cond_stage_config")
+    for path, section in _devices(model, "model"):  # text encoders, SDXL's cached-embedding readers
+        _set(section, "device", "cpu", "no GPU", changes, path)
+    family = family_of(model)
+    for key, (value, why) in family.rehearsal.cpu_settings.items() if family.rehearsal else ():
+        if key in model:
+            _set(model, key, value, why, changes, "model")
+
+
+def _devices(section: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
+    """(dotted path, section) of every section under `section` naming a `device`: NeMo's modules take
+    "cuda" there (their default too).
+
+    >>> [p for p, _ in _devices({"a": {"device": "cuda"}, "b": [{"emb_model": {"device": "cuda"}}]}, "model")]
+    ['model.a', 'model.b.0.emb_model']
+    """
+    found = [(path, section)] if isinstance(section, dict) and "device" in section else []
+    children = section.items() if isinstance(section, dict) else enumerate(section)
+    for key, child in children if isinstance(section, dict | list) else ():
+        if isinstance(child, dict | list):
+            found += _devices(child, f"{path}.{key}")
+    return found
 
 
 def derive(

@@ -1,16 +1,18 @@
 """One step of the rehearsal (data_prep.rehearsal runs each in its own process, as a chained job would).
 
-    python <repo>/data_prep/rehearsal_step.py --step 1|2 --config TINY.yaml --sd-train SD_TRAIN.py --record OUT.json
+    python <repo>/data_prep/rehearsal_step.py --step 1|2 --config TINY.yaml --sd-train TRAIN.py --record OUT.json
         [--planned PLANNED.yaml --init-from SOURCE] [--sample OUT.png]
 
-NeMo's own `sd_train.py` runs as it runs in the training job (its Hydra entry, MegatronTrainerBuilder,
-exp_manager, MegatronLatentDiffusion, Lightning's fit, checkpointing), on CPU (data_prep.nemo_cpu), on
-the tiny config; step 1 stops after one step, step 2 must resume from step 1's checkpoint and reach 2.
-Around it, without changing what NeMo does, this step records the model NeMo builds, the trainer's
-resume point and the latents the UNet is fed (their size must be the one the config's crop gives).
+NeMo's own training script (training.run.script: sd_train.py, sd_xl_train.py) runs as it runs in the
+training job (its Hydra entry, MegatronTrainerBuilder, exp_manager, the family's NeMo model, Lightning's
+fit, checkpointing), on CPU (data_prep.nemo_cpu), on the tiny config; step 1 stops after one step, step 2
+must resume from step 1's checkpoint and reach 2. Around it, without changing what NeMo does, this step
+records the model NeMo builds (the family's `rehearsal.model_class`, launcher/families), the trainer's
+resume point and the latents the UNet is fed (their size must be the one the config trains at).
 Step 1 first checks training.init_from's UNet against the planned full-size UNet; step 2 then samples
-one image from the trained model with NeMo's own pipeline. What it found goes to --record (JSON); a
-failure also keeps NeMo's traceback in the log, and its one line in the record.
+one image from the trained model with NeMo's own sampling code (data_prep.rehearsal_sample). What it
+found goes to --record (JSON); a failure also keeps NeMo's traceback in the log, and its one line in the
+record.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ if __package__ in (None, ""):  # started by path, keeping the image's PYTHONPATH
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # this repo instead of data_prep/ itself
 
 from data_prep.atomic import write_atomic
-from data_prep.latent_format import crop_size, downsampling
-
-PROMPT = "a photograph of an astronaut riding a horse"
+from data_prep.latent_format import downsampling
+from launcher.families import family_of
+from launcher.families.family import Family, Rehearsal
 
 
 class RehearsalFinding(Exception):
@@ -52,7 +54,8 @@ def one_line(exc: BaseException, limit: int = 600) -> str:
 
 def nemo_error(exc: BaseException, config: Any) -> str:
     """NeMo's error as one line; a module NeMo could not build (Hydra's "Error in call to target") is
-    named by its key in the training config, with the first sentence of the constructor's own error.
+    named by its key in the training config (nested ones too: SDXL's conditioner embedders), with the
+    first sentence of the constructor's own error.
 
     >>> from omegaconf import OmegaConf
     >>> cfg = OmegaConf.create({"model": {"cond_stage_config": {"_target_": "nemo.x.FrozenCLIPEmbedder"}}})
@@ -66,11 +69,7 @@ def nemo_error(exc: BaseException, config: Any) -> str:
 
     target = re.match(r"Error in call to target '([\w.]+)'", str(exc))
     model = (config if isinstance(config, DictConfig) else OmegaConf.load(config)).model
-    keys = {
-        str(section.get("_target_")): name
-        for name, section in model.items()
-        if isinstance(section, DictConfig)
-    }
+    keys = _targets(OmegaConf.to_container(model))
     if target is None or exc.__cause__ is None or target[1] not in keys:
         return one_line(exc)
     inner = one_line(exc.__cause__)
@@ -79,9 +78,32 @@ def nemo_error(exc: BaseException, config: Any) -> str:
     return f"training.model.{keys[target[1]]} ({target[1].rsplit('.', 1)[-1]}): NeMo cannot build it: {first}"
 
 
+def _targets(section: Any, key: str = "") -> dict[str, str]:
+    """{_target_: its dotted key under `model`} of every section, outermost first (the first key kept).
+
+    >>> _targets({"a": {"_target_": "X", "b": [{"c": {"_target_": "Y"}}]}})
+    {'X': 'a', 'Y': 'a.b.0.c'}
+    """
+    found: dict[str, str] = {}
+    if isinstance(section, dict) and key and "_target_" in section:
+        found[str(section["_target_"])] = key
+    children = section.items() if isinstance(section, dict) else enumerate(section or ())
+    for name, child in children if isinstance(section, dict | list) else ():
+        if isinstance(child, dict | list):
+            for target, where in _targets(child, f"{key}.{name}" if key else str(name)).items():
+                found.setdefault(target, where)
+    return found
+
+
+def _unet(module: Any, rehearsal: Rehearsal) -> Any:
+    for name in rehearsal.unet.split("."):
+        module = getattr(module, name)
+    return module
+
+
 class Probe:
-    """Records what NeMo builds and feeds, without changing it: the model and trainer (wrapping
-    MegatronLatentDiffusion.__init__; exp_manager has set the resume point by then) and the first
+    """Records what NeMo builds and feeds, without changing it: the model and trainer (wrapping the
+    family's NeMo model's __init__; exp_manager has set the resume point by then) and the first
     latents the UNet receives (a forward pre-hook)."""
 
     def __init__(self) -> None:
@@ -89,12 +111,12 @@ class Probe:
         self.resumed_from: str | None = None
         self.unet_input: list[int] | None = None
 
-    def install(self) -> None:
-        from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm import (
-            MegatronLatentDiffusion,
-        )
+    def install(self, rehearsal: Rehearsal) -> None:
+        import importlib
 
-        nemo_init = MegatronLatentDiffusion.__init__
+        module, name = rehearsal.model_class.split(":")
+        nemo_class = getattr(importlib.import_module(module), name)
+        nemo_init = nemo_class.__init__
         probe = self
 
         # Lightning's save_hyperparameters reads __init__'s signature: wraps keeps NeMo's.
@@ -103,10 +125,9 @@ class Probe:
             nemo_init(self, cfg, trainer)
             probe.model = self
             probe.resumed_from = getattr(trainer, "ckpt_path", None)
-            unet = self.model.model.diffusion_model
-            unet.register_forward_pre_hook(probe._record_input, with_kwargs=True)
+            _unet(self, rehearsal).register_forward_pre_hook(probe._record_input, with_kwargs=True)
 
-        MegatronLatentDiffusion.__init__ = init
+        nemo_class.__init__ = init
 
     def _record_input(self, module: Any, args: Any, kwargs: Any) -> None:
         x = args[0] if args else kwargs.get("x")
@@ -115,11 +136,12 @@ class Probe:
 
 
 def run_sd_train(script: Path, config: Path, overrides: list[str]) -> None:
-    """NeMo's sd_train.py as its own __main__, with Hydra's command line; its errors propagate."""
+    """NeMo's training script as its own __main__, with Hydra's command line; its errors propagate."""
     if not script.is_file():
         raise RehearsalFinding(
             f"training.run.script (or rehearsal.script): {script} does not exist where the job runs "
-            "(inside the container when there is one); allowed: NeMo's sd_train.py there"
+            "(inside the container when there is one); allowed: NeMo's training script there "
+            "(sd_train.py, sd_xl_train.py)"
         )
     os.environ["HYDRA_FULL_ERROR"] = "1"  # the original exception, not Hydra's summary and sys.exit
     sys.argv = [str(script), "--config-path", str(config.parent), "--config-name", config.name, *overrides]
@@ -170,10 +192,11 @@ def check_init_unet(planned: Path, source: str) -> dict[str, Any]:
 
 
 def check_latents(probe: Probe, config: Any) -> None:
-    """The UNet must be fed latents of the size the config's crop gives (NeMo trains on any size: a
-    latents folder of another resolution would train the wrong model without a word)."""
+    """The UNet must be fed latents of the size the config trains at (the family's `trained_size`: SD's
+    crop, SDXL's resize_smallest_side square). NeMo trains on any size: a latents folder of another
+    resolution would train the wrong model without a word."""
     model = config.model
-    crop = crop_size(model)
+    crop = family_of(model).trained_size(model)
     if probe.unet_input is None or crop is None or model.data.get("synthetic_data"):
         return
     wanted = [crop[0] // downsampling(model), crop[1] // downsampling(model)]
@@ -181,39 +204,22 @@ def check_latents(probe: Probe, config: Any) -> None:
         got = "x".join(map(str, probe.unet_input[1:]))
         raise RehearsalFinding(
             f"training.model.data: the UNet is fed {got} latents from {model.data.webdataset.local_root_path}, "
-            f"but center_crop_h_w {crop[0]}, {crop[1]} gives {wanted[0]}x{wanted[1]}: that data was prepared "
-            "at another resolution; allowed: this preset's data folder (training.data.folder) or data "
+            f"but the config trains at {crop[0]}x{crop[1]} px, which gives {wanted[0]}x{wanted[1]}: that data "
+            "was prepared at another resolution; allowed: this preset's data folder (training.data.folder) or data "
             "prepared with this config"
         )
 
 
-def sample(probe: Probe, config: Any, out: Path) -> None:
-    """One image from the trained model with NeMo's own pipeline (DDIM, 2 steps, guidance 7.5)."""
-    import torch
-    from nemo.collections.multimodal.parts.stable_diffusion.pipeline import pipeline
-    from omegaconf import OmegaConf
+def sample(probe: Probe, family: Family, rehearsal: Rehearsal, config: Any, out: Path) -> None:
+    """One image from the trained model with the family's sampler, its CPU patches applied first."""
+    from data_prep import nemo_cpu
+    from data_prep.rehearsal_sample import draw
 
-    from data_prep.nemo_cpu import patch_sampler_for_cpu
-
-    patch_sampler_for_cpu()
-    height, width = crop_size(config.model) or (256, 256)
-    infer = {
-        "prompts": [PROMPT],
-        "num_images_per_prompt": 1,
-        "height": height,
-        "width": width,
-        "down_factor": downsampling(config.model),
-        "inference_steps": 2,
-        "sampler_type": "DDIM",
-        "output_type": "pil",
-        "save_to_file": False,
-    }
-    settings = OmegaConf.create({"trainer": {"precision": config.trainer.precision}, "infer": infer})
-    model = probe.model.model
-    model.eval()
-    images = pipeline(model, settings, verbose=False, rng=torch.Generator().manual_seed(0))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    images[0][0].save(out)
+    for patch in rehearsal.sampler_patches:
+        for line in getattr(nemo_cpu, patch)():
+            print(f"rehearsal: patched {line}", flush=True)
+    size = family.trained_size(config.model) or (256, 256)
+    draw(rehearsal.sampler, probe.model, config, size, out)
 
 
 def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
@@ -226,21 +232,28 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
     if args.init_from:
         record["init_from"] = check_init_unet(args.planned, args.init_from)
         print(f"rehearsal: training.init_from: {json.dumps(record['init_from'])}", flush=True)
+    config = OmegaConf.load(args.config)
+    family = family_of(config.model)
+    rehearsal = family.rehearsal
+    if rehearsal is None:  # the planner refuses it first (launcher/stages/rehearsal.py)
+        raise RehearsalFinding(
+            f"rehearsal.enable: {family.rehearsal_refusal or 'no rehearsal for ' + family.title}"
+        )
     probe = Probe()
-    probe.install()
+    probe.install(rehearsal)
     overrides = [f"trainer.max_steps={args.step}"]
     os.chdir(args.config.parent)  # where Hydra and Lightning may write their own files
     run_sd_train(args.sd_train, args.config, overrides)
     if probe.model is None:
-        raise RehearsalFinding(f"{args.sd_train} returned without building NeMo's MegatronLatentDiffusion")
+        built = rehearsal.model_class.rsplit(":", 1)[-1]
+        raise RehearsalFinding(f"{args.sd_train} returned without building NeMo's {built}")
     trainer = probe.model.trainer
     record.update(
         steps=int(trainer.global_step),
         resumed_from=probe.resumed_from,
         unet_input=probe.unet_input,
-        unet_parameters=sum(p.numel() for p in probe.model.model.model.diffusion_model.parameters()),
+        unet_parameters=sum(p.numel() for p in _unet(probe.model, rehearsal).parameters()),
     )
-    config = OmegaConf.load(args.config)
     check_latents(probe, config)
     if record["steps"] != args.step:
         raise RehearsalFinding(
@@ -252,7 +265,7 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
             "requeued training job would too (training.exp_manager.resume_if_exists must stay true)"
         )
     if args.sample:
-        sample(probe, config, args.sample)
+        sample(probe, family, rehearsal, config, args.sample)
         record["sample"] = str(args.sample)
 
 
@@ -260,7 +273,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rehearsal_step.py", description=__doc__.split("\n")[0])
     parser.add_argument("--step", type=int, required=True, choices=(1, 2))
     parser.add_argument("--config", type=Path, required=True, help="the rehearsal's tiny training config")
-    parser.add_argument("--sd-train", type=Path, required=True, help="NeMo's sd_train.py")
+    parser.add_argument("--sd-train", type=Path, required=True, help="NeMo's training script")
     parser.add_argument("--record", type=Path, required=True, help="what this step found (JSON)")
     parser.add_argument("--planned", type=Path, help="the planned training config (for --init-from)")
     parser.add_argument("--init-from", help="training.init_from: its UNet is checked against --planned")

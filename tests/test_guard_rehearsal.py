@@ -24,9 +24,12 @@ from launcher.stages.rehearsal import RehearsalConfig
 from launcher.validate import check_facts, to_schema
 
 AWS = ["cluster=aws_p5", "cluster.shared_dir=/fsx", "rehearsal=true"]
+# Every training preset, SD's and SDXL's: "<folder>/<name>".
 PRESETS = sorted(
-    p.stem for p in (Path(__file__).resolve().parents[1] / "conf/training/stable_diffusion").glob("*.yaml")
+    str(p.relative_to(p.parents[1]).with_suffix(""))
+    for p in (Path(__file__).resolve().parents[1] / "conf/training").glob("*/*.yaml")
 )
+SDXL_STAGE_1 = "training=sdxl/sdxl_base_train_res_256_stage_1"
 
 
 def _plan(*overrides: str) -> Plan:
@@ -101,6 +104,42 @@ def test_the_job_runs_as_training_runs_but_on_a_cpu_node() -> None:
     )
 
 
+def test_an_sdxl_preset_rehearses_with_its_own_training_script() -> None:
+    """SDXL's rehearsal (issue 36.2): planned like SD's, with sd_xl_train.py (training.run.script), and its
+    tiny config turns off what a CPU cannot run: FSDP and the text encoders' CUDA device."""
+    plan = _plan("stages=[data_preparation,training]", SDXL_STAGE_1)
+    training = plan.job("sdxl_base_train_res_256_stage_1")
+    assert _after(plan, "rehearsal") == ["data_check"] and _after(plan, training.name) == ["rehearsal"]
+    argv = dict(zip(plan.job("rehearsal").argv[3::2], plan.job("rehearsal").argv[4::2], strict=False))
+    assert argv["--sd-train"] == training.argv[2] and argv["--sd-train"].endswith("/sd_xl_train.py")
+    planned = yaml.safe_load(dict(plan.files)[plan.run_dir / f"training/{training.name}.yaml"])
+    tiny, changes = derive(planned, Path("/fsx/x/results"))
+    model = tiny["model"]
+    assert model["fsdp"] is False and planned["model"]["fsdp"] is True
+    assert [e["emb_model"].get("device") for e in model["conditioner_config"]["emb_models"][:2]] == [
+        "cpu"
+    ] * 2
+    assert model["unet_config"]["model_channels"] == 64  # num_head_channels 64: one head
+    assert model["unet_config"]["transformer_depth"] == [1, 2, 10]  # the same depth
+    assert (
+        "model.fsdp: True -> False (FSDP needs a GPU: sd_xl_train.py takes NeMo's DDP strategy without it)"
+        in (changes)
+    )
+    assert "model.conditioner_config.emb_models.1.emb_model.device: 'cuda' -> 'cpu' (no GPU)" in changes
+
+
+def test_a_family_without_a_rehearsal_is_refused_at_planning() -> None:
+    from launcher import families
+
+    sdxl = families.family_of({"conditioner_config": {"emb_models": []}})
+    toy = dataclasses.replace(sdxl, name="toy", matches=lambda model: True, rehearsal=None)
+    with (
+        families.registered(toy),
+        pytest.raises(ConfigError, match=r"^rehearsal\.enable: is true, but its family "),
+    ):
+        _plan("stages=[training]", SDXL_STAGE_1)
+
+
 def test_the_note_says_what_waits() -> None:
     notes = [n for n in _plan("stages=[benchmark,training]").notes if n.startswith("rehearsal:")]
     assert len(notes) == 1 and "benchmark and training wait on it (afterok)" in notes[0]
@@ -120,7 +159,7 @@ def test_no_nemo_interpreter_without_a_container_is_refused(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_tiny_config_of_each_preset_changes_only_what_a_cpu_needs(preset: str) -> None:
-    plan = _plan("stages=[training]", f"training=stable_diffusion/{preset}", "training.init_from=/fsx/r")
+    plan = _plan("stages=[training]", f"training={preset}", "training.init_from=/fsx/r")
     planned = yaml.safe_load(dict(plan.files)[plan.run_dir / f"training/{plan.jobs[-1].name}.yaml"])
     tiny, changes = derive(planned, Path("/fsx/x/results"))
     unet = tiny["model"]["unet_config"]
@@ -145,11 +184,12 @@ def test_tiny_config_of_each_preset_changes_only_what_a_cpu_needs(preset: str) -
     assert unet["from_pretrained"] is None and any("from_pretrained" in change for change in changes)
     changed = {change.split(":")[0] for change in changes}
 
-    def leaves(tree: dict, prefix: str = "") -> dict[str, object]:
+    def leaves(tree: dict | list, prefix: str = "") -> dict[str, object]:
         out: dict[str, object] = {}
-        for key, value in tree.items():
+        for key, value in tree.items() if isinstance(tree, dict) else enumerate(tree):
             path = f"{prefix}{key}"
-            out |= leaves(value, path + ".") if isinstance(value, dict) else {path: value}
+            nested = isinstance(value, dict | list) and value
+            out |= leaves(value, path + ".") if nested else {path: value}
         return out
 
     differ = {k for k, v in leaves(tiny).items() if leaves(planned).get(k, "absent") != v}
@@ -240,3 +280,26 @@ def test_status_takes_the_job_s_error_line_not_srun_s_after_it(tmp_path: Path) -
         "Traceback ...\nrehearsal: error: what it found\nsrun: error: n1: task 0: Exited with exit code 1\n"
     )
     assert error_lines(tmp_path / "rehearsal_%j.out") == ["rehearsal: error: what it found"]
+
+
+def test_a_nested_module_nemo_cannot_build_is_named_by_its_key() -> None:
+    """SDXL's text encoders sit in conditioner_config.emb_models: Hydra's error names the innermost target
+    (checked on NeMo 2.4.1 with a CLIP folder holding a VAE), and the line names its key."""
+    from omegaconf import OmegaConf
+
+    from data_prep.rehearsal_step import nemo_error
+
+    clip = "nemo.collections.multimodal.modules.stable_diffusion.encoders.modules.FrozenCLIPEmbedder"
+    emb_models = [{"input_key": "captions", "emb_model": {"_target_": clip, "version": "/m/vae"}}]
+    conditioner = {"_target_": "nemo.x.GeneralConditioner", "emb_models": emb_models}
+    cfg = OmegaConf.create({"model": {"conditioner_config": conditioner}})
+    try:
+        raise ValueError(
+            f"Error in call to target '{clip}':\nOSError(...)\nfull_key: emb_models[0].emb_model"
+        ) from (OSError("Can't load tokenizer for '/m/vae'. If you were trying to load it from the Hub, ..."))
+    except ValueError as exc:
+        line = nemo_error(exc, cfg)
+    assert line == (
+        "training.model.conditioner_config.emb_models.0.emb_model (FrozenCLIPEmbedder): NeMo cannot build it: "
+        "OSError: Can't load tokenizer for '/m/vae'."
+    )

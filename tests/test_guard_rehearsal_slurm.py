@@ -2,9 +2,11 @@
 before the GPU chain (tests/standin_sd_train.py, a STAND-IN that trains nothing, and pyxis's SPANK
 stand-in that runs NO container, as in tests/test_training_slurm.py).
 
-NeMo's sd_train.py is not in NeMo's wheel: the rehearsal runs tests/nemo_cpu/sd_train_cpu.py in its
-place (rehearsal.script), which makes the same calls. The planned UNet is the preset's (320 channels);
-only the context width and the VAE's size fit the tiny staged assets (tests/nemo_cpu/tiny.py).
+NeMo's sd_train.py and sd_xl_train.py are not in NeMo's wheel: the rehearsal runs tests/nemo_cpu/
+sd_train_cpu.py or sd_xl_train_cpu.py in their place (rehearsal.script), which make the same calls. The
+planned UNet is the preset's width (320 channels); only the text widths and the VAE's size fit the tiny
+staged assets (tests/nemo_cpu/tiny.py), and SDXL's UNet levels and image size are cut to keep the CPU run
+short (the rehearsal keeps them as planned, as it keeps SD's).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from nemo_cpu.harness import SD_TRAIN_CPU
-from nemo_cpu.tiny import VAE, WIDTH
+from nemo_cpu.harness import SD_TRAIN_CPU, SD_XL_TRAIN_CPU
+from nemo_cpu.tiny import OPEN_CLIP_ARCH, OPEN_CLIP_WIDTH, SDXL_CONDITIONER, VAE, WIDTH
 
 from launcher import manifest
 from launcher.cli import launch
@@ -28,9 +30,30 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
 TRAINING = "sd_860m_res_256"
+SDXL_TRAINING = "sdxl_base_train_res_256_stage_1"
+# SD's 256 px preset with the tiny CLIP's width (the staged tiny assets), not the UNet's (the rehearsal
+# shrinks that).
+SD = (f"rehearsal.script={SD_TRAIN_CPU}", f"training.model.unet_config.context_dim={WIDTH}")
+# SDXL's stage-1 preset at the tiny assets' widths (context: CLIP + OpenCLIP; vector: pooled OpenCLIP + 3
+# size/crop embedders x 2 x 256) on the demo's data, with 2 UNet levels, 64 px images and sd_xl_train's CPU
+# stand-in: the rehearsal's 64-channel UNet (num_head_channels 64) trains in seconds.
+SDXL = (
+    f"training=sdxl/{SDXL_TRAINING}",
+    "training.data.folder=data",
+    f"rehearsal.script={SD_XL_TRAIN_CPU}",
+    f"training.model.unet_config.context_dim={WIDTH + OPEN_CLIP_WIDTH}",
+    f"training.model.unet_config.adm_in_channels={OPEN_CLIP_WIDTH + 3 * 2 * 256}",
+    f"{SDXL_CONDITIONER}.1.emb_model.arch={OPEN_CLIP_ARCH}",
+    "training.model.unet_config.channel_mult=[1,2]",
+    "training.model.unet_config.num_res_blocks=1",
+    "training.model.unet_config.attention_resolutions=[1,2]",
+    "training.model.unet_config.transformer_depth=[1,2]",
+    "training.model.data.train.augmentations.resize_smallest_side=64",
+)
 
 
-def _launch(shared: Path, nemo_python: str, *overrides: str) -> dict[str, str]:
+def _launch(shared: Path, nemo_python: str, *overrides: str, run: str = TRAINING) -> dict[str, str]:
+    """The launch of `overrides` (SD or SDXL, and a test's own) on the test cluster; {job: Slurm id}."""
     (shared / "nemo.sqsh").write_bytes(b"hsqs")  # preflight checks that the image exists
     launch(
         compose_config(
@@ -52,13 +75,11 @@ def _launch(shared: Path, nemo_python: str, *overrides: str) -> dict[str, str]:
                 f"training.run.script={STANDIN}",
                 f"training.run.python={sys.executable}",
                 f"rehearsal.python={nemo_python}",
-                f"rehearsal.script={SD_TRAIN_CPU}",
                 "training.trainer.num_nodes=1",
                 "training.model.micro_batch_size=2",
                 "training.model.global_batch_size=2",
                 "training.trainer.max_steps=2",
-                # The staged tiny CLIP and VAE: their widths, not the UNet's (the rehearsal shrinks that).
-                f"training.model.unet_config.context_dim={WIDTH}",
+                # The staged tiny VAE's sizes.
                 f"training.model.first_stage_config.ddconfig.ch={VAE['ch']}",
                 f"training.model.first_stage_config.ddconfig.ch_mult={VAE['ch_mult']}".replace(" ", ""),
                 f"training.model.first_stage_config.ddconfig.num_res_blocks={VAE['num_res_blocks']}",
@@ -66,7 +87,7 @@ def _launch(shared: Path, nemo_python: str, *overrides: str) -> dict[str, str]:
             ]
         )
     )
-    return {r.name: r.job_id for r in manifest.load(shared / "results" / TRAINING) if r.job_id}
+    return {r.name: r.job_id for r in manifest.load(shared / "results" / run) if r.job_id}
 
 
 def _status(run: Path) -> str:
@@ -85,7 +106,7 @@ def cluster_env(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_correct_plan_rehearses_then_the_gpu_chain_runs(
     slurm_cluster, cluster_env: None, nemo_shared: Path, nemo_python: str
 ) -> None:
-    ids = _launch(nemo_shared, nemo_python)
+    ids = _launch(nemo_shared, nemo_python, *SD)
     run = nemo_shared / "results" / TRAINING
     edges = {r.name: r.depends_on for r in manifest.load(run)}
     assert edges == {"rehearsal": [], TRAINING: ["afterok:rehearsal"]}
@@ -118,7 +139,7 @@ def test_a_plan_only_nemo_can_refuse_fails_the_rehearsal_and_no_gpu_job_starts(
 ) -> None:
     """The text encoder's path exists but holds the VAE, not a CLIP model: no login-node check can tell."""
     not_clip = nemo_shared / "models/sd-vae-ft-mse"
-    ids = _launch(nemo_shared, nemo_python, f"training.model.cond_stage_config.version={not_clip}")
+    ids = _launch(nemo_shared, nemo_python, *SD, f"training.model.cond_stage_config.version={not_clip}")
     run = nemo_shared / "results" / TRAINING
     assert slurm_cluster.wait_job(ids["rehearsal"], timeout=600).state == "FAILED"
     assert slurm_cluster.wait_job(ids[TRAINING], timeout=60).state == "CANCELLED"  # kill-on-invalid-dep
@@ -135,3 +156,32 @@ def test_a_plan_only_nemo_can_refuse_fails_the_rehearsal_and_no_gpu_job_starts(
     shown = " ".join(_status(run).split())  # rich wraps long lines at the terminal's width
     assert f"rehearsal: FAILED: {line.removeprefix('rehearsal: error: ')}" in shown
     assert f"why jobs failed (the last error line of their logs): rehearsal: {line}" in shown
+
+
+def test_an_sdxl_plan_rehearses_with_nemos_sd_xl_train(
+    slurm_cluster, cluster_env: None, nemo_shared: Path, nemo_python: str
+) -> None:
+    """Issue 36.2: SDXL's preset rehearsed as SD's is: NeMo's MegatronDiffusionEngine (sd_xl_train's path)
+    with FSDP off and the text encoders on CPU, 2 steps with a checkpoint and its resume, one image drawn
+    as sd_xl_infer draws it; the same report and status line."""
+    ids = _launch(nemo_shared, nemo_python, *SDXL, run=SDXL_TRAINING)
+    run = nemo_shared / "results" / SDXL_TRAINING
+    rehearsal = slurm_cluster.wait_job(ids["rehearsal"], timeout=600)
+    log = next((run / "rehearsal/logs").glob("rehearsal_*.out")).read_text()
+    assert rehearsal.state == "COMPLETED", log[-3000:]
+    report = json.loads(RehearsalOutputs(run).report.read_text())
+    assert report["ok"] and report["unet_channels"] == [64, 320]
+    assert "model.fsdp: True -> False (FSDP needs a GPU" in " ".join(report["changes"])
+    assert report["step1"]["steps"] == 1 and report["step1"]["resumed_from"] is None
+    assert (
+        report["step2"]["steps"] == 2
+        and "-step=1-consumed_samples=1.0-last.ckpt" in report["step2"]["resumed_from"]
+    )
+    assert report["step1"]["unet_input"] == [1, 4, 8, 8]  # resize_smallest_side 64 through the VAE
+    assert "sd_xl_train_cpu: running" in log and "Restored all states from the checkpoint" in log
+    assert "Sampling with EulerEDMSampler" in log  # NeMo's SamplingPipeline, sd_xl_infer's default sampler
+    assert RehearsalOutputs(run).sample.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert slurm_cluster.wait_job(ids[SDXL_TRAINING], timeout=120).state == "COMPLETED"
+    shown = " ".join(_status(run).split())
+    assert f"NeMo trained a 64-channel UNet (planned: 320) for 2 steps on {nemo_shared}/data/" in shown
+    assert "resumed from its step-1 checkpoint, sampled rehearsal/sample.png" in shown
