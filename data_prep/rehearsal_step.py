@@ -134,7 +134,7 @@ def check_init_unet(planned: Path, source: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     # The init job's own resolution of a run folder (newest finished checkpoint, EMA twin when kept).
-    from launcher.init_unet import UNET_PREFIX, checkpoint_of
+    from launcher.init_from import UNET_PREFIX, checkpoint_of
 
     key = "training.init_from"
     try:

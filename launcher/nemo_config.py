@@ -19,7 +19,7 @@ from data_prep.model_family import is_sdxl, text_encoders
 from launcher import fsdp, latents, sdxl_config
 from launcher.context import Context
 from launcher.errors import ConfigError
-from launcher.init_unet import FROM_SCRATCH
+from launcher.init_from import FROM_SCRATCH
 from launcher.outputs import TrainingOutputs
 from launcher.rules import slurm_time_seconds
 

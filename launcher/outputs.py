@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import checkpoints
 from launcher.paths import RunPaths
-from launcher.sampling import checkpoints
 
 
 @dataclass(frozen=True)
 class TrainingOutputs:
     """NeMo's sd_train.py writes under exp_manager.explicit_log_dir = `results`: `checkpoints/` (names,
-    EMA twins and `-unfinished` markers: launcher.sampling.checkpoints), `hparams.yaml`, the TensorBoard
+    EMA twins and `-unfinished` markers: launcher.checkpoints), `hparams.yaml`, the TensorBoard
     events. The launcher writes the NeMo config `<training.run.name>.yaml` beside `results`, and at a real
     launch `training.json`, the training the folder holds."""
 

@@ -13,9 +13,9 @@ import yaml
 from conftest import FIXED_FACTS
 from nemo_file import write_nemo
 
+from launcher import checkpoints
 from launcher.errors import ConfigError
 from launcher.pipeline import build_plan
-from launcher.sampling import checkpoints
 from launcher.sampling.settings import SamplingSettings
 from launcher.spec import DependencyKind
 from launcher.stages.samples import status_lines

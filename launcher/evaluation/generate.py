@@ -35,8 +35,8 @@ if __package__ in (None, ""):  # started by path: find this repo
 
 from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
+from launcher.checkpoints import hparams_of
 from launcher.evaluation.settings import EvaluationSettings
-from launcher.sampling.checkpoints import hparams_of
 from launcher.sampling.job import (
     infer_section,
     nemo_env,

@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # started by path: find this repo
 
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
 from data_prep.faults import step_main
-from launcher.sampling.checkpoints import (
+from launcher.checkpoints import (
     ema_twin,
     final_nemo,
     hparams_of,

@@ -22,6 +22,7 @@ from typing import Any
 
 from data_prep.model_family import is_sdxl
 from launcher import nemo_config
+from launcher.checkpoints import hparams_of
 from launcher.config import JobResources, Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
@@ -29,7 +30,6 @@ from launcher.evaluation.settings import CAPTIONS_JSON, EvaluationSettings
 from launcher.outputs import EvaluationOutputs, SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
-from launcher.sampling.checkpoints import hparams_of
 from launcher.sampling.resolution import trained_size
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stage import AssetNeeds, StageSpec

@@ -20,14 +20,13 @@ from typing import Any
 
 from data_prep.model_family import is_sdxl
 from data_prep.text_cache import PRECACHE_MODE
-from launcher import latents, nemo_config
+from launcher import checkpoints, latents, nemo_config
 from launcher.config import Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.outputs import SamplesOutputs, TrainingOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Pattern, Range, SlurmTime, Text, ruled
-from launcher.sampling import checkpoints
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
 from launcher.spec import JobSpec, Resources

@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import manifest, nemo_python
+from launcher import checkpoints, manifest, nemo_python
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
-from launcher.init_unet import FROM_SCRATCH, UNET_PREFIX
+from launcher.init_from import FROM_SCRATCH, UNET_PREFIX
 from launcher.nemo_python import NemoJob
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
-from launcher.sampling import checkpoints
 from launcher.spec import ExternalDependency, JobSpec
 from launcher.stages.common import cpu_resources, make_job
 from launcher.unet_shape import differences, tensor_problems, unet_shape
