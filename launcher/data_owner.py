@@ -107,7 +107,7 @@ def _refuse_live_slurm(data_dir: Path, run_dir: Path, this_role: str) -> None:
     ids = [i for w in others for joined in w.get("jobs", {}).values() if joined for i in joined.split(":")]
     if not ids:
         return
-    from launcher.status.states import ACTIVE_STATES, slurm_states  # only with another run's records
+    from launcher.job_states import ACTIVE_STATES, slurm_states  # only with another run's records
 
     try:
         states = slurm_states(ids)

@@ -95,7 +95,7 @@ def _load_model(path: Path, section: str) -> dict[str, Any]:
 
 def _live_training(run: Path) -> str | None:
     """The id of the run's last training part when any training part is queued or running."""
-    from launcher.status.states import status
+    from launcher.job_states import status
 
     if not (run / manifest.MANIFEST).exists():
         return None
