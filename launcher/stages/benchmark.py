@@ -26,7 +26,7 @@ from launcher.nemo_python import NemoJob
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
-from launcher.stages import training
+from launcher.stages import training_job
 from launcher.stages.common import cpu_resources, make_job
 
 NAME = "benchmark"
@@ -162,7 +162,7 @@ def files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 def _resources(ctx: Context, case: Case) -> Resources:
     """What training gets on that many nodes, for the task's time; one rank per node without GPUs."""
     if ctx.cfg.cluster.gpus_per_node >= 1:
-        return training.resources(case_context(ctx, case))
+        return training_job.resources(case_context(ctx, case))
     cl = ctx.cfg.cluster
     return Resources(nodes=case.nodes, time=ctx.cfg.benchmark.time_per_task, partition=cl.partition)
 
@@ -197,7 +197,7 @@ def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
         argv=argv,
         resources=_resources(ctx, cases[0]),
         array=Array(len(cases), throttle),
-        secret_files=training.secret_files_of(ctx),
+        secret_files=training_job.secret_files_of(ctx),
         env=nemo_config.OFFLINE_HUB_ENV,
         with_code=False,
     )

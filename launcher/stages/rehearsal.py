@@ -25,7 +25,7 @@ from launcher.rules import Text, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import StageSpec
 from launcher.stages.common import cpu_resources, make_job
-from launcher.stages.training import secret_files_of
+from launcher.stages.training_job import secret_files_of
 
 NAME = "rehearsal"
 JOB = NemoJob(NAME, "rehearsal.python")  # its interpreter: launcher.nemo_python

@@ -14,9 +14,9 @@ from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Pattern, Range, SlurmTime, Text, described, ruled
-from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
+from launcher.spec import Dependency, DependencyKind, JobSpec
 from launcher.stage import StageSpec
-from launcher.stages import training_init, training_record, training_status
+from launcher.stages import training_init, training_job, training_record, training_status
 from launcher.stages.common import make_job
 
 NAME = "training"
@@ -149,22 +149,6 @@ class TrainingConfig:
     )
 
 
-def resources(ctx: Context) -> Resources:
-    cl = ctx.cfg.cluster
-    s = nemo_config.shape(ctx.cfg)
-    cpus = (cl.cpus_per_node // s.gpus_per_node) if cl.cpus_per_node else 1
-    return Resources(
-        nodes=s.nodes,
-        ntasks_per_node=s.gpus_per_node,
-        cpus_per_task=max(cpus, 1),
-        gpus_per_node=s.gpus_per_node,
-        mem=cl.gpu_job_mem,
-        time=nemo_config.time_limit(ctx.cfg),
-        exclusive=cl.exclusive_gpu_jobs,
-        partition=cl.partition,
-    )
-
-
 def _done_check(ctx: Context) -> tuple[str, ...]:
     """A chained job that starts after max_steps was reached ends at once.
 
@@ -184,13 +168,6 @@ def _done_check(ctx: Context) -> tuple[str, ...]:
         "  fi",
         "done",
     )
-
-
-def secret_files_of(ctx: Context) -> tuple[tuple[str, str], ...]:
-    """(variable, file) pairs a NeMo job reads at run time (training and the benchmark sweep)."""
-    run = ctx.cfg.training.run
-    pairs = (("WANDB_API_KEY", run.wandb_api_key_file), ("HF_TOKEN", run.hf_token_file))
-    return tuple((name, path) for name, path in pairs if path)
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
@@ -224,11 +201,11 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
                 stage=NAME,
                 name=name,
                 argv=argv,
-                resources=resources(ctx),
+                resources=training_job.resources(ctx),
                 depends_on=deps,
                 sbatch_args=sbatch_args,
                 prologue=_done_check(ctx),
-                secret_files=secret_files_of(ctx),
+                secret_files=training_job.secret_files_of(ctx),
                 singleton=run.chain > 1,
                 slurm_name=run.name,
                 env=nemo_config.OFFLINE_HUB_ENV,
