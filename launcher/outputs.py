@@ -191,6 +191,35 @@ class EvaluationOutputs:
 
 
 @dataclass(frozen=True)
+class BenchmarkOutputs:
+    """The throughput sweep (launcher.bench): `cases.json`, each case's NeMo config and its tasks' files
+    (launcher.bench.cases), then the report job's `report.md`, `report.csv`, `report.json`, `throughput.png`."""
+
+    run_dir: Path
+
+    @property
+    def stage_dir(self) -> Path:
+        return RunPaths(self.run_dir).stage_dir("benchmark")
+
+    @property
+    def report_md(self) -> Path:
+        return self.stage_dir / "report.md"
+
+    @property
+    def report_csv(self) -> Path:
+        return self.stage_dir / "report.csv"
+
+    @property
+    def report_json(self) -> Path:
+        """What each task measured (the rows `compare` and training's cost estimate read)."""
+        return self.stage_dir / "report.json"
+
+    @property
+    def plot(self) -> Path:
+        return self.stage_dir / "throughput.png"
+
+
+@dataclass(frozen=True)
 class DataCheckOutputs:
     run_dir: Path
 

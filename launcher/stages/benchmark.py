@@ -23,6 +23,7 @@ from launcher.config import BackendName, JobResources
 from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.nemo_python import NemoJob
+from launcher.outputs import BenchmarkOutputs
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import StageSpec
@@ -227,7 +228,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
             f"benchmark: {len(b.nodes)} node count(s) x {len(b.micro_batch_sizes)} micro batch size(s) = "
             f"{len(s.cases)} tasks of {s.max_steps} steps ({s.warmup_steps} warm-up steps excluded), "
             f"{'synthetic' if s.synthetic_data else 'real'} data; "
-            f"report: {bench_dir(ctx.run_dir) / 'report.md'}"
+            f"report: {BenchmarkOutputs(ctx.run_dir).report_md}"
         ),
     )
 
