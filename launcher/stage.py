@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,14 @@ class AssetNeeds:
     repo_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Names of the single-file assets under `assets` (a URL pinned by sha256).
     files: tuple[str, ...] = ()
+
+
+class DataRole(Enum):
+    """What a stage's jobs do with the data folder (data_dir): launcher.data_owner keeps one run writing
+    it at a time, and no run reading it while another writes."""
+
+    reads = "reads"
+    writes = "writes"
 
 
 def no_assets(cfg: Any) -> AssetNeeds:
@@ -102,6 +111,8 @@ class StageSpec:
     nemo_jobs: Callable[[Any], tuple[NemoJob, ...]] = no_nemo_jobs
     # What the submitting host suggests but does not forbid (free space): printed, never blocking.
     warnings: Warnings = no_warnings
+    # What its jobs do with data_dir (None: nothing): launcher.data_owner reads it from the planned jobs.
+    data_role: DataRole | None = None
     # What the assets job stages for this stage when it is planned (launcher/stages/assets.py asks).
     assets: Callable[[Any], AssetNeeds] = no_assets
     # Files written beside the scripts (path, text) and lines printed with the plan.

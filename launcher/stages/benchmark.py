@@ -25,7 +25,7 @@ from launcher.errors import ConfigError
 from launcher.nemo_python import NemoJob
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages import training
 from launcher.stages.common import cpu_resources, make_job
 
@@ -293,6 +293,7 @@ STAGE = StageSpec(
     config=BenchmarkConfig,
     plan=plan,
     needs=_needs,
+    data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (SWEEP,),
     files=files,

@@ -12,7 +12,7 @@ from launcher.nemo_python import NemoJob
 from launcher.outputs import DataCheckOutputs
 from launcher.rules import Range, Text, described, ruled
 from launcher.spec import JobSpec
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import cpu_resources, make_job
 
 NAME = "data_check"
@@ -86,6 +86,7 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     auto=lambda cfg: cfg.data_check.enable,
+    data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (JOB,),
     files=nemo_config.config_files,

@@ -16,7 +16,7 @@ from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.space import free_space_warning
 from launcher.spec import Array, JobSpec
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages import precache
 from launcher.stages.common import after, cpu_resources, make_job, require_mounted
 from launcher.stages.data_preparation_config import GONE_FROM_HUB, DataPreparationConfig
@@ -307,6 +307,7 @@ STAGE = StageSpec(
     plan=plan,
     # The encode step (precache) reads the staged VAE and CLIP; the downloads do not wait for them.
     uses=lambda cfg: ("assets",) if latents.enabled(cfg) else (),
+    data_role=DataRole.writes,
     check=_check_all,
     host_check=_host_check,
     nemo_jobs=precache.nemo_jobs,

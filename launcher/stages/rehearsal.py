@@ -23,7 +23,7 @@ from launcher.nemo_python import NemoJob
 from launcher.outputs import RehearsalOutputs
 from launcher.rules import Text, described, ruled
 from launcher.spec import JobSpec
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import cpu_resources, make_job
 from launcher.stages.training import secret_files_of
 
@@ -143,6 +143,7 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     auto=lambda cfg: cfg.rehearsal.enable,
+    data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (JOB,),
     files=nemo_config.config_files,

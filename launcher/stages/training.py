@@ -15,7 +15,7 @@ from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Pattern, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages import training_init, training_record, training_status
 from launcher.stages.common import make_job
 
@@ -283,6 +283,7 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     gpus=True,
+    data_role=DataRole.reads,
     check=_check,
     host_check=_host_check,
     nemo_jobs=_nemo_jobs,
