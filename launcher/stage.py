@@ -120,3 +120,6 @@ class StageSpec:
     notes: Callable[[Context], tuple[str, ...]] = no_notes
     # Lines `status` shows for this stage's progress, read from the run folder.
     status: Callable[[Path], list[str]] = no_status
+    # Lines the launch prints after this stage's jobs ran on the local backend (what they found), read
+    # from the run folder.
+    summary: Callable[[Path], list[str]] = no_status

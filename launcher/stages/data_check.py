@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config, nemo_python
@@ -80,6 +82,19 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         nemo_config.check(cfg)
 
 
+def summary_lines(run_dir: Path) -> list[str]:
+    """What the data check found, once it wrote its report (the local backend's summary prints it)."""
+    path = DataCheckOutputs(run_dir).report
+    if not path.exists():
+        return []
+    found = json.loads(path.read_text())
+    loader = found.get("loader") or {}
+    return [
+        f"data_check: {'passed' if found['ok'] else 'FAILED'}: {found['wdinfo']['total_key_count']:,} samples, "
+        f"batch images {loader.get('images')}, {loader.get('images_per_s')} images/s on this CPU ({path})"
+    ]
+
+
 STAGE = StageSpec(
     name=NAME,
     config=DataCheckConfig,
@@ -90,4 +105,5 @@ STAGE = StageSpec(
     check=_check,
     nemo_jobs=lambda cfg: (JOB,),
     files=nemo_config.config_files,
+    summary=summary_lines,
 )

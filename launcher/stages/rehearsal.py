@@ -149,4 +149,5 @@ STAGE = StageSpec(
     files=nemo_config.config_files,
     notes=_notes,
     status=rehearsal_report.status_lines,
+    summary=rehearsal_report.status_lines,
 )
