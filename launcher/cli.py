@@ -10,10 +10,12 @@ composed config and exits; `--help` lists each config group's options and defaul
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -44,8 +46,8 @@ from launcher.errors import LauncherError
 from launcher.limits import fit
 from launcher.paths import output_width
 from launcher.pipeline import build_plan
-from launcher.registry import STAGES
-from launcher.stages import training_init, training_record
+from launcher.registry import STAGES, planned
+from launcher.stage import StageSpec
 from launcher.validate import check_facts, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,12 +78,18 @@ def host_facts() -> Facts:
     )
 
 
+def probed(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> Facts:
+    """`facts` with what each planned stage probes (StageSpec.probe) under its name, probed once here."""
+    found = {stage.name: stage.probe(cfg, facts) for stage in planned(cfg, stages) if stage.probe}
+    return dataclasses.replace(facts, probed={**facts.probed, **found})
+
+
 def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     """Everything after composition; returns the run folder."""
     cfg = to_schema(composed)
     facts = facts or host_facts()
     check_facts(cfg, facts)
-    facts = training_init.probe(cfg, facts)  # the earlier run's live training, which init_from waits for
+    facts = probed(cfg, facts)  # e.g. the live training that training.init_from's job waits for
     _preflight(cfg)
     plan = build_plan(cfg, facts)
     backend_name = cfg.cluster.backend.value
@@ -117,8 +125,8 @@ def _submit(
         summary.dry_run(request, preview.write(request, config_yaml) if writes else None)
         return
     manifest.write_atomic(run_dir / "config.yaml", config_yaml)
-    if any(job.stage == "training" for job in request.plan.jobs):
-        training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
+    for stage in planned(cfg):  # what submitting each stage's jobs records (StageSpec.on_submit)
+        stage.on_submit(cfg, tuple(job for job in request.plan.jobs if job.stage == stage.name))
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)

@@ -81,6 +81,10 @@ def no_status(run_dir: Path) -> list[str]:
     return []
 
 
+def no_on_submit(cfg: Any, jobs: tuple[JobSpec, ...]) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """One stage: its config section, its planner, its checks and what it needs.
@@ -115,6 +119,14 @@ class StageSpec:
     data_role: DataRole | None = None
     # What the assets job stages for this stage when it is planned (launcher/stages/assets.py asks).
     assets: Callable[[Any], AssetNeeds] = no_assets
+    # What the submitting host must know that only a side effect tells (another run's live jobs): run by
+    # the cli once, before planning, when the stage is planned; the result is `facts.probed[name]`, which
+    # the stage's planner and notes read (planning itself never probes).
+    probe: Callable[[Any, Facts], Any] | None = None
+    # What a real launch does besides writing the scripts and the manifest when it submits this stage's
+    # jobs (training records the training its run folder holds): called with the stage's jobs about to be
+    # submitted (none when a resubmission keeps them all), never in a dry run.
+    on_submit: Callable[[Any, tuple[JobSpec, ...]], None] = no_on_submit
     # Files written beside the scripts (path, text) and lines printed with the plan.
     files: Callable[[Context], tuple[tuple[Path, str], ...]] = no_files
     notes: Callable[[Context], tuple[str, ...]] = no_notes

@@ -267,6 +267,11 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
         training_init.host_check(cfg)
 
 
+def _on_submit(cfg: Any, jobs: tuple[JobSpec, ...]) -> None:
+    if jobs:
+        training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
+
+
 def _notes(ctx: Context) -> tuple[str, ...]:
     s = nemo_config.shape(ctx.cfg)
     shape = (
@@ -274,7 +279,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
         f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
         f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step"
     )
-    return (*training_init.notes(ctx), shape, *cost.notes(ctx.cfg))
+    return (*training_init.notes(ctx, NAME), shape, *cost.notes(ctx.cfg))
 
 
 STAGE = StageSpec(
@@ -287,6 +292,8 @@ STAGE = StageSpec(
     check=_check,
     host_check=_host_check,
     nemo_jobs=_nemo_jobs,
+    probe=training_init.probe,
+    on_submit=_on_submit,
     files=nemo_config.config_files,
     notes=_notes,
     status=training_status.status_lines,
