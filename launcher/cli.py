@@ -32,7 +32,6 @@ from launcher import (
     data_owner,
     groups,
     hydra_errors,
-    latents,
     manifest,
     nemo_config,
     preflight,
@@ -51,19 +50,6 @@ from launcher.stage import StageSpec
 from launcher.validate import check_facts, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _preflight(cfg: Any) -> None:
-    world = nemo_config.world_size(cfg)
-    found = preflight.check(cfg, Path(latents.training_wdinfo(cfg)), world)
-    for note in found.notes:
-        print(f"preflight: {note}")
-    for warning in found.warnings:
-        print(f"preflight warning: {warning}", file=sys.stderr)
-    if found.problems and not cfg.dry_run:
-        raise LauncherError("preflight failed:\n  " + "\n  ".join(found.problems))
-    for problem in found.problems:
-        print(f"preflight warning (dry run): {problem}", file=sys.stderr)
 
 
 def host_facts() -> Facts:
@@ -90,7 +76,7 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     facts = facts or host_facts()
     check_facts(cfg, facts)
     facts = probed(cfg, facts)  # e.g. the live training that training.init_from's job waits for
-    _preflight(cfg)
+    preflight.run(cfg)
     plan = build_plan(cfg, facts)
     backend_name = cfg.cluster.backend.value
     if backend_name == "slurm":  # arrays above MaxArraySize go in parts; too many jobs are refused here

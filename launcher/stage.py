@@ -7,7 +7,7 @@ the modules in pipeline order and is the only place that reads them. docs/adding
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,16 @@ class AssetNeeds:
     repo_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Names of the single-file assets under `assets` (a URL pinned by sha256).
     files: tuple[str, ...] = ()
+
+
+@dataclass
+class Findings:
+    """What a stage's preflight found in the submitting host's files (launcher.preflight prints them)."""
+
+    # Errors at a real launch, warnings in a dry run (which may run on a host that does not see /fsx).
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the planned world does with the data
+    warnings: list[str] = field(default_factory=list)  # printed, never blocking (free space)
 
 
 class DataRole(Enum):
@@ -67,6 +77,10 @@ def no_check(cfg: Any, planned: frozenset[str]) -> None:
 
 def no_host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     return None
+
+
+def no_preflight(cfg: Any, planned: frozenset[str]) -> Findings:
+    return Findings()
 
 
 def no_files(ctx: Context) -> tuple[tuple[Path, str], ...]:
@@ -115,6 +129,9 @@ class StageSpec:
     nemo_jobs: Callable[[Any], tuple[NemoJob, ...]] = no_nemo_jobs
     # What the submitting host suggests but does not forbid (free space): printed, never blocking.
     warnings: Warnings = no_warnings
+    # The submitting host's files its jobs will read (the image, the prepared data), read-only, after
+    # every check passed: problems refuse a real launch and are warnings in a dry run (launcher.preflight).
+    preflight: Callable[[Any, frozenset[str]], Findings] = no_preflight
     # What its jobs do with data_dir (None: nothing): launcher.data_owner reads it from the planned jobs.
     data_role: DataRole | None = None
     # What the assets job stages for this stage when it is planned (launcher/stages/assets.py asks).

@@ -25,8 +25,8 @@ from launcher.errors import ConfigError
 from launcher.nemo_python import NemoJob
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
-from launcher.stage import DataRole, StageSpec
-from launcher.stages import training
+from launcher.stage import DataRole, Findings, StageSpec
+from launcher.stages import training, training_preflight
 from launcher.stages.common import cpu_resources, make_job
 
 NAME = "benchmark"
@@ -296,6 +296,7 @@ STAGE = StageSpec(
     data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (SWEEP,),
+    preflight=lambda cfg, planned: Findings(problems=training_preflight.nemo_files(cfg)),
     files=files,
     notes=_notes,
     status=_progress_lines,

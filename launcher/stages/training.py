@@ -16,7 +16,7 @@ from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Pattern, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
 from launcher.stage import DataRole, StageSpec
-from launcher.stages import training_init, training_record, training_status
+from launcher.stages import training_init, training_preflight, training_record, training_status
 from launcher.stages.common import make_job
 
 NAME = "training"
@@ -292,6 +292,7 @@ STAGE = StageSpec(
     check=_check,
     host_check=_host_check,
     nemo_jobs=_nemo_jobs,
+    preflight=training_preflight.check,
     probe=training_init.probe,
     on_submit=_on_submit,
     files=nemo_config.config_files,
