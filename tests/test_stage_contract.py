@@ -47,7 +47,7 @@ def _plan(ctx: Context) -> tuple[JobSpec, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if "greeting" in planned and "bye" in cfg.greeting.greeting:
+    if "bye" in cfg.greeting.greeting:
         raise ConfigError("greeting.greeting", "is a farewell; allowed: a greeting")
 
 
@@ -100,6 +100,13 @@ def test_a_new_stage_s_rules_and_checks_run_in_the_one_validation_phase(
     with pytest.raises(ConfigError, match=allowed) as error:
         _cfg(tmp_path, "stages=[greeting]", override)
     assert error.value.key == key
+
+
+def test_a_stage_that_is_not_planned_is_not_checked(tmp_path: Path) -> None:
+    """Its section is not used, so its checks are not called (its fields' own rules still apply)."""
+    _cfg(tmp_path, "stages=[data_preparation]", "+greeting.greeting=goodbye")
+    with pytest.raises(ConfigError, match="an integer from 1 to 3"):
+        _cfg(tmp_path, "stages=[data_preparation]", "+greeting.times=7")
 
 
 def test_a_new_stage_runs_on_the_local_backend(tmp_path: Path) -> None:

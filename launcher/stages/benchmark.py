@@ -251,8 +251,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
             "benchmark.warmup_steps",
             f"{b.warmup_steps} leaves no step to measure; allowed: below benchmark.max_steps ({b.max_steps})",
         )
-    if NAME not in planned:
-        return
     if b.synthetic_data and is_sdxl(cfg.training.model):
         # build_sdxl_train_valid_datasets (NeMo 2.4) has no synthetic branch: it would read the data path.
         raise ConfigError(

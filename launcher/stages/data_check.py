@@ -78,8 +78,7 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME in planned:
-        nemo_config.check(cfg)
+    nemo_config.check(cfg)
 
 
 def summary_lines(run_dir: Path) -> list[str]:

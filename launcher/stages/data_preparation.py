@@ -146,7 +146,7 @@ def _wdinfo_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     """Rules between the data sources' settings (the schema checks types)."""
     dp, key = cfg.data_preparation, "data_preparation"
-    if NAME not in planned or not dp.tars.enable:
+    if not dp.tars.enable:
         return
     if not dp.tars.source:
         raise ConfigError(f"{key}.tars.source", "required with tars.enable: a folder or fsspec URL of tars")
@@ -240,13 +240,11 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
 
 def _check_all(cfg: Any, planned: frozenset[str]) -> None:
     _check(cfg, planned)
-    if NAME in planned:
-        latents.check(cfg)
+    latents.check(cfg)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    if NAME in planned:
-        _require_tars_source(cfg)
+    _require_tars_source(cfg)
 
 
 def _require_tars_source(cfg: Any) -> None:
@@ -284,8 +282,6 @@ def _gone_from_hub(cfg: Any) -> str | None:
 
 
 def _warnings(cfg: Any, planned: frozenset[str]) -> tuple[str, ...]:
-    if NAME not in planned:
-        return ()
     return tuple(w for w in (free_space_warning(cfg), _gone_from_hub(cfg)) if w)
 
 

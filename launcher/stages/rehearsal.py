@@ -114,8 +114,6 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME not in planned:
-        return
     if is_sdxl(cfg.training.model):
         raise ConfigError(
             "rehearsal.enable",

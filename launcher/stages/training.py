@@ -256,15 +256,13 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME in planned:
-        nemo_config.check(cfg)
-        training_init.check(cfg)
+    nemo_config.check(cfg)
+    training_init.check(cfg)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    if NAME in planned:
-        training_record.check(cfg)  # one training per run folder
-        training_init.host_check(cfg)
+    training_record.check(cfg)  # one training per run folder
+    training_init.host_check(cfg)
 
 
 def _on_submit(cfg: Any, jobs: tuple[JobSpec, ...]) -> None:
