@@ -14,7 +14,7 @@ from typing import Any
 from launcher.config import CoreConfig
 from launcher.rules import Choice, Each, ruled
 from launcher.stage import StageSpec
-from launcher.stages import STAGES
+from launcher.stages import DEFAULT_STAGES, STAGES
 
 
 def root_config_type(stages: Sequence[StageSpec] = STAGES) -> type:
@@ -22,7 +22,7 @@ def root_config_type(stages: Sequence[StageSpec] = STAGES) -> type:
     names = tuple(stage.name for stage in stages)
     chosen = ruled(
         Each(Choice(names), min_items=1),
-        factory=lambda: ["data_preparation"],
+        factory=lambda: list(DEFAULT_STAGES),
         help="The stages to run, in any order: they are planned in pipeline order, with what they need.",
     )
     sections = [(stage.name, stage.config, field(default_factory=stage.config)) for stage in stages]

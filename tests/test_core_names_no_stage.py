@@ -11,7 +11,17 @@ from conftest import REPO
 
 from launcher.registry import STAGES
 
-CORE = ("cli", "validate", "pipeline", "summary", "data_owner", "preflight", "context", "relaunch", "registry")
+CORE = (
+    "cli",
+    "validate",
+    "pipeline",
+    "summary",
+    "data_owner",
+    "preflight",
+    "context",
+    "relaunch",
+    "registry",
+)
 # What every stage's jobs share (make_job, mounts): a helper of all stages, not one stage's.
 SHARED = frozenset({"common"})
 

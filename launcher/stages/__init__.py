@@ -24,3 +24,5 @@ STAGES: tuple[StageSpec, ...] = (
     samples.STAGE,
     evaluation.STAGE,
 )
+# What `stages` is when neither conf/config.yaml nor the command line sets it.
+DEFAULT_STAGES: tuple[str, ...] = (data_preparation.NAME,)
