@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -124,10 +125,14 @@ CONF = groups.CONF
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 
 
-def _libyaml_loader() -> type:
+@functools.cache
+def _libyaml_loader() -> type | None:
     """OmegaConf's own YAML loader (duplicate keys refused, YAML 1.2 floats, no timestamps) on libyaml's
     C parser instead of PyYAML's pure-Python one: the same values, and reading conf/ takes a fifth less
-    of Hydra's compose time. OmegaConf builds its loader class anew on every file; this one is built once."""
+    of Hydra's compose time. OmegaConf builds its loader class anew on every file; this one is built once.
+    None where PyYAML has no libyaml."""
+    if not yaml.__with_libyaml__:
+        return None
     from yaml import constructor, cyaml, resolver
 
     class Loader(cyaml.CParser, omegaconf_utils.get_yaml_loader()):
@@ -139,9 +144,18 @@ def _libyaml_loader() -> type:
     return Loader
 
 
-if yaml.__with_libyaml__:
-    _LOADER = _libyaml_loader()
-    omegaconf_utils.get_yaml_loader = lambda: _LOADER  # read by OmegaConf.load, which Hydra calls per file
+@contextlib.contextmanager
+def _libyaml_loads() -> Iterator[None]:
+    """OmegaConf.load, which Hydra calls per conf/ file, reads with _libyaml_loader while this is held.
+    OmegaConf has no public hook for its loader: its function is swapped only for the composition and
+    put back after, so every other OmegaConf.load of the process (and of a caller's) stays OmegaConf's."""
+    loader, saved = _libyaml_loader(), omegaconf_utils.get_yaml_loader
+    if loader is not None:
+        omegaconf_utils.get_yaml_loader = lambda: loader
+    try:
+        yield
+    finally:
+        omegaconf_utils.get_yaml_loader = saved
 
 
 def _store_schema() -> None:
@@ -171,7 +185,7 @@ def compose_config(overrides: list[str], with_hydra: bool = False) -> DictConfig
     """The conf/ tree composed once (hydra.main would compose it twice per start); `with_hydra` adds
     Hydra's own section (hydra.runtime.choices: the preset each group got)."""
     _store_schema()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with _libyaml_loads(), initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         switched = [stage_switch(override) for override in overrides]
         return compose(config_name="config", overrides=switched, return_hydra_config=with_hydra)
 
