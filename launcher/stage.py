@@ -1,7 +1,9 @@
 """The stage contract: everything the launcher knows about a stage, declared in the stage's own module.
 
-A stage module (launcher/stages/<name>.py) ends with `STAGE = StageSpec(...)`; launcher/registry.py lists
-the modules in pipeline order and is the only place that reads them. docs/adding-a-stage.md says how to add one.
+A stage module (launcher/stages/<name>.py) ends with `STAGE = StageSpec(...)`; launcher/stages/__init__.py
+lists them in pipeline order (STAGES) and launcher/registry.py reads that list. The core modules (cli,
+validate, pipeline, preflight, data_owner, summary...) reach a stage only through these fields and never
+name one (tests/test_core_names_no_stage.py). docs/adding-a-stage.md says how to add one.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ class StageSpec:
     """One stage: its config section, its planner, its checks and what it needs.
 
     `plan` is pure and never raises a config error: `check` (the config alone) and `host_check` (with the
-    submitting host's facts) find every error first. Both get the names of the planned stages.
+    submitting host's facts) find every error first. Both are called only when the stage is planned, with
+    the names of the planned stages; a rule that another planned stage relies on is that stage's check.
     """
 
     # The stage's name in `stages=[...]`, its config section `cfg.<name>` and its conf group conf/<name>/.
