@@ -26,8 +26,8 @@ from launcher.nemo_python import NemoJob
 from launcher.outputs import BenchmarkOutputs
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
-from launcher.stage import StageSpec
-from launcher.stages import training_job
+from launcher.stage import DataRole, Findings, StageSpec
+from launcher.stages import training_job, training_preflight
 from launcher.stages.common import cpu_resources, make_job
 
 NAME = "benchmark"
@@ -252,8 +252,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
             "benchmark.warmup_steps",
             f"{b.warmup_steps} leaves no step to measure; allowed: below benchmark.max_steps ({b.max_steps})",
         )
-    if NAME not in planned:
-        return
     if b.synthetic_data and is_sdxl(cfg.training.model):
         # build_sdxl_train_valid_datasets (NeMo 2.4) has no synthetic branch: it would read the data path.
         raise ConfigError(
@@ -294,8 +292,10 @@ STAGE = StageSpec(
     config=BenchmarkConfig,
     plan=plan,
     needs=_needs,
+    data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (SWEEP,),
+    preflight=lambda cfg, planned: Findings(problems=training_preflight.nemo_files(cfg)),
     files=files,
     notes=_notes,
     status=_progress_lines,

@@ -205,8 +205,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     ev = cfg.evaluation
-    if NAME not in planned:
-        return
+    samples.check_checkpoint(cfg)  # SDXL generates from samples.checkpoint, with or without samples planned
     if not ev.coco_root:
         raise ConfigError(
             "evaluation.coco_root",
@@ -227,8 +226,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     """COCO as the jobs will read it, and a model to evaluate (the samples job converts it)."""
-    if NAME not in planned:
-        return
     root = Path(cfg.evaluation.coco_root)
     for needed in ("val2014", CAPTIONS_JSON):
         if not (root / needed).exists():

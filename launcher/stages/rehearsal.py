@@ -23,7 +23,7 @@ from launcher.nemo_python import NemoJob
 from launcher.outputs import RehearsalOutputs
 from launcher.rules import Text, described, ruled
 from launcher.spec import JobSpec
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import cpu_resources, make_job
 from launcher.stages.training_job import secret_files_of
 
@@ -114,8 +114,6 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME not in planned:
-        return
     if is_sdxl(cfg.training.model):
         raise ConfigError(
             "rehearsal.enable",
@@ -143,9 +141,11 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     auto=lambda cfg: cfg.rehearsal.enable,
+    data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (JOB,),
     files=nemo_config.config_files,
     notes=_notes,
     status=rehearsal_report.status_lines,
+    summary=rehearsal_report.status_lines,
 )

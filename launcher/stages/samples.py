@@ -234,6 +234,13 @@ def _check_sdxl(cfg: Any) -> None:
         )
 
 
+def check_checkpoint(cfg: Any) -> None:
+    """samples.checkpoint as the trained family allows it, for a stage that reads it without the samples
+    stage planned (SDXL's evaluation generates from it)."""
+    if is_sdxl(cfg.training.model):
+        _check_sdxl(cfg)
+
+
 def check_sdxl_text_encoders(cfg: Any, model: dict[str, Any], source: str) -> None:
     """A model trained from cached text embeddings: its .nemo holds no text encoders and its conditioner
     reads stored embeddings, not prompts, so sd_xl_infer.py cannot sample it (docs/latents.md). The
@@ -255,7 +262,7 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
     _check_steps(cfg)
     if is_sdxl(cfg.training.model):
         _check_sdxl(cfg)
-    if NAME in planned and cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
+    if cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
         require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
     seen: dict[str, int] = {}
     for i, prompt in enumerate(cfg.samples.prompts):
@@ -348,8 +355,6 @@ def trained_model(cfg: Any, planned: frozenset[str], stage: str = NAME) -> tuple
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     """The checkpoint must exist now (or come from training planned with it), and the resolution be the
     one it was trained at."""
-    if NAME not in planned:
-        return
     model, source = trained_model(cfg, planned)
     if is_sdxl(cfg.training.model):
         check_sdxl_text_encoders(cfg, model, source)

@@ -15,8 +15,8 @@ from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Pattern, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec
-from launcher.stage import StageSpec
-from launcher.stages import training_init, training_job, training_record, training_status
+from launcher.stage import DataRole, StageSpec
+from launcher.stages import training_init, training_job, training_preflight, training_record, training_status
 from launcher.stages.common import make_job
 
 NAME = "training"
@@ -233,15 +233,18 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME in planned:
-        nemo_config.check(cfg)
-        training_init.check(cfg)
+    nemo_config.check(cfg)
+    training_init.check(cfg)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    if NAME in planned:
-        training_record.check(cfg)  # one training per run folder
-        training_init.host_check(cfg)
+    training_record.check(cfg)  # one training per run folder
+    training_init.host_check(cfg)
+
+
+def _on_submit(cfg: Any, jobs: tuple[JobSpec, ...]) -> None:
+    if jobs:
+        training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
@@ -251,7 +254,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
         f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
         f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step"
     )
-    return (*training_init.notes(ctx), shape, *cost.notes(ctx.cfg))
+    return (*training_init.notes(ctx, NAME), shape, *cost.notes(ctx.cfg))
 
 
 STAGE = StageSpec(
@@ -260,9 +263,13 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     gpus=True,
+    data_role=DataRole.reads,
     check=_check,
     host_check=_host_check,
     nemo_jobs=_nemo_jobs,
+    preflight=training_preflight.check,
+    probe=training_init.probe,
+    on_submit=_on_submit,
     files=nemo_config.config_files,
     notes=_notes,
     status=training_status.status_lines,
