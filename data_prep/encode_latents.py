@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
 from data_prep.faults import step_main
+from data_prep.latent_format import EncodeError
 from data_prep.progress import log, read_json
 from data_prep.tar_writer import build_header, end_of_archive
 from data_prep.tario import BLOCK, ZEROS, index_samples, padded, scan_members
@@ -53,10 +54,6 @@ ENCODE_KEYS = (
 )
 # SDXL caches only the caption embedders' outputs (data_prep.text_cache): one cache serves every stage.
 TEXT_ENCODE_KEYS = ("conditioner_config", "precision")
-
-
-class EncodeError(Exception):
-    """The inputs cannot be encoded as asked; the message names the file or option."""
 
 
 def worker_slot(env: dict[str, str]) -> tuple[int, int]:

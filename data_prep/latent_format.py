@@ -50,6 +50,10 @@ _TAR_BLOCK = 512
 PICKLE_OVERHEAD_MAX = 256
 
 
+class EncodeError(Exception):
+    """The inputs cannot be encoded as asked; the message names the file or option."""
+
+
 def _reduce_array(array: np.ndarray) -> tuple[Any, tuple[Any, ...]]:
     import numpy as np
 

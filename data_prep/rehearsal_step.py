@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # started by path, keeping the image's PYTHONPATH as training does:
-    sys.path[0] = str(Path(__file__).resolve().parents[1])  # this repo instead of data_prep/ itself
+if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
+    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
 
 from data_prep.atomic import write_atomic
 from data_prep.latent_format import downsampling
@@ -156,7 +156,7 @@ def check_init_unet(planned: Path, source: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     # The init job's own resolution of a run folder (newest finished checkpoint, EMA twin when kept).
-    from launcher.init_unet import UNET_PREFIX, checkpoint_of
+    from launcher.init_from import UNET_PREFIX, checkpoint_of
 
     key = "training.init_from"
     try:

@@ -152,8 +152,7 @@ class TextEncoder:
     def encode_members(self, images: list[bytes], captions: list[str]) -> list[list[tuple[str, bytes]]]:
         import numpy as np
 
-        from data_prep.encode_latents import EncodeError
-        from data_prep.latent_format import dumps_arrays
+        from data_prep.latent_format import EncodeError, dumps_arrays
 
         embedded = self.embed(captions)
         for caption, arrays in zip(captions, embedded, strict=True):

@@ -10,10 +10,13 @@ composed config and exits; `--help` lists each config group's options and defaul
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 import re
 import shutil
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,6 @@ from launcher import (
     data_owner,
     groups,
     hydra_errors,
-    latents,
     manifest,
     nemo_config,
     preflight,
@@ -44,24 +46,11 @@ from launcher.errors import LauncherError
 from launcher.limits import fit
 from launcher.paths import output_width
 from launcher.pipeline import build_plan
-from launcher.registry import STAGES
-from launcher.stages import training_init, training_record
+from launcher.registry import STAGES, planned
+from launcher.stage import StageSpec
 from launcher.validate import check_facts, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _preflight(cfg: Any) -> None:
-    world = nemo_config.world_size(cfg)
-    found = preflight.check(cfg, Path(latents.training_wdinfo(cfg)), world)
-    for note in found.notes:
-        print(f"preflight: {note}")
-    for warning in found.warnings:
-        print(f"preflight warning: {warning}", file=sys.stderr)
-    if found.problems and not cfg.dry_run:
-        raise LauncherError("preflight failed:\n  " + "\n  ".join(found.problems))
-    for problem in found.problems:
-        print(f"preflight warning (dry run): {problem}", file=sys.stderr)
 
 
 def host_facts() -> Facts:
@@ -76,13 +65,19 @@ def host_facts() -> Facts:
     )
 
 
+def probed(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> Facts:
+    """`facts` with what each planned stage probes (StageSpec.probe) under its name, probed once here."""
+    found = {stage.name: stage.probe(cfg, facts) for stage in planned(cfg, stages) if stage.probe}
+    return dataclasses.replace(facts, probed={**facts.probed, **found})
+
+
 def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     """Everything after composition; returns the run folder."""
     cfg = to_schema(composed)
     facts = facts or host_facts()
     check_facts(cfg, facts)
-    facts = training_init.probe(cfg, facts)  # the earlier run's live training, which init_from waits for
-    _preflight(cfg)
+    facts = probed(cfg, facts)  # e.g. the live training that training.init_from's job waits for
+    preflight.run(cfg)
     plan = build_plan(cfg, facts)
     backend_name = cfg.cluster.backend.value
     if backend_name == "slurm":  # arrays above MaxArraySize go in parts; too many jobs are refused here
@@ -117,8 +112,8 @@ def _submit(
         summary.dry_run(request, preview.write(request, config_yaml) if writes else None)
         return
     manifest.write_atomic(run_dir / "config.yaml", config_yaml)
-    if any(job.stage == "training" for job in request.plan.jobs):
-        training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
+    for stage in planned(cfg):  # what submitting each stage's jobs records (StageSpec.on_submit)
+        stage.on_submit(cfg, tuple(job for job in request.plan.jobs if job.stage == stage.name))
     options = {"parallelism": cfg.cluster.local_parallelism} if backend_name == "local" else {}
     summary.starting(request, backend_name)
     job_ids = backends.get(backend_name, **options).schedule(request)
@@ -130,10 +125,14 @@ CONF = groups.CONF
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 
 
-def _libyaml_loader() -> type:
+@functools.cache
+def _libyaml_loader() -> type | None:
     """OmegaConf's own YAML loader (duplicate keys refused, YAML 1.2 floats, no timestamps) on libyaml's
     C parser instead of PyYAML's pure-Python one: the same values, and reading conf/ takes a fifth less
-    of Hydra's compose time. OmegaConf builds its loader class anew on every file; this one is built once."""
+    of Hydra's compose time. OmegaConf builds its loader class anew on every file; this one is built once.
+    None where PyYAML has no libyaml."""
+    if not yaml.__with_libyaml__:
+        return None
     from yaml import constructor, cyaml, resolver
 
     class Loader(cyaml.CParser, omegaconf_utils.get_yaml_loader()):
@@ -145,9 +144,18 @@ def _libyaml_loader() -> type:
     return Loader
 
 
-if yaml.__with_libyaml__:
-    _LOADER = _libyaml_loader()
-    omegaconf_utils.get_yaml_loader = lambda: _LOADER  # read by OmegaConf.load, which Hydra calls per file
+@contextlib.contextmanager
+def _libyaml_loads() -> Iterator[None]:
+    """OmegaConf.load, which Hydra calls per conf/ file, reads with _libyaml_loader while this is held.
+    OmegaConf has no public hook for its loader: its function is swapped only for the composition and
+    put back after, so every other OmegaConf.load of the process (and of a caller's) stays OmegaConf's."""
+    loader, saved = _libyaml_loader(), omegaconf_utils.get_yaml_loader
+    if loader is not None:
+        omegaconf_utils.get_yaml_loader = lambda: loader
+    try:
+        yield
+    finally:
+        omegaconf_utils.get_yaml_loader = saved
 
 
 def _store_schema() -> None:
@@ -177,7 +185,7 @@ def compose_config(overrides: list[str], with_hydra: bool = False) -> DictConfig
     """The conf/ tree composed once (hydra.main would compose it twice per start); `with_hydra` adds
     Hydra's own section (hydra.runtime.choices: the preset each group got)."""
     _store_schema()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with _libyaml_loads(), initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         switched = [stage_switch(override) for override in overrides]
         return compose(config_name="config", overrides=switched, return_hydra_config=with_hydra)
 

@@ -3,6 +3,7 @@ planner: stages, nemo_config and the latents switch read it; it imports none of 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -21,9 +22,8 @@ class Facts:
     # This checkout's NeMo venv (.venv-nemo/bin/python), if any: every NeMo job's interpreter without a
     # container when no key names one (launcher.nemo_python).
     nemo_python: str | None = None
-    # The Slurm id of the last training part of the run training.init_from names, while that run's training
-    # is queued or running (probed by the cli: launcher.stages.training_init.probe).
-    init_from_job: str | None = None
+    # What each planned stage's probe found (StageSpec.probe), under the stage's name: run by the cli.
+    probed: Mapping[str, Any] = field(default_factory=dict, hash=False)
     # Slurm's sbatch on this host's PATH (None: no Slurm client here, a real Slurm launch is refused).
     sbatch: str | None = "sbatch"
 

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher import families, latents, nemo_config
-from launcher.bench.cases import Sweep, bench_dir, config_path
+from launcher.bench.cases import Sweep, config_path
 from launcher.config import GPU_TYPES
+from launcher.outputs import BenchmarkOutputs
 from launcher.rules import slurm_time_seconds
 from launcher.sampling.resolution import trained_size
 
@@ -45,6 +46,7 @@ UNET_GFLOP = 537.7  # forward + backward
 SD_STEP_GFLOP = UNET_GFLOP + sum(ENCODERS_GFLOP.values())  # SD 860M, 256 px, from images
 LATENTS_SPEEDUP = round(SD_STEP_GFLOP / UNET_GFLOP, 2)
 LATENTS_SOURCE = f"x{LATENTS_SPEEDUP} for cached latents (FLOP count, not measured: docs/latents.md)"
+
 
 @dataclass(frozen=True)
 class Speed:
@@ -98,7 +100,7 @@ def _same_gpu(row: dict[str, Any], gpu_type: str | None) -> bool:
 def measured(results_root: Path, key: Key, nodes: int, gpu_type: str | None = None) -> Speed | None:
     """The newest sweep's ok row for `key` on `gpu_type`, nodes nearest `nodes`; None when none matches."""
     reports = sorted(
-        results_root.glob(f"*/{bench_dir(Path()).name}/report.json"),
+        results_root.glob(str(BenchmarkOutputs(Path("*")).report_json)),  # */benchmark/report.json
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )

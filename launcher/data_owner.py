@@ -1,8 +1,9 @@
 """One writer per data folder: a run never writes into a data folder that another run's live jobs write.
 
-A run whose plan has data_preparation jobs writes `data_dir`; one with training, data_check or
-benchmark jobs only reads it. Every launch that writes or reads the folder checks, before anything is
-written, and is refused (naming the other run, its live jobs and what to do) when
+A run whose plan has jobs of a stage that writes `data_dir` writes it; one with jobs of a stage that
+reads it only reads it (each stage declares which: StageSpec.data_role). Every launch that writes or
+reads the folder checks, before anything is written, and is refused (naming the other run, its live
+jobs and what to do) when
 1. another launch holds `<data_dir>/.writers.lock`: a writer holds it (flock, exclusive) while it
    submits, and on the local backend while its jobs run; the kernel drops it when the process ends,
    kill -9 included, so it is never stale;
@@ -21,23 +22,29 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from launcher import manifest
 from launcher.errors import LauncherError
+from launcher.registry import STAGES
 from launcher.spec import Plan
+from launcher.stage import DataRole, StageSpec
 
 LOCK = ".writers.lock"
 RECORDS = ".writers"
-WRITER_STAGES = frozenset({"data_preparation"})
-READER_STAGES = frozenset({"training", "data_check", "benchmark"})
 
 
-def role(plan: Plan) -> str | None:
+def with_role(data_role: DataRole, stages: Sequence[StageSpec] = STAGES) -> frozenset[str]:
+    """The names of the stages whose jobs do that with the data folder."""
+    return frozenset(stage.name for stage in stages if stage.data_role is data_role)
+
+
+def role(plan: Plan, stages: Sequence[StageSpec] = STAGES) -> str | None:
     """ "writes", "reads" or None (the plan does not touch the data folder)."""
-    stages = {job.stage for job in plan.jobs}
-    return "writes" if stages & WRITER_STAGES else "reads" if stages & READER_STAGES else None
+    present = {job.stage for job in plan.jobs}
+    found = [r.value for r in (DataRole.writes, DataRole.reads) if present & with_role(r, stages)]
+    return found[0] if found else None
 
 
 def record_path(data_dir: Path, run_dir: Path) -> Path:
@@ -107,7 +114,7 @@ def _refuse_live_slurm(data_dir: Path, run_dir: Path, this_role: str) -> None:
     ids = [i for w in others for joined in w.get("jobs", {}).values() if joined for i in joined.split(":")]
     if not ids:
         return
-    from launcher.status.states import ACTIVE_STATES, slurm_states  # only with another run's records
+    from launcher.job_states import ACTIVE_STATES, slurm_states  # only with another run's records
 
     try:
         states = slurm_states(ids)
@@ -128,11 +135,11 @@ def _refuse_live_slurm(data_dir: Path, run_dir: Path, this_role: str) -> None:
             )
 
 
-def _record(data_dir: Path, run_dir: Path, backend: str) -> None:
+def _record(data_dir: Path, run_dir: Path, backend: str, writers: frozenset[str]) -> None:
     """This run wrote the folder: its data jobs' names and ids, from the manifest its launch wrote."""
     if not (run_dir / manifest.MANIFEST).exists():
         return
-    jobs = {r.name: ":".join(r.ids) for r in manifest.load(run_dir) if r.stage in WRITER_STAGES and r.ids}
+    jobs = {r.name: ":".join(r.ids) for r in manifest.load(run_dir) if r.stage in writers and r.ids}
     if not jobs:
         return
     record = {
@@ -147,11 +154,13 @@ def _record(data_dir: Path, run_dir: Path, backend: str) -> None:
 
 
 @contextlib.contextmanager
-def claim(data_dir: str, plan: Plan, backend: str, dry_run: bool) -> Iterator[None]:
+def claim(
+    data_dir: str, plan: Plan, backend: str, dry_run: bool, stages: Sequence[StageSpec] = STAGES
+) -> Iterator[None]:
     """Refuse a launch that would write (or read) what another run's live jobs write; a writer holds
     the folder's lock for the body (its submission; on the local backend its whole run) and records
     itself afterwards."""
-    this_role = role(plan)
+    this_role = role(plan, stages)
     folder = Path(data_dir).absolute()
     if this_role is None or ((dry_run or this_role == "reads") and not folder.is_dir()):
         yield
@@ -176,14 +185,15 @@ def claim(data_dir: str, plan: Plan, backend: str, dry_run: bool) -> Iterator[No
                 fcntl.flock(fd, fcntl.LOCK_UN)  # a reader or a dry run only looked
             yield
             return
-        names = [job.name for job in plan.jobs if job.stage in WRITER_STAGES]
+        writers = with_role(DataRole.writes, stages)
+        names = [job.name for job in plan.jobs if job.stage in writers]
         holder = {"run_dir": str(run_dir), "pid": os.getpid(), "backend": backend, "jobs": names}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         try:
             yield
         finally:
-            _record(folder, run_dir, backend)
+            _record(folder, run_dir, backend, writers)
     finally:
         if fd is not None:
             os.close(fd)  # closing the last descriptor releases the lock

@@ -20,6 +20,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 
 from launcher import groups
 from launcher.errors import ConfigError, LauncherError
+from launcher.families import renamed_key_error
 
 _UNKNOWN = re.compile(r"^Could not (?:override|delete from config\.) '([^']+)'")
 _UNCHOSEN = re.compile(r"^You must specify '([^']+)'")
@@ -42,23 +43,10 @@ def nearest(key: str, paths: list[str]) -> list[str]:
     return list(dict.fromkeys([*ends, *difflib.get_close_matches(key, paths, n=3, cutoff=0.6)]))[:3]
 
 
-def renamed(key: str) -> ConfigError | None:
-    """A key an earlier version had for one model family alone, named with the key that replaced it
-    (launcher.families.renamed_keys), or None."""
-    from launcher.families import renamed_keys
-
-    new = renamed_keys().get(key)
-    if new is None:
-        return None
-    return ConfigError(
-        key, f"renamed to {new} (one key for every model family; null: the trained family's own)"
-    )
-
-
 def unknown_key(key: str, override: str, tree: dict[str, Any]) -> ConfigError:
     """`key` is not in the composed `tree` (a plain dict): a renamed key's new name, else the nearest
     keys, else those allowed where it stops matching."""
-    if (was := renamed(key)) is not None:
+    if (was := renamed_key_error(key)) is not None:
         return was
     paths = list(key_paths(tree))
     parent, node = "", tree

@@ -15,22 +15,8 @@ import sys
 from pathlib import Path
 
 from data_prep.atomic import atomic_path, write_atomic
+from launcher.init_from import UNET_PREFIX, checkpoint_of
 from launcher.outputs import TrainingOutputs
-
-UNET_PREFIX = "model.model.diffusion_model."
-# training.init_from=none: the UNet starts from random weights, on purpose (no init job); a preset that
-# continues another is refused with init_from unset (launcher.stages.training_init).
-FROM_SCRATCH = "none"
-
-
-def checkpoint_of(source: Path) -> Path:
-    if source.suffix == ".ckpt":
-        return source
-    earlier = TrainingOutputs(source)
-    found = earlier.newest_weights()
-    if found is None:
-        raise SystemExit(f"init_from: no finished checkpoint in {earlier.checkpoints}")
-    return found
 
 
 def main(argv: list[str]) -> int:

@@ -19,7 +19,7 @@ from launcher import fsdp, latents
 from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
-from launcher.init_unet import FROM_SCRATCH
+from launcher.init_from import FROM_SCRATCH
 from launcher.outputs import TrainingOutputs
 from launcher.rules import slurm_time_seconds
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import checkpoints
 from launcher.paths import RunPaths
-from launcher.sampling import checkpoints
 
 
 @dataclass(frozen=True)
 class TrainingOutputs:
     """NeMo's sd_train.py writes under exp_manager.explicit_log_dir = `results`: `checkpoints/` (names,
-    EMA twins and `-unfinished` markers: launcher.sampling.checkpoints), `hparams.yaml`, the TensorBoard
+    EMA twins and `-unfinished` markers: launcher.checkpoints), `hparams.yaml`, the TensorBoard
     events. The launcher writes the NeMo config `<training.run.name>.yaml` beside `results`, and at a real
     launch `training.json`, the training the folder holds."""
 
@@ -189,6 +189,35 @@ class EvaluationOutputs:
     @property
     def plot(self) -> Path:
         return self.stage_dir / "fid_clip.png"
+
+
+@dataclass(frozen=True)
+class BenchmarkOutputs:
+    """The throughput sweep (launcher.bench): `cases.json`, each case's NeMo config and its tasks' files
+    (launcher.bench.cases), then the report job's `report.md`, `report.csv`, `report.json`, `throughput.png`."""
+
+    run_dir: Path
+
+    @property
+    def stage_dir(self) -> Path:
+        return RunPaths(self.run_dir).stage_dir("benchmark")
+
+    @property
+    def report_md(self) -> Path:
+        return self.stage_dir / "report.md"
+
+    @property
+    def report_csv(self) -> Path:
+        return self.stage_dir / "report.csv"
+
+    @property
+    def report_json(self) -> Path:
+        """What each task measured (the rows `compare` and training's cost estimate read)."""
+        return self.stage_dir / "report.json"
+
+    @property
+    def plot(self) -> Path:
+        return self.stage_dir / "throughput.png"
 
 
 @dataclass(frozen=True)

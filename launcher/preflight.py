@@ -1,4 +1,5 @@
-"""Checks of the submitting host's files before anything is submitted (read-only).
+"""Checks of the submitting host's files before anything is submitted (read-only): each planned stage's
+own (StageSpec.preflight) and what it warns of (StageSpec.warnings).
 
 Problems are errors on submission and warnings in a dry run (which may be rendered on a laptop
 that does not see /fsx). Notes say what the planned world does with the data.
@@ -6,107 +7,37 @@ that does not see /fsx). Notes say what the planned world does with the data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+import sys
+from collections.abc import Sequence
 from typing import Any
 
-from data_prep.latent_format import MEMBER_EXT
-from launcher import latents
-from launcher.config import Runtime
-from launcher.layout import DataLayout
-from launcher.registry import planned
+from launcher.errors import LauncherError
+from launcher.registry import STAGES, planned
+from launcher.stage import Findings, StageSpec
 
 
-@dataclass
-class Findings:
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # printed, never blocking (free space)
+def check(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> Findings:
+    """Every planned stage's warnings, then its findings, in pipeline order; what two stages find alike
+    (the sweep and training run the same image) is said once."""
+    present = planned(cfg, stages)
+    names = frozenset(stage.name for stage in present)
+    found = Findings(warnings=[warning for stage in present for warning in stage.warnings(cfg, names)])
+    for stage in present:
+        more = stage.preflight(cfg, names)
+        found.problems += more.problems
+        found.notes += more.notes
+        found.warnings += more.warnings
+    return Findings(*(list(dict.fromkeys(lines)) for lines in (found.problems, found.notes, found.warnings)))
 
 
-def _format_mismatch(cfg: Any, first_tar: Path) -> str | None:
-    """A latent config on image tars or the reverse, told by the first tar's first member."""
-    import tarfile  # here and below: imported only when a data folder is checked (not in most dry runs)
-
-    try:
-        with tarfile.open(first_tar, "r:") as tar:
-            member = tar.next()
-    except (OSError, tarfile.TarError):
-        return None  # data_check names unreadable tars
-    if member is None:
-        return None
-    latent_tar = member.name.endswith(f".{MEMBER_EXT}")
-    latent_config = latents.enabled(cfg)  # the switch sets the keys (latent keys without it are refused)
-    if latent_tar == latent_config:
-        return None
-    what = "cached latents (.pickle)" if latent_tar else f"images ({member.name.rpartition('.')[2]})"
-    return (
-        f"data_preparation.precache.enable={cfg.data_preparation.precache.enable} (training.model."
-        f"first_stage_key/cond_stage_key read {'latents' if latent_config else 'images'}), but {first_tar} "
-        f"holds {what}: point data_dir at the data that matches, or set the switch to match the data"
-    )
-
-
-def _no_wdinfo(cfg: Any, wdinfo: Path) -> str:
-    """Training's wdinfo is missing; with the latents switch on and only the image tars there, say so."""
-    images = Path(DataLayout(PurePosixPath(cfg.data_dir)).wdinfo)
-    if latents.enabled(cfg) and images.exists():
-        return (
-            f"{latents.SWITCH}=true (cached latents): training reads {wdinfo}, but {cfg.data_dir} holds "
-            f"only image tars ({images}). Encode them first with stages=[data_preparation] (its finished "
-            f"image steps return quickly), or set {latents.SWITCH}=false to train from the images"
-        )
-    return (
-        f"data_dir: no {wdinfo}; run data preparation first (stages=[data_preparation,"
-        "training]) or point data_dir at prepared data"
-    )
-
-
-def check(cfg: Any, wdinfo: Path, world_size: int) -> Findings:
-    found = Findings()
-    present = planned(cfg)
-    stages = frozenset(stage.name for stage in present)
-    found.warnings += [warning for stage in present for warning in stage.warnings(cfg, stages)]
-    if "training" not in stages and "benchmark" not in stages:
-        return found
-    image = cfg.container.image or ""
-    if cfg.container.runtime is Runtime.pyxis and image.startswith("/") and not Path(image).exists():
-        found.problems.append(
-            f"container.image: {image} does not exist on this host; build it with "
-            "enroot/import.sh or fix the path"
-        )
-    script = cfg.training.run.script
-    if cfg.container.runtime is Runtime.none and not Path(script).is_file():
-        # Its default is the image's copy; NeMo's wheel has none (.venv-nemo cannot stand in for it).
-        found.problems.append(
-            f"training.run.script: {script} does not exist on this host, and without a container "
-            "(container.runtime none) the jobs run sd_train.py from the nodes' file system; give its path "
-            "there (a NeMo checkout every node sees), or run in the image: container=pyxis container.image=<.sqsh>"
-        )
-    if "training" not in stages or "data_preparation" in stages:
-        return found
-    if cfg.training.model.get("data", {}).get("synthetic_data"):
-        return found
-    if not wdinfo.exists():
-        found.problems.append(_no_wdinfo(cfg, wdinfo))
-        return found
-    from data_prep.wdinfo import WdinfoError, read_wdinfo, shard_plan
-
-    try:
-        names = read_wdinfo(wdinfo).tar_files
-    except WdinfoError as error:
-        found.problems.append(f"data_dir: {error}")
-        return found
-    tars = len(names)
-    mismatch = _format_mismatch(cfg, wdinfo.parent / names[0])
-    if mismatch:
-        found.problems.append(mismatch)
-    workers = int(cfg.training.model.get("data", {}).get("num_workers", 1))
-    if tars < world_size:
-        found.problems.append(
-            f"data_dir: {wdinfo} lists {tars} tars but training has {world_size} ranks: NeMo's "
-            "sampler gives a rank no data; use fewer nodes or a smaller tar_chunk_size"
-        )
-    else:
-        found.notes.append(shard_plan(tars, world_size, workers).describe())
-    return found
+def run(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> None:
+    """Print what the preflight found; its problems refuse a real launch and are warnings in a dry run."""
+    found = check(cfg, stages)
+    for note in found.notes:
+        print(f"preflight: {note}")
+    for warning in found.warnings:
+        print(f"preflight warning: {warning}", file=sys.stderr)
+    if found.problems and not cfg.dry_run:
+        raise LauncherError("preflight failed:\n  " + "\n  ".join(found.problems))
+    for problem in found.problems:
+        print(f"preflight warning (dry run): {problem}", file=sys.stderr)

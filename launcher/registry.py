@@ -1,8 +1,8 @@
 """The stages, in pipeline order, and the root config built from their sections.
 
-The one place that reads the stage modules: adding a stage means adding its module to `STAGES`
-(docs/adding-a-stage.md). Everything here takes the stage list as an argument so that a test can
-plan with a stage of its own.
+The core reads the stages only through here: `STAGES` (launcher/stages/__init__.py) lists their specs,
+and adding a stage means adding its module there (docs/adding-a-stage.md). Everything here takes the
+stage list as an argument so that a test can plan with a stage of its own.
 """
 
 from __future__ import annotations
@@ -14,28 +14,7 @@ from typing import Any
 from launcher.config import CoreConfig
 from launcher.rules import Choice, Each, ruled
 from launcher.stage import StageSpec
-from launcher.stages import (
-    assets,
-    benchmark,
-    data_check,
-    data_preparation,
-    evaluation,
-    rehearsal,
-    samples,
-    training,
-)
-
-# Pipeline order: a stage may need (wait for) only stages before it.
-STAGES: tuple[StageSpec, ...] = (
-    assets.STAGE,
-    data_preparation.STAGE,
-    data_check.STAGE,
-    rehearsal.STAGE,
-    benchmark.STAGE,
-    training.STAGE,
-    samples.STAGE,
-    evaluation.STAGE,
-)
+from launcher.stages import DEFAULT_STAGES, STAGES
 
 
 def root_config_type(stages: Sequence[StageSpec] = STAGES) -> type:
@@ -43,7 +22,7 @@ def root_config_type(stages: Sequence[StageSpec] = STAGES) -> type:
     names = tuple(stage.name for stage in stages)
     chosen = ruled(
         Each(Choice(names), min_items=1),
-        factory=lambda: ["data_preparation"],
+        factory=lambda: list(DEFAULT_STAGES),
         help="The stages to run, in any order: they are planned in pipeline order, with what they need.",
     )
     sections = [(stage.name, stage.config, field(default_factory=stage.config)) for stage in stages]

@@ -72,7 +72,7 @@ def outcomes(run_dir: Path) -> tuple[dict[str, str], dict[str, str], dict[str, s
     and the backend of the earlier launch (None when nothing was submitted)."""
     if not (run_dir / manifest.MANIFEST).exists():
         return {}, {}, {}, None
-    from launcher.status.states import status  # the scheduler's view only when a manifest exists
+    from launcher.job_states import status  # the scheduler's view only when a manifest exists
 
     found: dict[str, str] = {}
     ids: dict[str, str] = {}

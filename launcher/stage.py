@@ -1,13 +1,16 @@
 """The stage contract: everything the launcher knows about a stage, declared in the stage's own module.
 
-A stage module (launcher/stages/<name>.py) ends with `STAGE = StageSpec(...)`; launcher/registry.py lists
-the modules in pipeline order and is the only place that reads them. docs/adding-a-stage.md says how to add one.
+A stage module (launcher/stages/<name>.py) ends with `STAGE = StageSpec(...)`; launcher/stages/__init__.py
+lists them in pipeline order (STAGES) and launcher/registry.py reads that list. The core modules (cli,
+validate, pipeline, preflight, data_owner, summary...) reach a stage only through these fields and never
+name one (tests/test_core_names_no_stage.py). docs/adding-a-stage.md says how to add one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,24 @@ class AssetNeeds:
     repo_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Names of the single-file assets under `assets` (a URL pinned by sha256).
     files: tuple[str, ...] = ()
+
+
+@dataclass
+class Findings:
+    """What a stage's preflight found in the submitting host's files (launcher.preflight prints them)."""
+
+    # Errors at a real launch, warnings in a dry run (which may run on a host that does not see /fsx).
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the planned world does with the data
+    warnings: list[str] = field(default_factory=list)  # printed, never blocking (free space)
+
+
+class DataRole(Enum):
+    """What a stage's jobs do with the data folder (data_dir): launcher.data_owner keeps one run writing
+    it at a time, and no run reading it while another writes."""
+
+    reads = "reads"
+    writes = "writes"
 
 
 def no_assets(cfg: Any) -> AssetNeeds:
@@ -60,6 +81,10 @@ def no_host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     return None
 
 
+def no_preflight(cfg: Any, planned: frozenset[str]) -> Findings:
+    return Findings()
+
+
 def no_files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     return ()
 
@@ -72,12 +97,17 @@ def no_status(run_dir: Path) -> list[str]:
     return []
 
 
+def no_on_submit(cfg: Any, jobs: tuple[JobSpec, ...]) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """One stage: its config section, its planner, its checks and what it needs.
 
     `plan` is pure and never raises a config error: `check` (the config alone) and `host_check` (with the
-    submitting host's facts) find every error first. Both get the names of the planned stages.
+    submitting host's facts) find every error first. Both are called only when the stage is planned, with
+    the names of the planned stages; a rule that another planned stage relies on is that stage's check.
     """
 
     # The stage's name in `stages=[...]`, its config section `cfg.<name>` and its conf group conf/<name>/.
@@ -102,10 +132,26 @@ class StageSpec:
     nemo_jobs: Callable[[Any], tuple[NemoJob, ...]] = no_nemo_jobs
     # What the submitting host suggests but does not forbid (free space): printed, never blocking.
     warnings: Warnings = no_warnings
+    # The submitting host's files its jobs will read (the image, the prepared data), read-only, after
+    # every check passed: problems refuse a real launch and are warnings in a dry run (launcher.preflight).
+    preflight: Callable[[Any, frozenset[str]], Findings] = no_preflight
+    # What its jobs do with data_dir (None: nothing): launcher.data_owner reads it from the planned jobs.
+    data_role: DataRole | None = None
     # What the assets job stages for this stage when it is planned (launcher/stages/assets.py asks).
     assets: Callable[[Any], AssetNeeds] = no_assets
+    # What the submitting host must know that only a side effect tells (another run's live jobs): run by
+    # the cli once, before planning, when the stage is planned; the result is `facts.probed[name]`, which
+    # the stage's planner and notes read (planning itself never probes).
+    probe: Callable[[Any, Facts], Any] | None = None
+    # What a real launch does besides writing the scripts and the manifest when it submits this stage's
+    # jobs (training records the training its run folder holds): called with the stage's jobs about to be
+    # submitted (none when a resubmission keeps them all), never in a dry run.
+    on_submit: Callable[[Any, tuple[JobSpec, ...]], None] = no_on_submit
     # Files written beside the scripts (path, text) and lines printed with the plan.
     files: Callable[[Context], tuple[tuple[Path, str], ...]] = no_files
     notes: Callable[[Context], tuple[str, ...]] = no_notes
     # Lines `status` shows for this stage's progress, read from the run folder.
     status: Callable[[Path], list[str]] = no_status
+    # Lines the launch prints after this stage's jobs ran on the local backend (what they found), read
+    # from the run folder.
+    summary: Callable[[Path], list[str]] = no_status

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.backends import Request
-from launcher.outputs import DataCheckOutputs
 from launcher.paths import output_width, relative_to_run, shorten_left
 from launcher.quoting import join, q
+from launcher.registry import STAGES
 from launcher.spec import DependencyKind, JobSpec
+from launcher.stage import StageSpec
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -124,21 +126,13 @@ def starting(request: Request, backend: str) -> None:
     print(f"{verb}: {len(request.scripts)} job(s) into {request.plan.run_dir}", flush=True)
 
 
-def _data_check_summary(request: Request) -> None:
-    import json
-
-    path = DataCheckOutputs(request.plan.run_dir).report
-    if not any(job.stage == "data_check" for job in request.plan.jobs) or not path.exists():
-        return
-    found = json.loads(path.read_text())
-    loader = found.get("loader") or {}
-    print(
-        f"data_check: {'passed' if found['ok'] else 'FAILED'}: {found['wdinfo']['total_key_count']:,} samples, "
-        f"batch images {loader.get('images')}, {loader.get('images_per_s')} images/s on this CPU ({path})"
-    )
-
-
-def submitted(request: Request, job_ids: dict[str, str], backend: str, data_dir: str) -> None:
+def submitted(
+    request: Request,
+    job_ids: dict[str, str],
+    backend: str,
+    data_dir: str,
+    stages: Sequence[StageSpec] = STAGES,
+) -> None:
     title = "finished on the local backend" if backend == "local" else "submitted to Slurm"
     _table(request, job_ids, title)
     if backend == "local":
@@ -146,9 +140,9 @@ def submitted(request: Request, job_ids: dict[str, str], backend: str, data_dir:
 
         for step, summary in data_counts(data_dir):
             print(f"{step}: {summary}")
-        _data_check_summary(request)
-        if any(job.stage == "rehearsal" for job in request.plan.jobs):
-            from launcher.rehearsal_report import status_lines
-
-            print(*status_lines(request.plan.run_dir), sep="\n")
+        ran = {job.stage for job in request.plan.jobs}
+        for stage in stages:  # what each stage that ran found (StageSpec.summary)
+            if stage.name in ran:
+                for line in stage.summary(request.plan.run_dir):
+                    print(line)
     _notes_and_commands(request)

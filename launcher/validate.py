@@ -23,8 +23,9 @@ from launcher import nemo_python
 from launcher.config import BackendName, Runtime
 from launcher.context import Facts
 from launcher.errors import ConfigError
+from launcher.families import renamed_key_error
 from launcher.nemo_python import NemoJob
-from launcher.registry import STAGES, planned_names, root_config_type
+from launcher.registry import STAGES, planned, planned_names, root_config_type
 from launcher.rules import RULE, Each, Problem
 from launcher.stage import StageSpec
 from launcher.stages.common import require_mounted
@@ -88,9 +89,9 @@ def _explain(error: OmegaConfBaseException, composed: DictConfig, root: type) ->
         plain = OmegaConf.to_container(composed)
         key = _shape_mismatch(OmegaConf.to_container(OmegaConf.structured(root)), plain) or "config"
     if isinstance(error, ConfigKeyError):
-        from launcher.hydra_errors import renamed
-
-        if (was := renamed(key)) is not None:  # a key of an earlier version, in a YAML or added with +
+        if (
+            was := renamed_key_error(key)
+        ) is not None:  # a key of an earlier version, in a YAML or added with +
             return was
         parent = key.rpartition(".")[0]
         schema = _schema_at(root, parent)
@@ -210,9 +211,10 @@ def check(cfg: Any, stages: Sequence[StageSpec] = STAGES, composed: DictConfig |
                 "(training.run.wandb_api_key_file, hf_token_file) or export it before submitting",
             )
     _check_container(cfg)
-    names = planned_names(cfg, stages)
-    _check_gpus(cfg, [stage for stage in stages if stage.name in names])
-    for stage in stages:
+    present = planned(cfg, stages)
+    _check_gpus(cfg, present)
+    names = frozenset(stage.name for stage in present)
+    for stage in present:  # a stage that is not planned is not checked: its section is not used
         stage.check(cfg, names)
 
 
@@ -239,6 +241,7 @@ def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) ->
         )
         require_mounted("container.code_dir", facts.code_dir, c.mounts, remedy)
     nemo_python.check(cfg, facts, planned_nemo_jobs(cfg, stages))
-    names = planned_names(cfg, stages)
-    for stage in stages:
+    present = planned(cfg, stages)
+    names = frozenset(stage.name for stage in present)
+    for stage in present:
         stage.host_check(cfg, names, facts)

@@ -1,5 +1,5 @@
 """A `.nemo` as NeMo's save_to lays it out (a tar holding model_config.yaml), for what the submitting host
-reads of one (launcher.sampling.checkpoints.nemo_model_config); no weights."""
+reads of one (launcher.checkpoints.nemo_model_config); no weights."""
 
 from __future__ import annotations
 

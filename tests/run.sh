@@ -19,6 +19,8 @@ export REQUIRE_SLURM=1 REQUIRE_TOOLS=1 REQUIRE_NEMO=1
 export NEMO_PYTHON="$PWD/.venv-nemo/bin/python"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The import contracts in pyproject.toml (layers, job programs off the planner, no cycles).
+.venv/bin/lint-imports
 # Three workers on the 2-core machine (pytest-xdist; each builds its own session fixtures): with two,
 # a sixth of the CPU sat idle while tests waited on Slurm, servers and jobs (docs/development.md has the
 # figures). Then the 25 slowest set-ups, calls and teardowns, and the total: the suite's budget is 15

@@ -89,3 +89,25 @@ def test_the_documented_checkpoint_command_works_as_written(tmp_path: Path) -> N
     assert main(argv) == 0
     settings = json.loads((tmp_path / "results/sd_860m_res_256/samples/samples.json").read_text())
     assert settings["checkpoint"] == checkpoint and "-step=20000-" in checkpoint
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML without libyaml: OmegaConf's own loader")
+def test_conf_is_read_on_libyaml_while_composing_and_omegaconf_is_left_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The C parser reads conf/ (a fifth less compose time); OmegaConf.load elsewhere is OmegaConf's."""
+    from omegaconf import _utils
+
+    from launcher.cli import compose_config
+
+    original, parsers = _utils.get_yaml_loader, []
+    load = OmegaConf.load
+
+    def spy(file: object) -> object:
+        parsers.append(_utils.get_yaml_loader().__mro__[1])
+        return load(file)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(OmegaConf, "load", staticmethod(spy))
+    assert compose_config(["stages=[training]"]).stages == ["training"]
+    assert parsers and set(parsers) == {yaml.cyaml.CParser}
+    assert _utils.get_yaml_loader is original

@@ -49,6 +49,7 @@ def test_a_local_writer_holds_the_data_folder_until_it_ends_even_by_kill_9(tmp_p
         for stages, dry in (
             (("data_preparation",), False),
             (("training",), False),
+            (("rehearsal",), False),  # it reads the data too (StageSpec.data_role)
             (("data_preparation",), True),
         ):
             with (

@@ -18,8 +18,8 @@ from fixtures.launches import readme_commands, run_status
 
 from launcher import manifest
 from launcher.cli import host_facts, main
+from launcher.job_states import status
 from launcher.pipeline import build_plan
-from launcher.status.states import status
 from launcher.validate import to_schema
 
 

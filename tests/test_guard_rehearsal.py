@@ -273,7 +273,7 @@ def test_latents_of_another_resolution_are_a_finding() -> None:
 
 
 def test_status_takes_the_job_s_error_line_not_srun_s_after_it(tmp_path: Path) -> None:
-    from launcher.status.states import error_lines
+    from launcher.job_states import error_lines
 
     log = tmp_path / "rehearsal_7.out"
     log.write_text(

@@ -101,7 +101,7 @@ def test_without_init_from_nothing_changes(make_config: Callable) -> None:
 def test_a_live_earlier_run_is_waited_for_by_its_job_id(make_config: Callable, tmp_path: Path) -> None:
     earlier = _earlier_run(tmp_path / "pretrain", config_only=True)
     cfg = make_config(*GPU, "stages=[training]", f"training.init_from={earlier}", "run_name=res512")
-    facts = dataclasses.replace(FIXED_FACTS, init_from_job="4242")
+    facts = dataclasses.replace(FIXED_FACTS, probed={"training": "4242"})  # training_init.probe found it
     plan = build_plan(cfg, facts)
     init = plan.jobs[[job.stage for job in plan.jobs].index("training")]
     assert [(d.job_id, d.kind) for d in init.after_external] == [("4242", DependencyKind.afterok)]

@@ -24,9 +24,9 @@ from launcher import manifest, relaunch
 from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend, read_limits
 from launcher.errors import LauncherError
+from launcher.job_states import error_lines, status
 from launcher.limits import fit
 from launcher.spec import Array, Dependency, JobSpec, Plan, Resources
-from launcher.status.states import error_lines, status
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent

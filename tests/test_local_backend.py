@@ -12,7 +12,7 @@ from launcher import manifest
 from launcher.backends import prepare
 from launcher.backends.local import LocalBackend
 from launcher.errors import LauncherError
-from launcher.status.states import status
+from launcher.job_states import status
 
 
 def test_arrays_throttle_and_order(tmp_path: Path) -> None:

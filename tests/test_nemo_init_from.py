@@ -15,7 +15,7 @@ from nemo_cpu.harness import init_job_argv, render_training, run_init_job, run_s
 from omegaconf import OmegaConf
 
 from launcher import checkpoint_index
-from launcher.init_unet import UNET_PREFIX
+from launcher.init_from import UNET_PREFIX
 from launcher.outputs import TrainingOutputs
 from launcher.stages import training_init
 from launcher.throughput import read_training_progress

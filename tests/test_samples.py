@@ -15,11 +15,11 @@ from conftest import FIXED_FACTS
 from nemo_file import write_nemo
 
 from data_prep import text_cache
+from launcher import checkpoints
 from launcher.cli import main
 from launcher.errors import ConfigError
 from launcher.families import renamed_keys
 from launcher.pipeline import build_plan
-from launcher.sampling import checkpoints
 from launcher.sampling.settings import SamplingSettings
 from launcher.spec import DependencyKind
 from launcher.stages.samples import status_lines

@@ -1,7 +1,7 @@
 """An SDXL model trained from cached text embeddings, sampled by the samples stage's own job with NeMo's
 own sd_xl_infer on CPU once its text encoders are back (launcher/sampling/text_encoders.py).
 
-Data preparation with the switch on encodes the demo's captions (tests/test_text_cache.py's `shared`: the
+Data preparation with the switch on encodes the demo's captions (fixtures/nemo.py's `cached_text_shared`: the
 encode step reads `<run>_encode.yaml`, the training config before the switch); NeMo's sd_xl_train trains the
 tiny 256 px preset 2 steps from the cache in another run and saves its .nemo, whose conditioner reads
 stored embeddings (PrecachedEmbModel) and whose weights hold no text encoder. NeMo's sd_xl_infer
@@ -19,6 +19,7 @@ import io
 import json
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +27,8 @@ import pytest
 import yaml
 from coco_fixture import make_coco
 from conftest import FIXED_FACTS, compose_config
+from fixtures.nemo import CACHED_TEXT_PRESET as PRESET
+from fixtures.nemo import CACHED_TEXT_SWITCH as SWITCH
 from fixtures.nemo import FAST_LR
 from nemo_cpu.harness import (
     REPO,
@@ -37,9 +40,9 @@ from nemo_cpu.harness import (
 )
 from nemo_cpu.tiny import SDXL_OVERRIDES
 from PIL import Image
-from test_text_cache import PRESET, SWITCH, shared  # noqa: F401  (`shared`: the module fixture, reused)
 
 from data_prep import text_cache
+from launcher.checkpoints import nemo_model_config
 from launcher.cli import launch
 from launcher.evaluation.generate import evaluated_model
 from launcher.evaluation.settings import EvaluationSettings
@@ -47,7 +50,6 @@ from launcher.nemo_config import OFFLINE_HUB_ENV
 from launcher.outputs import EvaluationOutputs
 from launcher.pipeline import build_plan
 from launcher.sampling import text_encoders
-from launcher.sampling.checkpoints import nemo_model_config
 from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
 from launcher.sampling.infer_config import xl_infer_config
 from launcher.sampling.job import nemo_env
@@ -97,7 +99,13 @@ def test_the_caption_embedders_come_back_in_place_and_a_foreign_conditioner_is_r
 
 
 @pytest.fixture(scope="module")
-def cached_nemo(shared: Path, nemo_python: str) -> Path:  # noqa: F811  (the imported fixture)
+def shared(cached_text_shared: Callable[[], Path]) -> Path:
+    """This module's demo data prepared with the switch on (fixtures/nemo.py)."""
+    return cached_text_shared()
+
+
+@pytest.fixture(scope="module")
+def cached_nemo(shared: Path, nemo_python: str) -> Path:
     """The .nemo NeMo's sd_xl_train saves after 2 steps from the cached text embeddings."""
     steps = "training.trainer.max_steps=2"
     # FAST_LR: the zero-initialised cross-attention outputs move, so that the prompt reaches the image.
@@ -139,7 +147,7 @@ def _sd_xl_infer(nemo_python: str, nemo: Path, folder: Path) -> tuple[subprocess
 
 
 @pytest.mark.slow
-def test_the_encode_config_names_the_caption_embedders_and_their_staged_weights(shared: Path) -> None:  # noqa: F811
+def test_the_encode_config_names_the_caption_embedders_and_their_staged_weights(shared: Path) -> None:
     """What the restore reads (and this module's first NeMo test: the encode step is its set-up, the tiny
     training the next test's)."""
     unswitched = text_encoders.unswitched_conditioner(_encode_config(shared))
@@ -164,7 +172,7 @@ def test_sd_xl_infer_cannot_draw_from_the_nemo_as_trained(
 
 @pytest.mark.slow
 def test_nemos_strict_load_refuses_the_caption_embedders_without_their_tensors(
-    shared: Path,  # noqa: F811
+    shared: Path,
     cached_nemo: Path,
     nemo_python: str,
     tmp_path: Path,
@@ -190,7 +198,7 @@ def test_nemos_strict_load_refuses_the_caption_embedders_without_their_tensors(
 
 @pytest.mark.slow
 def test_the_samples_job_draws_from_a_copy_with_the_text_encoders_back_and_the_evaluation_reads_it(
-    shared: Path,  # noqa: F811
+    shared: Path,
     cached_nemo: Path,
     nemo_python: str,
     tmp_path: Path,

@@ -121,12 +121,6 @@ def test_what_nemos_sdxl_training_cannot_run_is_refused_naming_the_key(
     assert error.key == key and says in str(error)
 
 
-def test_the_rehearsal_is_refused_for_sdxl(make_config: Callable) -> None:
-    """It drives SD's MegatronLatentDiffusion and sampler: not SDXL's engine (yet)."""
-    error = _refused(make_config, "rehearsal=true")
-    assert error.key == "rehearsal.enable" and "rehearsal.enable=false" in str(error)
-
-
 def test_no_resize_smallest_side_is_refused(make_config: Callable) -> None:
     """(On the command line its null is refused first: data preparation's image size follows it.)"""
     cfg = make_config(*GPU, STAGE_1)

@@ -21,8 +21,8 @@ from launcher import manifest
 from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
 from launcher.errors import SubmitError
+from launcher.job_states import status
 from launcher.spec import Container, JobSpec, Plan, Resources
-from launcher.status.states import status
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent

@@ -47,7 +47,7 @@ def _plan(ctx: Context) -> tuple[JobSpec, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if "greeting" in planned and "bye" in cfg.greeting.greeting:
+    if "bye" in cfg.greeting.greeting:
         raise ConfigError("greeting.greeting", "is a farewell; allowed: a greeting")
 
 
@@ -102,6 +102,13 @@ def test_a_new_stage_s_rules_and_checks_run_in_the_one_validation_phase(
     assert error.value.key == key
 
 
+def test_a_stage_that_is_not_planned_is_not_checked(tmp_path: Path) -> None:
+    """Its section is not used, so its checks are not called (its fields' own rules still apply)."""
+    _cfg(tmp_path, "stages=[data_preparation]", "+greeting.greeting=goodbye")
+    with pytest.raises(ConfigError, match="an integer from 1 to 3"):
+        _cfg(tmp_path, "stages=[data_preparation]", "+greeting.times=7")
+
+
 def test_a_new_stage_runs_on_the_local_backend(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, "stages=[greeting]", "+greeting.times=2", "+greeting.greeting=hi there")
     facts = Facts(python=sys.executable, code_dir=str(REPO))
@@ -154,3 +161,37 @@ def test_an_edge_to_a_stage_becomes_edges_to_its_last_jobs_or_none(make_config: 
         assert all(dep.stage is None for dep in encode.depends_on)
     with pytest.raises(ValueError, match="a job or a stage"):
         Dependency("a", stage="assets")
+
+
+def test_a_stage_s_probe_runs_once_when_planned_and_its_planner_reads_the_result(tmp_path: Path) -> None:
+    """StageSpec.probe: the cli probes the host for a planned stage only; the result is
+    facts.probed[name], which planning reads (it never probes itself)."""
+    from launcher.cli import probed
+
+    calls = []
+
+    def probe(cfg: Any, facts: Facts) -> str:
+        calls.append(cfg.greeting.greeting)
+        return "job 4242"
+
+    def plan(ctx: Context) -> tuple[JobSpec, ...]:
+        argv = ("echo", ctx.facts.probed["greeting"])
+        return (make_job(ctx, stage="greeting", name="greet", argv=argv, resources=Resources()),)
+
+    stages = (*STAGES, StageSpec(name="greeting", config=GreetingConfig, plan=plan, probe=probe))
+    cfg = to_schema(compose_config([f"cluster.shared_dir={tmp_path}", "stages=[greeting]"]), stages)
+    facts = probed(cfg, FIXED_FACTS, stages)
+    assert calls == ["hello"] and facts.probed == {"greeting": "job 4242"}
+    assert build_plan(cfg, facts, stages).job("greet").argv == ("echo", "job 4242")
+    alone = to_schema(compose_config([f"cluster.shared_dir={tmp_path}", "stages=[data_preparation]"]), stages)
+    assert probed(alone, FIXED_FACTS, stages).probed == {} and calls == ["hello"]
+
+
+def test_training_s_probe_is_the_live_run_init_from_waits_for(make_config: Any, tmp_path: Path) -> None:
+    """Without init_from there is nothing to wait for; the probe's result lands under training's name."""
+    from launcher.cli import probed
+
+    gpu = ["cluster.gpus_per_node=8", "cluster.backend=slurm", "dry_run=true"]
+    cfg = make_config(*gpu, "stages=[training]")
+    assert probed(cfg, FIXED_FACTS).probed == {"training": None}
+    assert probed(make_config(*gpu, "stages=[data_preparation]"), FIXED_FACTS).probed == {}

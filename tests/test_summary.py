@@ -132,3 +132,37 @@ def test_a_failed_local_launch_prints_the_fault_line_of_the_failed_step(
     assert err[0].startswith("error: local run did not complete: download_parquet, download_images"), err
     [why] = err[1:]
     assert why.startswith("  download_parquet: download_parquet: error: ") and str(missing) in why, err
+
+
+def test_after_a_local_run_each_stage_that_ran_says_what_it_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """StageSpec.summary: the data check's report in one line, printed only when its job was launched."""
+    import json
+
+    from conftest import FIXED_FACTS, compose_config
+
+    from launcher import summary
+    from launcher.backends import Request, prepare
+    from launcher.outputs import DataCheckOutputs
+    from launcher.pipeline import build_plan
+    from launcher.validate import to_schema
+
+    def launched(stages: str) -> Request:
+        cfg = to_schema(compose_config([f"cluster.shared_dir={tmp_path}", f"stages=[{stages}]"]))
+        return prepare(build_plan(cfg, FIXED_FACTS))
+
+    request = launched("data_check")
+    report = DataCheckOutputs(request.plan.run_dir).report
+    report.parent.mkdir(parents=True)
+    found = {
+        "ok": True,
+        "wdinfo": {"total_key_count": 1200},
+        "loader": {"images": [4, 3], "images_per_s": 9.5},
+    }
+    report.write_text(json.dumps(found))
+    summary.submitted(request, {}, "local", str(tmp_path / "data"))
+    expected = f"data_check: passed: 1,200 samples, batch images [4, 3], 9.5 images/s on this CPU ({report})"
+    assert expected in capsys.readouterr().out.splitlines()
+    summary.submitted(launched("data_preparation"), {}, "local", str(tmp_path / "data"))
+    assert "data_check:" not in capsys.readouterr().out

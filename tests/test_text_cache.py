@@ -17,19 +17,19 @@ import os
 import pickle
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.nemo import CACHED_TEXT_PRESET as PRESET
+from fixtures.nemo import CACHED_TEXT_SWITCH as SWITCH
 from nemo_cpu.harness import REPO, SD_XL_TRAIN_CPU, render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import OPEN_CLIP_WIDTH, SDXL_OVERRIDES, WIDTH
 
 from data_prep import text_cache
-from launcher.cli import launch
 
 CHECK = REPO / "tests/nemo_cpu/sdxl_text_cache_check.py"
-PRESET = "sdxl_base_train_res_256_stage_1"
-SWITCH = "data_preparation.precache.enable=true"
 TOKENS = 80  # 77 padded to a multiple of 8 by both NeMo embedders
 POOLED = OPEN_CLIP_WIDTH  # the tiny open_clip arch's embed_dim: the pooled projection
 SIZES = ("original_size_as_tuple", "crop_coords_top_left", "target_size_as_tuple")
@@ -128,27 +128,9 @@ def _run(nemo_python: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def shared(new_shared, nemo_python: str) -> Path:
-    """The session's demo data and tiny assets; data preparation launched with the switch on for the 256 px
-    SDXL preset (the finished image steps return at once; the encode step runs)."""
-    shared_dir = new_shared()
-    (shared_dir / "data_sdxl_256").symlink_to("data")
-    launch(
-        compose_config(
-            [
-                f"cluster.shared_dir={shared_dir}",
-                f"training=sdxl/{PRESET}",
-                "stages=[data_preparation]",
-                SWITCH,
-                f"data_preparation.precache.python={nemo_python}",
-                "data_preparation.precache.batch_size=4",
-                "assets.enable=false",  # the tiny assets stand where the assets job puts the real ones
-                *SDXL_OVERRIDES,
-                "data_preparation.download_images.image_size=256",  # the demo data's: its steps are done
-            ]
-        )
-    )
-    return shared_dir
+def shared(cached_text_shared: Callable[[], Path]) -> Path:
+    """This module's copy of the demo data prepared with the switch on (fixtures/nemo.py)."""
+    return cached_text_shared()
 
 
 @pytest.mark.slow

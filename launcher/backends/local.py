@@ -17,9 +17,9 @@ from pathlib import Path
 from launcher import manifest
 from launcher.backends import Request, records, write_files
 from launcher.errors import LauncherError
+from launcher.job_states import error_lines
 from launcher.paths import RunPaths, concrete_log
 from launcher.spec import DependencyKind, JobSpec, Plan
-from launcher.status.states import error_lines
 
 LOCAL_BIN = Path(__file__).resolve().parent / "local_bin"
 

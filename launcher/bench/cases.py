@@ -14,8 +14,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from launcher.outputs import BenchmarkOutputs
+
 CASES_FILE = "cases.json"
-STAGE = "benchmark"
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Sweep:
 
 
 def bench_dir(run_dir: Path) -> Path:
-    return run_dir / STAGE
+    return BenchmarkOutputs(run_dir).stage_dir
 
 
 def config_path(bench: Path, case: Case) -> Path:

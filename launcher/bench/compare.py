@@ -13,9 +13,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from launcher.bench.cases import bench_dir
 from launcher.bench.report import print_fitted, rate
 from launcher.bench.results import collect
+from launcher.outputs import BenchmarkOutputs
 from launcher.paths import TABLE_WIDTH
 
 HEADER = (
@@ -33,7 +33,7 @@ HEADER = (
 
 
 def rows_of(run_dir: Path) -> list[dict[str, Any]]:
-    report = bench_dir(run_dir) / "report.json"
+    report = BenchmarkOutputs(run_dir).report_json
     if report.exists():
         return list(json.loads(report.read_text())["rows"])
     return [r.as_dict() for r in collect(run_dir)[1]]

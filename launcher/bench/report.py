@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 from data_prep.faults import step_main
-from launcher.bench.cases import Sweep, bench_dir
+from launcher.bench.cases import Sweep
 from launcher.bench.results import Result, collect
 from launcher.manifest import write_atomic
+from launcher.outputs import BenchmarkOutputs
 from launcher.paths import TABLE_WIDTH
 
 COLUMNS = (
@@ -197,7 +198,7 @@ def plot_png(results: list[Result], title: str) -> bytes:
 
 def write_report(run_dir: Path) -> Path:
     sweep, results = collect(run_dir)
-    bench = bench_dir(run_dir)
+    out = BenchmarkOutputs(run_dir)
     meta = {
         "run": str(run_dir),
         "max_steps": sweep.max_steps,
@@ -205,11 +206,11 @@ def write_report(run_dir: Path) -> Path:
         "synthetic_data": sweep.synthetic_data,
         "rows": [r.as_dict() for r in results],
     }
-    write_atomic(bench / "report.json", json.dumps(meta, indent=2) + "\n")
-    write_atomic(bench / "report.csv", csv_text(results))
-    write_atomic(bench / "throughput.png", plot_png(results, f"{run_dir.name}: img/s per GPU"))
-    write_atomic(bench / "report.md", markdown(run_dir, sweep, results))
-    return bench / "report.md"
+    write_atomic(out.report_json, json.dumps(meta, indent=2) + "\n")
+    write_atomic(out.report_csv, csv_text(results))
+    write_atomic(out.plot, plot_png(results, f"{run_dir.name}: img/s per GPU"))
+    write_atomic(out.report_md, markdown(run_dir, sweep, results))
+    return out.report_md
 
 
 def progress_lines(run_dir: Path) -> list[str]:
@@ -221,7 +222,7 @@ def progress_lines(run_dir: Path) -> list[str]:
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
-    report = bench_dir(run_dir) / "report.md"
+    report = BenchmarkOutputs(run_dir).report_md
     lines = [
         f"benchmark: {len(results)} tasks: "
         + ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))

@@ -25,8 +25,8 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # started by path (the job keeps NeMo's PYTHONPATH): find this repo
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
+    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
 
 from data_prep.faults import step_main
 from launcher.bench.cases import Sweep, config_path, node_file

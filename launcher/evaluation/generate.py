@@ -34,14 +34,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # started by path: find this repo
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
+    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
 
 from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
+from launcher.checkpoints import hparams_of
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.families import named
-from launcher.sampling.checkpoints import hparams_of
 from launcher.sampling.infer_config import infer_section, program, trainer_and_model, xl_infer_config
 from launcher.sampling.job import nemo_env, nemo_to_sample, stored_model_config
 from launcher.sampling.resolution import trained_size

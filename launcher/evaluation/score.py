@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # started by path: find this repo
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
+    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
 
 from data_prep.atomic import write_atomic
 from data_prep.faults import step_main

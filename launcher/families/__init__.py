@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from launcher.errors import ConfigError
 from launcher.families import sd1, sd2, sdxl
 from launcher.families.family import Family
 
@@ -59,6 +60,16 @@ def all_samplers() -> tuple[str, ...]:
 def renamed_keys() -> dict[str, str]:
     """Keys that were one family's alone: old key -> the key that replaced it."""
     return {old: new for family in FAMILIES for old, new in family.renamed_keys.items()}
+
+
+def renamed_key_error(key: str) -> ConfigError | None:
+    """A key that was one family's alone, refused naming the key that replaced it; None for any other."""
+    new = renamed_keys().get(key)
+    if new is None:
+        return None
+    return ConfigError(
+        key, f"renamed to {new} (one key for every model family; null: the trained family's own)"
+    )
 
 
 @contextmanager

@@ -33,13 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # started by path: find this repo
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
+    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
 
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
 from data_prep.faults import step_main
-from launcher.families import named
-from launcher.sampling.checkpoints import (
+from launcher.checkpoints import (
     ema_twin,
     final_nemo,
     hparams_of,
@@ -49,6 +48,7 @@ from launcher.sampling.checkpoints import (
     step_of,
     step_of_nemo,
 )
+from launcher.families import named
 from launcher.sampling.grid import grid_image
 from launcher.sampling.infer_config import program, program_config
 from launcher.sampling.resolution import trained_size

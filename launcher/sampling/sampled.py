@@ -18,13 +18,13 @@ from typing import Any
 import yaml
 
 from data_prep.text_cache import PRECACHE_MODE
-from launcher import latents
+from launcher import checkpoints, latents
 from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.families.family import Family
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
-from launcher.sampling import checkpoints, text_encoders
+from launcher.sampling import text_encoders
 
 # Where the training planned in this launch fixes the size (trained_model's source).
 PLANNED_MODEL = "training.model.data.train.augmentations"
@@ -191,3 +191,18 @@ def check_text_encoders_restorable(
             f"{unswitched_source} (the training config before the switch) and {error}; allowed: a .nemo "
             "trained with this launch's training config, or from the image tars",
         ) from error
+
+
+def check_nemo_given(cfg: Any) -> None:
+    """A family whose checkpoints NeMo cannot convert is sampled from a .nemo only: samples.checkpoint as
+    the samples stage and the evaluation (which generates from it, samples planned or not) read it."""
+    given, trained = cfg.samples.checkpoint, family(cfg)
+    if trained.inference.converts_checkpoints:
+        return
+    title = trained.title
+    if given and not str(given).endswith(".nemo"):
+        raise ConfigError(
+            "samples.checkpoint",
+            f"{given}: an {title} training checkpoint cannot be sampled (NeMo's convert_ckpt_to_nemo.py has no "
+            f"{title} model type); allowed: null (the .nemo training saves at its end) or a .nemo",
+        )

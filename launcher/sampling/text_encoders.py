@@ -46,7 +46,7 @@ from typing import Any
 
 from data_prep import text_cache
 from data_prep.atomic import atomic_path
-from launcher.sampling.checkpoints import nemo_model_config
+from launcher.checkpoints import nemo_model_config
 
 CONFIG_MEMBER = "model_config.yaml"  # NeMo's SaveRestoreConnector names
 WEIGHTS_MEMBER = "model_weights.ckpt"

@@ -159,8 +159,6 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     """A converted VAE names a downloaded file and replaces none; the container must see the folders where
     training reads the staged models (a stage that declares a single-file asset checks its own mount)."""
-    if NAME not in planned:
-        return
     for name, asset in by_name(cfg).items():
         _check_nemo_vae(name, asset)
         if cfg.container.runtime is Runtime.pyxis:

@@ -24,10 +24,11 @@ from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.nemo_python import NemoJob
+from launcher.outputs import BenchmarkOutputs
 from launcher.rules import Choice, Each, Range, SlurmTime, described, ruled, slurm_time_seconds
 from launcher.spec import Array, Dependency, DependencyKind, JobSpec, Resources
-from launcher.stage import StageSpec
-from launcher.stages import training
+from launcher.stage import DataRole, Findings, StageSpec
+from launcher.stages import training_job, training_preflight
 from launcher.stages.common import cpu_resources, make_job
 
 NAME = "benchmark"
@@ -168,7 +169,7 @@ def files(ctx: Context) -> tuple[tuple[Path, str], ...]:
 def _resources(ctx: Context, case: Case) -> Resources:
     """What training gets on that many nodes, for the task's time; one rank per node without GPUs."""
     if ctx.cfg.cluster.gpus_per_node >= 1:
-        return training.resources(case_context(ctx, case))
+        return training_job.resources(case_context(ctx, case))
     cl = ctx.cfg.cluster
     return Resources(nodes=case.nodes, time=ctx.cfg.benchmark.time_per_task, partition=cl.partition)
 
@@ -203,7 +204,7 @@ def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
         argv=argv,
         resources=_resources(ctx, cases[0]),
         array=Array(len(cases), throttle),
-        secret_files=training.secret_files_of(ctx),
+        secret_files=training_job.secret_files_of(ctx),
         env=nemo_config.OFFLINE_HUB_ENV,
         with_code=False,
     )
@@ -233,7 +234,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
             f"benchmark: {len(b.nodes)} node count(s) x {len(b.micro_batch_sizes)} micro batch size(s) = "
             f"{len(s.cases)} tasks of {s.max_steps} steps ({s.warmup_steps} warm-up steps excluded), "
             f"{'synthetic' if s.synthetic_data else 'real'} data; "
-            f"report: {bench_dir(ctx.run_dir) / 'report.md'}"
+            f"report: {BenchmarkOutputs(ctx.run_dir).report_md}"
         ),
     )
 
@@ -257,8 +258,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
             "benchmark.warmup_steps",
             f"{b.warmup_steps} leaves no step to measure; allowed: below benchmark.max_steps ({b.max_steps})",
         )
-    if NAME not in planned:
-        return
     family = family_of(cfg.training.model)
     if b.synthetic_data and family.synthetic_keys is None:
         raise ConfigError(
@@ -299,8 +298,10 @@ STAGE = StageSpec(
     config=BenchmarkConfig,
     plan=plan,
     needs=_needs,
+    data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (SWEEP,),
+    preflight=lambda cfg, planned: Findings(problems=training_preflight.nemo_files(cfg)),
     files=files,
     notes=_notes,
     status=_progress_lines,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config, nemo_python
@@ -12,7 +14,7 @@ from launcher.nemo_python import NemoJob
 from launcher.outputs import DataCheckOutputs
 from launcher.rules import Range, Text, described, ruled
 from launcher.spec import JobSpec
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import cpu_resources, make_job
 
 NAME = "data_check"
@@ -76,8 +78,20 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME in planned:
-        nemo_config.check(cfg)
+    nemo_config.check(cfg)
+
+
+def summary_lines(run_dir: Path) -> list[str]:
+    """What the data check found, once it wrote its report (the local backend's summary prints it)."""
+    path = DataCheckOutputs(run_dir).report
+    if not path.exists():
+        return []
+    found = json.loads(path.read_text())
+    loader = found.get("loader") or {}
+    return [
+        f"data_check: {'passed' if found['ok'] else 'FAILED'}: {found['wdinfo']['total_key_count']:,} samples, "
+        f"batch images {loader.get('images')}, {loader.get('images_per_s')} images/s on this CPU ({path})"
+    ]
 
 
 STAGE = StageSpec(
@@ -86,7 +100,9 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     auto=lambda cfg: cfg.data_check.enable,
+    data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (JOB,),
     files=nemo_config.config_files,
+    summary=summary_lines,
 )

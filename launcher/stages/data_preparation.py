@@ -16,7 +16,7 @@ from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.space import free_space_warning
 from launcher.spec import Array, JobSpec
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages import precache
 from launcher.stages.common import after, cpu_resources, make_job, require_mounted
 from launcher.stages.data_preparation_config import GONE_FROM_HUB, DataPreparationConfig
@@ -146,7 +146,7 @@ def _wdinfo_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     """Rules between the data sources' settings (the schema checks types)."""
     dp, key = cfg.data_preparation, "data_preparation"
-    if NAME not in planned or not dp.tars.enable:
+    if not dp.tars.enable:
         return
     if not dp.tars.source:
         raise ConfigError(f"{key}.tars.source", "required with tars.enable: a folder or fsspec URL of tars")
@@ -240,13 +240,11 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
 
 def _check_all(cfg: Any, planned: frozenset[str]) -> None:
     _check(cfg, planned)
-    if NAME in planned:
-        latents.check(cfg)
+    latents.check(cfg)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    if NAME in planned:
-        _require_tars_source(cfg)
+    _require_tars_source(cfg)
 
 
 def _require_tars_source(cfg: Any) -> None:
@@ -284,8 +282,6 @@ def _gone_from_hub(cfg: Any) -> str | None:
 
 
 def _warnings(cfg: Any, planned: frozenset[str]) -> tuple[str, ...]:
-    if NAME not in planned:
-        return ()
     return tuple(w for w in (free_space_warning(cfg), _gone_from_hub(cfg)) if w)
 
 
@@ -307,6 +303,7 @@ STAGE = StageSpec(
     plan=plan,
     # The encode step (precache) reads the staged VAE and CLIP; the downloads do not wait for them.
     uses=lambda cfg: ("assets",) if latents.enabled(cfg) else (),
+    data_role=DataRole.writes,
     check=_check_all,
     host_check=_host_check,
     nemo_jobs=precache.nemo_jobs,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config
+from launcher.checkpoints import hparams_of, nemo_model_config
 from launcher.config import JobResources, Runtime
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
@@ -35,7 +36,6 @@ from launcher.outputs import EvaluationOutputs, SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
 from launcher.sampling import sampled
-from launcher.sampling.checkpoints import hparams_of, nemo_model_config
 from launcher.sampling.resolution import trained_size
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stage import AssetNeeds, StageSpec
@@ -219,8 +219,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     ev = cfg.evaluation
-    if NAME not in planned:
-        return
+    sampled.check_nemo_given(cfg)  # generated from samples.checkpoint, with or without samples planned
     if not ev.coco_root:
         raise ConfigError(
             "evaluation.coco_root",
@@ -246,8 +245,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     """COCO as the jobs will read it, and a model to evaluate (the samples job converts it, or puts the
     text encoders back in it)."""
-    if NAME not in planned:
-        return
     root = Path(cfg.evaluation.coco_root)
     for needed in ("val2014", CAPTIONS_JSON):
         if not (root / needed).exists():

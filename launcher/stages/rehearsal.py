@@ -25,9 +25,9 @@ from launcher.nemo_python import NemoJob
 from launcher.outputs import RehearsalOutputs
 from launcher.rules import Text, described, ruled
 from launcher.spec import JobSpec
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import cpu_resources, make_job
-from launcher.stages.training import secret_files_of
+from launcher.stages.training_job import secret_files_of
 
 NAME = "rehearsal"
 JOB = NemoJob(NAME, "rehearsal.python")  # its interpreter: launcher.nemo_python
@@ -117,8 +117,6 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME not in planned:
-        return
     family = family_of(cfg.training.model)
     refusal = family.rehearsal_refusal or (None if family.rehearsal else "its family declares no `rehearsal`")
     if refusal:
@@ -146,9 +144,11 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     auto=lambda cfg: cfg.rehearsal.enable,
+    data_role=DataRole.reads,
     check=_check,
     nemo_jobs=lambda cfg: (JOB,),
     files=nemo_config.config_files,
     notes=_notes,
     status=rehearsal_report.status_lines,
+    summary=rehearsal_report.status_lines,
 )

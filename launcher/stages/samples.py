@@ -220,26 +220,13 @@ def _check_steps(cfg: Any) -> None:
         )
 
 
-def _check_nemo_given(cfg: Any) -> None:
-    """A family whose checkpoints NeMo cannot convert is sampled from a .nemo only."""
-    given, title = cfg.samples.checkpoint, sampled.family(cfg).title
-    if given and not str(given).endswith(".nemo"):
-        raise ConfigError(
-            "samples.checkpoint",
-            f"{given}: an {title} training checkpoint cannot be sampled (NeMo's convert_ckpt_to_nemo.py has no "
-            f"{title} model type); allowed: null (the .nemo training saves at its end) or a .nemo",
-        )
-
-
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     """A sampler of the trained family, steps it can take, a checkpoint it can sample that the container
     sees, and prompts NeMo would save over each other (it names images by their first 50 characters)."""
-    if NAME in planned:
-        sampled.check_sampler(cfg, NAME)
+    sampled.check_sampler(cfg, NAME)
     _check_steps(cfg)
-    if not sampled.family(cfg).inference.converts_checkpoints:
-        _check_nemo_given(cfg)
-    if NAME in planned and cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
+    sampled.check_nemo_given(cfg)
+    if cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
         require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
     seen: dict[str, int] = {}
     for i, prompt in enumerate(cfg.samples.prompts):
@@ -257,8 +244,6 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
     """The checkpoint must exist now (or come from training planned with it), and the resolution be the
     one it was trained at."""
-    if NAME not in planned:
-        return
     trained_with, source = sampled.trained_model(cfg, planned)
     if sampled.from_cached_text(cfg, planned):
         check_restorable(cfg, planned, facts, trained_with, source)

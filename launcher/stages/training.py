@@ -14,9 +14,9 @@ from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.outputs import TrainingOutputs
 from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Pattern, Range, SlurmTime, Text, described, ruled
-from launcher.spec import Dependency, DependencyKind, JobSpec, Resources
-from launcher.stage import StageSpec
-from launcher.stages import training_init, training_record, training_status
+from launcher.spec import Dependency, DependencyKind, JobSpec
+from launcher.stage import DataRole, StageSpec
+from launcher.stages import training_init, training_job, training_preflight, training_record, training_status
 from launcher.stages.common import make_job
 
 NAME = "training"
@@ -149,22 +149,6 @@ class TrainingConfig:
     )
 
 
-def resources(ctx: Context) -> Resources:
-    cl = ctx.cfg.cluster
-    s = nemo_config.shape(ctx.cfg)
-    cpus = (cl.cpus_per_node // s.gpus_per_node) if cl.cpus_per_node else 1
-    return Resources(
-        nodes=s.nodes,
-        ntasks_per_node=s.gpus_per_node,
-        cpus_per_task=max(cpus, 1),
-        gpus_per_node=s.gpus_per_node,
-        mem=cl.gpu_job_mem,
-        time=nemo_config.time_limit(ctx.cfg),
-        exclusive=cl.exclusive_gpu_jobs,
-        partition=cl.partition,
-    )
-
-
 def _done_check(ctx: Context) -> tuple[str, ...]:
     """A chained job that starts after max_steps was reached ends at once.
 
@@ -184,13 +168,6 @@ def _done_check(ctx: Context) -> tuple[str, ...]:
         "  fi",
         "done",
     )
-
-
-def secret_files_of(ctx: Context) -> tuple[tuple[str, str], ...]:
-    """(variable, file) pairs a NeMo job reads at run time (training and the benchmark sweep)."""
-    run = ctx.cfg.training.run
-    pairs = (("WANDB_API_KEY", run.wandb_api_key_file), ("HF_TOKEN", run.hf_token_file))
-    return tuple((name, path) for name, path in pairs if path)
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
@@ -224,11 +201,11 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
                 stage=NAME,
                 name=name,
                 argv=argv,
-                resources=resources(ctx),
+                resources=training_job.resources(ctx),
                 depends_on=deps,
                 sbatch_args=sbatch_args,
                 prologue=_done_check(ctx),
-                secret_files=secret_files_of(ctx),
+                secret_files=training_job.secret_files_of(ctx),
                 singleton=run.chain > 1,
                 slurm_name=run.name,
                 env=nemo_config.OFFLINE_HUB_ENV,
@@ -256,15 +233,18 @@ def _needs(cfg: Any) -> tuple[str, ...]:
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    if NAME in planned:
-        nemo_config.check(cfg)
-        training_init.check(cfg)
+    nemo_config.check(cfg)
+    training_init.check(cfg)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    if NAME in planned:
-        training_record.check(cfg)  # one training per run folder
-        training_init.host_check(cfg)
+    training_record.check(cfg)  # one training per run folder
+    training_init.host_check(cfg)
+
+
+def _on_submit(cfg: Any, jobs: tuple[JobSpec, ...]) -> None:
+    if jobs:
+        training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
@@ -274,7 +254,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
         f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
         f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step"
     )
-    return (*training_init.notes(ctx), shape, *cost.notes(ctx.cfg))
+    return (*training_init.notes(ctx, NAME), shape, *cost.notes(ctx.cfg))
 
 
 STAGE = StageSpec(
@@ -283,9 +263,13 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     gpus=True,
+    data_role=DataRole.reads,
     check=_check,
     host_check=_host_check,
     nemo_jobs=_nemo_jobs,
+    preflight=training_preflight.check,
+    probe=training_init.probe,
+    on_submit=_on_submit,
     files=nemo_config.config_files,
     notes=_notes,
     status=training_status.status_lines,

@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import manifest, nemo_python
+from launcher import checkpoints, manifest, nemo_python
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
-from launcher.init_unet import FROM_SCRATCH, UNET_PREFIX
+from launcher.init_from import FROM_SCRATCH, UNET_PREFIX
 from launcher.nemo_python import NemoJob
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
-from launcher.sampling import checkpoints
 from launcher.spec import ExternalDependency, JobSpec
 from launcher.stages.common import cpu_resources, make_job
 from launcher.unet_shape import differences, tensor_problems, unet_shape
@@ -96,7 +95,7 @@ def _load_model(path: Path, section: str) -> dict[str, Any]:
 
 def _live_training(run: Path) -> str | None:
     """The id of the run's last training part when any training part is queued or running."""
-    from launcher.status.states import status
+    from launcher.job_states import status
 
     if not (run / manifest.MANIFEST).exists():
         return None
@@ -229,12 +228,15 @@ def host_check(cfg: Any) -> None:
         check_checkpoint(found.checkpoint, cfg.training.model)
 
 
-def probe(cfg: Any, facts: Facts) -> Facts:
-    """The facts with the live earlier training's last part, which the init job waits for."""
-    if "training" not in cfg.stages or not given(cfg):
-        return facts
-    found = source(cfg)
-    return dataclasses.replace(facts, init_from_job=found.live_job if found else None)
+def probe(cfg: Any, facts: Facts) -> str | None:
+    """The id of the live earlier training's last part, which the init job waits for (the stage's
+    StageSpec.probe: its planner reads it as `facts.probed[stage]`)."""
+    found = source(cfg) if given(cfg) else None
+    return found.live_job if found else None
+
+
+def _live_job(ctx: Context, stage: str) -> str | None:
+    return ctx.facts.probed.get(stage)
 
 
 def nemo_job(cfg: Any) -> NemoJob:
@@ -266,7 +268,7 @@ def plan(ctx: Context, stage: str) -> JobSpec | None:
         ),
         resources=cpu_resources(ctx, tr.init_resources),
     )
-    wait = ctx.facts.init_from_job
+    wait = _live_job(ctx, stage)
     if not wait:
         return job
     return dataclasses.replace(
@@ -274,14 +276,14 @@ def plan(ctx: Context, stage: str) -> JobSpec | None:
     )
 
 
-def notes(ctx: Context) -> tuple[str, ...]:
+def notes(ctx: Context, stage: str) -> tuple[str, ...]:
     tr = ctx.cfg.training
     start = given(ctx.cfg)
     if start is None:
         return (
             (f"training: the UNet starts from random weights ({KEY}={FROM_SCRATCH})",) if tr.continues else ()
         )
-    wait = ctx.facts.init_from_job
+    wait = _live_job(ctx, stage)
     if Path(start).suffix == ".ckpt":
         which = "that checkpoint"
     elif wait:

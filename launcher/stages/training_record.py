@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import checkpoints
 from launcher.errors import ConfigError
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
-from launcher.sampling import checkpoints
 from launcher.sampling.resolution import trained_size
 from launcher.unet_shape import differences, unet_shape
 

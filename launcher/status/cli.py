@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from launcher import manifest
+from launcher.job_states import run_command
 from launcher.paths import newest_log
-from launcher.status.states import run_command
 from launcher.status.view import print_status
 
 

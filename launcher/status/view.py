@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher.data_status import data_counts
+from launcher.job_states import JobStatus, error_lines, status
 from launcher.paths import TABLE_WIDTH, newest_log, relative_to_run, shorten_left
 from launcher.registry import STAGES
-from launcher.status.states import JobStatus, error_lines, status
 
 
 def _exit_codes(st: JobStatus) -> str:

@@ -1,0 +1,47 @@
+"""The imports' shape. The contracts (layers, job programs off the planner, stages independent, no cycle
+between siblings) are in pyproject.toml's [tool.importlinter] and run as `lint-imports` (tests/run.sh);
+here, what they do not say: no cycle between two modules at all (a package and its own child, say), and
+one way for a module started by path to find the checkout."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Started by path, not `python -m`: the NeMo jobs keep the image's PYTHONPATH (the checkout is not on it),
+# and `python launcher/main.py` works in a checkout that is not installed.
+BOOTSTRAP = (
+    'if __package__ in (None, ""):  # started by path: the checkout replaces this file\'s folder on sys.path\n'
+    '    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))\n'
+)
+EDITS_SYS_PATH = re.compile(r"sys\.path(\.insert|\.append|\.extend|\[[^\]]*\]\s*=)")
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    grimp = pytest.importorskip("grimp")  # import-linter's graph: imports inside functions count too
+    graph = grimp.build_graph("launcher", "data_prep", cache_dir=None)
+    assert Path(importlib.import_module("launcher").__file__).parent == REPO / "launcher"  # this checkout's
+    cycles = {
+        " -> ".join((importer, *back))
+        for importer in sorted(graph.modules)
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if (back := graph.find_shortest_chain(imported, importer))
+    }
+    assert not cycles, f"move what each cycle's modules share into a lower module: {sorted(cycles)}"
+
+
+def test_the_modules_started_by_path_find_the_checkout_one_way() -> None:
+    modules = [
+        p.relative_to(REPO) for folder in ("launcher", "data_prep") for p in (REPO / folder).rglob("*.py")
+    ]
+    golden = "".join(script.read_text() for script in (REPO / "tests/golden").rglob("*.sbatch"))
+    started = {str(m) for m in modules if re.search(rf"/{re.escape(str(m))}(?![\w.])", golden)}
+    # launcher/main.py by its users; data_prep/rehearsal_step.py by data_prep/rehearsal.py, as training runs
+    by_path = {"launcher/main.py", "data_prep/rehearsal_step.py", *started}
+    editing = {str(m) for m in modules if EDITS_SYS_PATH.search((REPO / m).read_text())}
+    assert editing == by_path
+    assert [p for p in sorted(by_path) if (REPO / p).read_text().count(BOOTSTRAP) != 1] == []
