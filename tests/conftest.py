@@ -78,8 +78,8 @@ def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
 
 
 # Under pytest-xdist (`-n 3 --dist loadgroup`, as tests/run.sh runs), each worker is a session of its own
-# and builds the session fixtures its tests ask for. The tests that use a NeMo fixture go to one worker
-# together, so that NeMo's fork server, the tiny assets, the demo data and the tiny training are built once;
+# and builds the session fixtures its tests ask for. The tests that use a NeMo fixture go to two workers
+# (those of the tiny training and the others), so that NeMo's fork server, the tiny assets, the demo data and the tiny training are built once;
 # so do the readers of the finished Slurm demo run, and the tests of one module that share a module-scoped
 # fixture (a worker builds it for each module it runs tests of). The others spread over the workers (each
 # with its own Slurm cluster). Marked as each test is collected: xdist's worker reads the marks in its own
@@ -93,6 +93,10 @@ GROUPS = {"nemo": NEMO_FIXTURES, "slurm_demo": frozenset({"slurm_demo"})}
 def pytest_itemcollected(item: pytest.Item) -> None:
     used = set(getattr(item, "fixturenames", ()))
     group = next((name for name, fixtures in GROUPS.items() if fixtures & used), None)
+    if group == "nemo" and "tiny_training" not in used:
+        # The NeMo tests sum to more than the rest of the suite on a worker: those that need no trained
+        # model go to a second worker, which builds the fork server, demo data and tiny assets again.
+        group = "nemo_data"
     if group is None and _uses_a_module_fixture(item):
         group = item.path.stem
     if group:
