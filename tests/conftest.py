@@ -79,11 +79,12 @@ def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
 
 # Under pytest-xdist (`-n 3 --dist loadgroup`, as tests/run.sh runs), each worker is a session of its own
 # and builds the session fixtures its tests ask for. The tests that use a NeMo fixture go to two workers
-# (those of the tiny training and the others), so that NeMo's fork server, the tiny assets, the demo data and the tiny training are built once;
-# so do the readers of the finished Slurm demo run, and the tests of one module that share a module-scoped
-# fixture (a worker builds it for each module it runs tests of). The others spread over the workers (each
-# with its own Slurm cluster). Marked as each test is collected: xdist's worker reads the marks in its own
-# pytest_collection_modifyitems, before a conftest's would run.
+# (those of the tiny training and the others), so that NeMo's fork server, the tiny assets, the demo data
+# and the tiny training are built once per group; so do the readers of the finished Slurm demo run, and
+# the tests of one module that share a module-scoped fixture (a worker builds it for each module it runs
+# tests of). The others spread over the workers (each with its own Slurm cluster). Marked as each test is
+# collected: xdist's worker reads the marks in its own pytest_collection_modifyitems, before a conftest's
+# would run.
 NEMO_FIXTURES = frozenset(
     {"nemo_python", "tiny_assets", "demo_data", "new_shared", "nemo_shared", "tiny_training"}
 )
