@@ -4,13 +4,13 @@ the rehearsal, training, samples and evaluation, each asking the family and not 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from coco_fixture import make_coco
 from conftest import aws_argv
+from fixtures.plugins import module_from_new_file
 
 from launcher import families
 from launcher.cli import main
@@ -45,35 +45,17 @@ FAMILY = Family(
 '''
 
 
-def _one_new_file(folder: Path) -> ModuleType:
-    path = folder / "toy_families" / "toy.py"
-    path.parent.mkdir()
-    path.write_text(TOY)
-    spec = importlib.util.spec_from_file_location("toy_families.toy", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _coco(root: Path) -> Path:
-    (root / "val2014").mkdir(parents=True)
-    (root / "annotations").mkdir()
-    (root / "annotations/captions_val2014.json").write_text('{"images": [], "annotations": []}')
-    return root
-
-
 def test_a_family_from_one_file_carries_the_whole_chain_in_a_dry_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    toy = _one_new_file(tmp_path)
+    toy = module_from_new_file(tmp_path / "toy_families" / "toy.py", TOY)
     monkeypatch.chdir(tmp_path)
     argv = [
         *aws_argv(tmp_path),
         "stages=[data_preparation,data_check,training,samples,evaluation]",
         "rehearsal=true",
         "+training.model.toy=true",
-        f"evaluation.coco_root={_coco(tmp_path / 'coco')}",
+        f"evaluation.coco_root={make_coco(tmp_path / 'coco')}",
         "cluster.gpu_type=H100",
         "dry_run=true",
     ]

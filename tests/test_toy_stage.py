@@ -4,12 +4,12 @@ data_check, the rehearsal, training, samples, evaluation), with no edit anywhere
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from coco_fixture import make_coco
 from conftest import FIXED_FACTS, compose_config
+from fixtures.plugins import module_from_new_file
 
 from launcher.backends import prepare
 from launcher.errors import ConfigError
@@ -56,33 +56,15 @@ STAGE = StageSpec(
 '''
 
 
-def _one_new_file(folder: Path) -> ModuleType:
-    path = folder / "toy_stages" / "notify.py"
-    path.parent.mkdir()
-    path.write_text(TOY)
-    spec = importlib.util.spec_from_file_location("toy_stages.notify", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _coco(root: Path) -> Path:
-    (root / "val2014").mkdir(parents=True)
-    (root / "annotations").mkdir()
-    (root / "annotations/captions_val2014.json").write_text('{"images": [], "annotations": []}')
-    return root
-
-
 def test_a_stage_from_one_file_joins_the_whole_chain_in_a_dry_run(tmp_path: Path) -> None:
-    stages = (*STAGES, _one_new_file(tmp_path).STAGE)
+    stages = (*STAGES, module_from_new_file(tmp_path / "toy_stages" / "notify.py", TOY).STAGE)
     overrides = [
         "cluster=aws_p5",
         f"cluster.shared_dir={tmp_path}",
         f"container.mounts=[{tmp_path}:{tmp_path}]",
         "stages=[data_preparation,data_check,training,samples,evaluation,notify]",
         "rehearsal=true",
-        f"evaluation.coco_root={_coco(tmp_path / 'coco')}",
+        f"evaluation.coco_root={make_coco(tmp_path / 'coco')}",
         "+notify.message=all done",
     ]
     cfg = to_schema(compose_config(overrides), stages)
