@@ -116,13 +116,19 @@ def _refuse_live_slurm(data_dir: Path, run_dir: Path, this_role: str) -> None:
         return
     from launcher.job_states import ACTIVE_STATES, slurm_states  # only with another run's records
 
-    try:
-        states = slurm_states(ids)
-    except OSError:  # no Slurm commands on this host: nothing there can be live
+    answer = slurm_states(ids)
+    if answer.absent:  # no Slurm commands on this host: nothing there can be live
         return
+    if answer.problem:
+        runs = ", ".join(w["run_dir"] for w in others)
+        raise LauncherError(
+            f"data folder {data_dir} was written by Slurm jobs of {runs}, and whether they still run cannot "
+            f"be asked: {answer.problem}. Launch again when Slurm answers, or give this run its own data "
+            "folder (data_dir=...)"
+        )
     for w in others:
         parts = {name: joined.split(":") for name, joined in w["jobs"].items() if joined}
-        seen = {name: {s for i in ids for s, _ in states.get(i, ())} for name, ids in parts.items()}
+        seen = {name: {t.state for i in ids for t in answer.tasks.get(i, ())} for name, ids in parts.items()}
         live = [
             f"{name} (job {w['jobs'][name]}: {'/'.join(sorted(found))})"
             for name, found in seen.items()

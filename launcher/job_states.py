@@ -1,15 +1,20 @@
-"""Every job's state from its manifest record: from Slurm (sacct, else scontrol) or the local backend."""
+"""Every job's state from its manifest record: from Slurm (sacct, else scontrol) or the local backend.
+
+When Slurm cannot be asked (controller down, commands missing) a job's state is unknown, never ended:
+`JobStatus.unasked` says why, once for the whole run (the first failed query stops the asking).
+"""
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
-from launcher import manifest
+from launcher import local_jobs, manifest
 from launcher.manifest import JobRecord
 from launcher.paths import RunPaths, logs_glob
 
@@ -33,18 +38,34 @@ ACTIVE_STATES = frozenset(
 )
 
 
+class Task(NamedTuple):
+    """One task of a job as its scheduler reports it; `start` (ISO local time) while it runs."""
+
+    state: str
+    exit_code: str
+    start: str | None = None
+
+
 @dataclass
 class JobStatus:
     record: JobRecord
     states: Counter[str] = field(default_factory=Counter)
     exit_codes: Counter[str] = field(default_factory=Counter)
+    started: str | None = None  # when its first running task started (ISO local time)
+    unasked: str | None = None  # why its scheduler could not be asked: then its state is unknown
 
     def summary(self) -> str:
-        return ", ".join(f"{state} {n}" for state, n in sorted(self.states.items())) or "UNKNOWN"
+        shown = [
+            f"{state} {n}"
+            + (f" since {_short_time(self.started)}" if state == "RUNNING" and self.started else "")
+            for state, n in sorted(self.states.items())
+        ]
+        return ", ".join(shown) or "UNKNOWN"
 
     @property
     def active(self) -> bool:
-        return any(state in ACTIVE_STATES for state in self.states)
+        """Still queued or running, or maybe so (its scheduler could not be asked)."""
+        return self.unasked is not None or any(state in ACTIVE_STATES for state in self.states)
 
     @property
     def failed(self) -> bool:
@@ -63,47 +84,118 @@ def _array_size(spec: str) -> int:
     return total
 
 
-def parse_sacct(text: str) -> dict[str, list[tuple[str, str]]]:
-    """`sacct --parsable2 --noheader -o JobID,State,ExitCode` -> job id -> [(state, exit code)]."""
-    out: dict[str, list[tuple[str, str]]] = {}
+def _short_time(iso: str) -> str:
+    """`2026-11-28T07:52:27` -> `11-28 07:52`: enough to tell how long a task has run."""
+    return iso[5:16].replace("T", " ")
+
+
+def _started(state: str, start: str) -> str | None:
+    """Slurm's start time of a task that has started (a pending one's is an estimate, or Unknown)."""
+    return start if state != "PENDING" and start[:1].isdigit() else None
+
+
+def parse_sacct(text: str) -> dict[str, list[Task]]:
+    """`sacct --parsable2 --noheader -o JobID,State,ExitCode,Start` -> job id -> its tasks."""
+    out: dict[str, list[Task]] = {}
     for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 3 or "." in parts[0]:
+        parts = [*line.split("|"), ""]
+        if len(parts) < 4 or "." in parts[0]:
             continue  # job steps (123.batch) repeat their job
         job_id = re.split(r"[_\[]", parts[0])[0]
         count = _array_size(parts[0].split("[")[1].rstrip("]")) if "[" in parts[0] else 1
-        out.setdefault(job_id, []).extend([(parts[1].split()[0], parts[2])] * count)
+        state = parts[1].split()[0]
+        out.setdefault(job_id, []).extend([Task(state, parts[2], _started(state, parts[3]))] * count)
     return out
 
 
-def parse_scontrol(text: str) -> list[tuple[str, str]]:
-    """`scontrol show job -o <id>` lines -> [(state, exit code)], pending array ranges expanded."""
-    rows: list[tuple[str, str]] = []
+def parse_scontrol(text: str) -> list[Task]:
+    """`scontrol show job -o <id>` lines -> its tasks, pending array ranges expanded."""
+    rows: list[Task] = []
     for line in text.splitlines():
         fields_ = dict(re.findall(r"(\w+)=(\S*)", line))
         if "JobState" not in fields_:
             continue
         tasks = fields_.get("ArrayTaskId", "")
         count = _array_size(tasks) if tasks and not tasks.isdigit() else 1
-        rows.extend([(fields_["JobState"], fields_.get("ExitCode", "?"))] * count)
+        state = fields_["JobState"]
+        start = _started(state, fields_.get("StartTime", ""))
+        rows.extend([Task(state, fields_.get("ExitCode", "?"), start)] * count)
     return rows
 
 
+# How long a Slurm command may take: beyond the controller's own MessageTimeout (default 10 s), its retries.
+COMMAND_TIMEOUT_S = 60
+
+
 def run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=False)
+    """A Slurm command's result; a missing command or one that hangs is a failed result (127, 124)
+    whose stderr says so in one line, never an exception."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=COMMAND_TIMEOUT_S)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]} is not on this host's PATH")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(
+            argv, 124, "", f"{argv[0]} did not answer in {COMMAND_TIMEOUT_S} s"
+        )
 
 
-def slurm_states(ids: list[str]) -> dict[str, list[tuple[str, str]]]:
-    """From sacct when the cluster keeps accounting, else from scontrol (until MinJobAge)."""
-    done = run_command(
-        ["sacct", "--parsable2", "--noheader", "-o", "JobID,State,ExitCode", "-j", ",".join(ids)]
+def controller() -> str:
+    """The Slurm controller as slurm.conf names it, `host:port (SLURM_CONF=...)`, or "" when that file
+    cannot be read here (a configless client)."""
+    path = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    host = re.search(r"^\s*(?:SlurmctldHost|ControlMachine)\s*=\s*([^\s(#]+)", text, re.M | re.I)
+    port = re.search(r"^\s*SlurmctldPort\s*=\s*([^\s#]+)", text, re.M | re.I)
+    return f"{host.group(1) if host else '?'}:{port.group(1) if port else '6817'} (SLURM_CONF={path})"
+
+
+def _said(done: subprocess.CompletedProcess[str]) -> str:
+    """What a command said, on one line: its distinct lines (scancel repeats one per job id)."""
+    lines = (
+        re.sub(r" on job id \d+", "", line.strip()) for line in (done.stderr or done.stdout).splitlines()
     )
-    if done.returncode == 0 and done.stdout.strip():
-        return parse_sacct(done.stdout)
-    return {
-        job_id: parse_scontrol(run_command(["scontrol", "show", "job", "-o", job_id]).stdout)
-        for job_id in ids
-    }
+    return "; ".join(dict.fromkeys(line for line in lines if line)) or f"exit {done.returncode}"
+
+
+def slurm_failure(done: subprocess.CompletedProcess[str]) -> str:
+    """One line naming why a Slurm command failed: the controller it could not reach, a missing command."""
+    said = _said(done)
+    if "Unable to contact slurm controller" in said:
+        where = controller()
+        said = said if said.startswith(done.args[0]) else f"{done.args[0]}: {said}"
+        return f"the Slurm controller{f' {where}' if where else ''} did not answer ({said})"
+    if done.returncode == 127:
+        return f"{said}: run this on a node of the Slurm cluster (a login node)"
+    return f"{done.args[0]} failed (exit {done.returncode}): {said}"
+
+
+@dataclass(frozen=True)
+class SlurmAnswer:
+    tasks: dict[str, list[Task]]  # job id -> its tasks; a job Slurm no longer knows has none
+    problem: str | None = None  # why Slurm could not be asked (then nothing it says is known)
+    absent: bool = False  # the problem: no Slurm commands on this host (so no Slurm job runs from here)
+
+
+def slurm_states(ids: list[str]) -> SlurmAnswer:
+    """From sacct when the cluster keeps accounting, else from scontrol (until MinJobAge): the first query
+    that fails for any reason but an unknown job id stops the asking."""
+    done = run_command(
+        ["sacct", "--parsable2", "--noheader", "-o", "JobID,State,ExitCode,Start", "-j", ",".join(ids)]
+    )
+    found = parse_sacct(done.stdout) if done.returncode == 0 else {}
+    for job_id in [i for i in ids if i not in found]:  # no accounting, or not yet in it
+        asked = run_command(["scontrol", "show", "job", "-o", job_id])
+        if asked.returncode != 0 and "Invalid job id" not in asked.stderr:
+            why = slurm_failure(asked)
+            if done.returncode != 0:  # e.g. "Slurm accounting storage is disabled"
+                why += f"; sacct: {_said(done)}"
+            return SlurmAnswer({}, why, absent=asked.returncode == 127)
+        found[job_id] = parse_scontrol(asked.stdout)
+    return SlurmAnswer(found)
 
 
 def tasks(record: JobRecord) -> int:
@@ -111,31 +203,37 @@ def tasks(record: JobRecord) -> int:
     return _array_size(record.array) if record.array else 1
 
 
-def local_states(run_dir: Path, record: JobRecord) -> list[tuple[str, str]]:
-    path = RunPaths(run_dir).state_file(record.stage, record.name)
-    if not path.exists():
-        return [("UNKNOWN", "?")] * tasks(record)
-    state = json.loads(path.read_text())
-    codes = state["exit_codes"] or ["-"]
-    return [(state["state"], str(code)) for code in codes]
+def local_states(run_dir: Path, record: JobRecord) -> list[Task]:
+    job = local_jobs.read(RunPaths(run_dir).state_file(record.stage, record.name))
+    if job is None:
+        return [Task("UNKNOWN", "?")] * tasks(record)
+    return [
+        Task(t.state, "-" if t.exit_code is None else str(t.exit_code), t.start) for t in local_jobs.seen(job)
+    ]
 
 
 def status(run_dir: Path) -> list[JobStatus]:
     records = manifest.load(run_dir)
     ids = [i for r in records if r.backend == "slurm" for i in r.ids]
-    from_slurm = slurm_states(ids) if ids else {}
+    from_slurm = slurm_states(ids) if ids else SlurmAnswer({})
     out = []
     for record in records:
+        unasked = None
         if record.backend == "dry_run" or not record.job_id:
-            rows = [("NOT_SUBMITTED", "-")] * tasks(record)  # every task of an array, as once submitted
+            rows = [Task("NOT_SUBMITTED", "-")] * tasks(record)  # every task of an array, as once submitted
         elif record.backend == "local":
             rows = local_states(run_dir, record)
+        elif from_slurm.problem:
+            rows, unasked = [Task("UNKNOWN", "?")] * tasks(record), from_slurm.problem
         else:
-            # An array split into parts is one job: its parts' tasks together.
-            rows = [row for i in record.ids for row in from_slurm.get(i, [])] or [("UNKNOWN", "?")] * tasks(
-                record
-            )
-        out.append(JobStatus(record, Counter(s for s, _ in rows), Counter(c for _, c in rows)))
+            # An array split into parts is one job: its parts' tasks together; UNKNOWN: Slurm no longer
+            # knows it (it ended more than MinJobAge ago on a cluster without accounting).
+            rows = [row for i in record.ids for row in from_slurm.tasks.get(i, [])] or [
+                Task("UNKNOWN", "?")
+            ] * tasks(record)
+        started = min((t.start for t in rows if t.state == "RUNNING" and t.start), default=None)
+        states, codes = Counter(t.state for t in rows), Counter(t.exit_code for t in rows)
+        out.append(JobStatus(record, states, codes, started, unasked))
     return out
 
 

@@ -2,7 +2,8 @@
 
 The sbatch script, its Slurm log pattern, the concrete log of one job or array task, the glob that finds
 those logs, and the local backend's state file all derive from the run folder, the job's stage and name,
-and whether it is an array; nothing else in the launcher spells these names.
+and whether it is an array; the local backend's cancel request from the run folder. Nothing else in the
+launcher spells these names.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class RunPaths:
     def state_file(self, stage: str, name: str) -> Path:
         """Where the local backend records a job's final state (Slurm keeps its own in sacct)."""
         return self.stage_dir(stage) / f"{name}.state.json"
+
+    def cancel_request(self) -> Path:
+        """Where `cancel` asks the local backend's launcher to start nothing more (and stop what runs)."""
+        return self.run_dir / ".cancel"
 
 
 def concrete_log(log_pattern: str | Path, job_id: str, task: int | None = None) -> Path:

@@ -79,6 +79,8 @@ def outcomes(run_dir: Path) -> tuple[dict[str, str], dict[str, str], dict[str, s
     states: dict[str, set[str]] = {}
     backend = None
     for st in status(run_dir):
+        if st.unasked:  # a job that may be live is never submitted again
+            raise LauncherError(f"cannot tell which jobs of {run_dir} still run: {st.unasked}")
         record = st.record
         states[record.name] = set(st.states)
         if record.job_id and record.backend != "dry_run":

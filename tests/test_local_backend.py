@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from toy_pipeline import max_concurrency, toy_plan
 
-from launcher import manifest
+from launcher import local_jobs, manifest
 from launcher.backends import prepare
 from launcher.backends.local import LocalBackend
 from launcher.errors import LauncherError
@@ -44,9 +44,11 @@ def test_failed_array_task_stops_its_dependents(tmp_path: Path) -> None:
         f"  fan: exit 3 (task 1), its log ends: task 1 fails on purpose ({log})"
     ]
     assert not (out / "last.txt").exists()
-    fan = json.loads((tmp_path / "run/toy/fan.state.json").read_text())
-    assert fan["state"] == "FAILED" and fan["exit_codes"] == [0, 3, 0, 0]
+    fan = local_jobs.read(tmp_path / "run/toy/fan.state.json")
+    assert fan is not None and fan.state == "FAILED" and fan.exit_codes == [0, 3, 0, 0]
+    assert [t.state for t in fan.tasks] == ["COMPLETED", "FAILED", "COMPLETED", "COMPLETED"]
     last = json.loads((tmp_path / "run/toy/last.state.json").read_text())
-    assert last == {"state": "CANCELLED", "exit_codes": [], "seconds": last["seconds"], "blocked_by": ["fan"]}
+    assert (last["state"], last["blocked_by"]) == ("CANCELLED", ["fan"])
+    assert last["tasks"] == [{"state": "CANCELLED", "start": None, "pgid": None, "exit_code": None}]
     records = {r.name: r for r in manifest.load(tmp_path / "run")}
     assert records["last"].depends_on == ["afterok:fan"]

@@ -95,6 +95,10 @@ class Backend(Protocol):
         """Write, submit (or run) every job of the request; return job name -> id."""
         ...
 
+    def cancel(self, run_dir: Path, jobs: list[manifest.JobRecord]) -> str:
+        """Stop the run's jobs of this backend that have not ended; what was done, in one line."""
+        ...
+
 
 BACKENDS = {"slurm": "launcher.backends.slurm", "local": "launcher.backends.local"}
 

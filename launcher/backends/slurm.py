@@ -7,10 +7,12 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher import manifest
 from launcher.backends import Request, records, write_files
 from launcher.errors import LauncherError, SubmitError
+from launcher.job_states import run_command, slurm_failure
 from launcher.limits import SlurmLimits, parse_config, user_source
 from launcher.render import submit_argv
 
@@ -57,6 +59,14 @@ class SlurmBackend:
                 job_ids[job.name] = ":".join(parts)  # dependants wait afterok on every part
                 manifest.save(request.plan.run_dir, records(request, job_ids, self.name))
         return job_ids
+
+    def cancel(self, run_dir: Path, jobs: list[manifest.JobRecord]) -> str:
+        """scancel every id of the run's jobs (every part of a split array); one that already ended is no error."""
+        ids = [i for r in jobs for i in r.ids]
+        done = run_command(["scancel", *ids])
+        if done.returncode != 0:
+            raise LauncherError(f"could not cancel jobs {' '.join(ids)}: {slurm_failure(done)}")
+        return f"scancel {' '.join(ids)}: ok"
 
 
 def read_limits(scontrol: str = "scontrol") -> SlurmLimits:

@@ -15,35 +15,39 @@ import sys
 from pathlib import Path
 
 from launcher import manifest
-from launcher.job_states import run_command
+from launcher.errors import LauncherError
 from launcher.paths import newest_log
+from launcher.status.follow import follow
 from launcher.status.view import print_status
 
 
-def _logs(run_dir: Path, job: str, follow: bool, lines: int) -> int:
+def _logs(run_dir: Path, job: str, follow_: bool, lines: int) -> int:
     records = {r.name: r for r in manifest.load(run_dir)}
     if job not in records:
         print(f"error: no job {job!r} in this run; jobs: {', '.join(records)}", file=sys.stderr)
         return 2
+    if follow_:
+        return follow(run_dir, job, records[job].log_pattern, lines)
     log = newest_log(records[job].log_pattern)
     if log is None:
         print(f"no log yet for {job} (pattern {records[job].log_pattern})", file=sys.stderr)
         return 1
     print(f"==> {log} <==", flush=True)
-    argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), str(log)]
-    os.execvp("tail", argv)
+    os.execvp("tail", ["tail", "-n", str(lines), str(log)])
     return 0  # not reached
 
 
 def _cancel(run_dir: Path) -> int:
-    records = manifest.load(run_dir)
-    ids = [i for r in records if r.backend == "slurm" for i in r.ids]  # every part of a split array
-    if not ids:
-        print("nothing to cancel: no Slurm jobs in this run (local runs finish before the launcher exits)")
+    """Each backend of the run stops its jobs (backends.Backend.cancel)."""
+    records = [r for r in manifest.load(run_dir) if r.job_id and r.backend != "dry_run"]
+    if not records:
+        print("nothing to cancel: no job of this run was submitted")
         return 0
-    done = run_command(["scancel", *ids])
-    print(f"scancel {' '.join(ids)}: {'ok' if done.returncode == 0 else done.stderr.strip()}")
-    return done.returncode
+    from launcher import backends  # renders nothing here: only each backend's cancel
+
+    for name in dict.fromkeys(r.backend for r in records):
+        print(backends.get(name).cancel(run_dir, [r for r in records if r.backend == name]))
+    return 0
 
 
 def _seconds(text: str) -> float:
@@ -94,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except LauncherError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
 
 
 def run() -> None:

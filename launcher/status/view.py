@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -67,11 +68,15 @@ def _data_table(run_dir: Path) -> list[Any]:
     return [table]
 
 
-def status_view(run_dir: Path, width: int) -> tuple[Any, bool]:
-    """Everything `status` shows, and whether every job has ended."""
+def status_view(run_dir: Path, width: int) -> tuple[Any, bool | None]:
+    """Everything `status` shows, and whether every job has ended; None when the scheduler could not be
+    asked, and then the view is the one line that says why."""
     from rich.console import Group
 
     statuses = status(run_dir)
+    unasked = next((st.unasked for st in statuses if st.unasked), None)
+    if unasked:
+        return f"cannot tell the state of this run's jobs: {unasked}", None
     parts = [jobs_table(run_dir, statuses, width)]
     parts += [item for table in _data_table(run_dir) for item in ("", table)]
     notes = [line for stage in STAGES for line in stage.status(run_dir)]
@@ -90,6 +95,7 @@ def print_status(run_dir: Path, watch_s: float | None) -> int:
     """Print the status once, or (watch_s) redraw it every watch_s seconds until every job has ended."""
     from rich.console import Console
     from rich.live import Live
+    from rich.text import Text
 
     console = Console()
     # A terminal gets the view redrawn in place; a pipe or file gets each refresh in turn.
@@ -97,10 +103,15 @@ def print_status(run_dir: Path, watch_s: float | None) -> int:
     with live or contextlib.nullcontext():
         while True:
             view, ended = status_view(run_dir, min(console.width, TABLE_WIDTH))
+            if ended is None and watch_s is None:
+                print(f"error: {view}", file=sys.stderr)
+                return 1
+            if ended is None:  # keep waiting: an end not seen is not one
+                view = Text(f"{time.strftime('%H:%M:%S')} {view}; asking again every {watch_s:g} s")
             if live is not None:
                 live.update(view, refresh=True)
             else:
-                console.print(view)
+                console.print(view, soft_wrap=ended is None)  # that line stays one line in a file
             if watch_s is None or ended:
                 return 0
             time.sleep(watch_s)
