@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,9 @@ from fixtures.slurm import launch_demo
 
 from launcher import data_owner, manifest
 from launcher.errors import LauncherError
+from launcher.job_states import status
 from launcher.spec import JobSpec, Plan, Resources
+from launcher.status.cli import main
 
 
 def _plan(run_dir: Path, *stages: str) -> Plan:
@@ -173,3 +177,55 @@ def test_a_second_run_on_the_data_folder_is_refused_while_the_first_ones_jobs_pe
         str(run_a): first,
         str(run_b): second,
     }
+
+
+@pytest.mark.slow
+def test_the_refusals_advice_to_cancel_a_local_writer_stops_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's default command (local backend) running: `status` shows its running job RUNNING, a
+    second writer is refused naming `cancel`, and that cancel stops the demo: its jobs end CANCELLED, and
+    the data folder is free again."""
+    run, data = tmp_path / "results/first", tmp_path / "data"
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "launcher/main.py",
+            f"cluster.shared_dir={tmp_path}",
+            f"container.python={sys.executable}",
+            "run_name=first",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / manifest.MANIFEST).exists() or not any("RUNNING" in st.states for st in status(run)):
+            assert demo.poll() is None and time.monotonic() < deadline, demo.communicate()
+            time.sleep(0.1)
+        assert main(["status", str(run)]) == 0
+        assert re.search(r"(?m)^\w+ +\d+ +RUNNING 1 since ", capsys.readouterr().out)
+        with (
+            pytest.raises(LauncherError) as refused,
+            data_owner.claim(
+                str(data), _plan(tmp_path / "results/second", "data_preparation"), "local", False
+            ),
+        ):
+            pass
+        assert f"cancel them (python -m launcher cancel {run})" in str(refused.value)
+        assert main(["cancel", str(run)]) == 0
+        assert capsys.readouterr().out.startswith("cancelled ")
+        _, err = demo.communicate(timeout=60)
+    finally:
+        demo.kill()
+        demo.wait()
+    assert demo.returncode != 0 and "local run cancelled: " in err, err
+    states = {st.record.name: st for st in status(run)}
+    assert not any(st.active for st in states.values())
+    assert any("CANCELLED" in st.states for st in states.values()), {
+        n: s.summary() for n, s in states.items()
+    }
+    with data_owner.claim(str(data), _plan(tmp_path / "results/second", "data_preparation"), "local", False):
+        pass

@@ -53,3 +53,22 @@ def max_concurrency(out: Path) -> int:
         running += step
         peak = max(peak, running)
     return peak
+
+
+def sleeper_plan(run_dir: Path, jobs: int = 1) -> Plan:
+    """Jobs that run until cancelled (`sleeper`, then `sleeper_1`, ... in parallel), and `after`, which
+    waits on the first (afterok), for the watch and cancel contract."""
+    res = Resources(cpus_per_task=1, mem="100M", time="00:05:00")
+    sleepers = tuple(
+        JobSpec(
+            stage="toy",
+            name="sleeper" + (f"_{i}" if i else ""),
+            resources=res,
+            argv=("bash", "-c", "echo started; sleep 300 & wait"),
+        )
+        for i in range(jobs)
+    )
+    after = JobSpec(
+        stage="toy", name="after", resources=res, argv=("true",), depends_on=(Dependency("sleeper"),)
+    )
+    return Plan(run_dir=run_dir, jobs=(*sleepers, after))
