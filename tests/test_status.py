@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from launcher import manifest
 from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
 from launcher.cli import launch
+from launcher.job_states import JobStatus, Task, parse_sacct, parse_scontrol
 from launcher.spec import JobSpec, Plan, Resources
 
 
@@ -119,3 +121,26 @@ def test_nemo_writes_tensorboard_events_where_status_says(planned_training: Path
     done = run_status("results/sd_860m_res_256", cwd=planned_training)
     assert "TensorBoard events: training/results (1 event file(s) so far)" in done.stdout
     assert list((planned_training / "results/sd_860m_res_256/training/results").glob("events.out.tfevents.*"))
+
+
+def test_sacct_and_scontrol_lines_give_each_tasks_state_and_start() -> None:
+    """sacct's --parsable2 lines (steps skipped, a pending array range counted, `CANCELLED by <uid>`) and
+    scontrol's: a task that started has its start, a pending one's estimate is no start."""
+    sacct = (
+        "12|COMPLETED|0:0|2026-11-28T07:52:27\n12.batch|COMPLETED|0:0|2026-11-28T07:52:27\n"
+        "13_[2-5%2]|PENDING|0:0|2026-11-29T01:00:00\n13_0|RUNNING|0:0|2026-11-28T07:54:43\n"
+        "14|CANCELLED by 0|0:15|None\n"
+    )
+    found = parse_sacct(sacct)
+    assert found["12"] == [Task("COMPLETED", "0:0", "2026-11-28T07:52:27")]
+    assert found["13"] == [Task("PENDING", "0:0")] * 4 + [Task("RUNNING", "0:0", "2026-11-28T07:54:43")]
+    assert found["14"] == [Task("CANCELLED", "0:15")]
+    shown = "JobId=3 ArrayJobId=2 ArrayTaskId=0 JobState=RUNNING ExitCode=0:0 StartTime=2026-11-28T07:54:43\n"
+    shown += "JobId=2 ArrayJobId=2 ArrayTaskId=2-5%2 JobState=PENDING ExitCode=0:0 StartTime=Unknown\n"
+    assert (
+        parse_scontrol(shown)
+        == [Task("RUNNING", "0:0", "2026-11-28T07:54:43")] + [Task("PENDING", "0:0")] * 4
+    )
+    record = manifest.JobRecord("toy", "fan", "2", "0-5%2", "s", "l", [], "slurm")
+    running = JobStatus(record, Counter({"RUNNING": 1, "PENDING": 4}), started="2026-11-28T07:54:43")
+    assert running.summary() == "PENDING 4, RUNNING 1 since 11-28 07:54"
