@@ -130,7 +130,8 @@ def test_watch_and_follow_wait_while_the_controller_is_down_and_end_when_they_se
     # The job was cancelled before it ran: no log to follow, said once it has ended.
     assert follow.returncode == 1, follows
     assert first[2].startswith("still following: the Slurm controller localhost:"), first
-    assert follows[1].splitlines()[-1].startswith("sleeper ended without a log"), follows
+    assert follows[1].splitlines()[-1].startswith("no log yet for sleeper"), follows
+    assert follows[1].splitlines()[-1].endswith("and it is CANCELLED 1"), follows
 
 
 def test_without_slurm_commands_one_line_and_no_errno(

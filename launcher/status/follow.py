@@ -64,8 +64,10 @@ def follow(run_dir: Path, name: str, pattern: str, lines: int) -> int:
         elif log is not None:
             offset = _copy_from(log, offset)
         if ended:
-            if log is None:
-                print(f"{name} ended without a log (pattern {pattern})", file=sys.stderr)
+            if log is None:  # never submitted, or cancelled before it started
+                print(
+                    f"no log yet for {name} (pattern {pattern}), and it is {job.summary()}", file=sys.stderr
+                )
                 return 1
             return 0
         time.sleep(READ_EVERY_S)
