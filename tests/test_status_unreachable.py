@@ -18,9 +18,10 @@ from slurm.cluster import SlurmCluster
 from slurm.config import free_ports
 from toy_pipeline import sleeper_plan
 
-from launcher import manifest
+from launcher import manifest, relaunch
 from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
+from launcher.errors import LauncherError
 from launcher.job_states import controller, status
 from launcher.status.cli import main
 
@@ -88,6 +89,9 @@ def test_status_and_cancel_say_in_one_line_that_the_controller_did_not_answer(
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and err.startswith("error: could not cancel jobs "), err
     assert f"the Slurm controller localhost:{port} " in err
+    # Nor is a job that may be live submitted again.
+    with pytest.raises(LauncherError, match=f"cannot tell which jobs of {pending_run} still run: the Slurm"):
+        relaunch.request_for(sleeper_plan(pending_run, jobs=JOBS - 1), True, "slurm")
 
 
 def _launcher(command: str, *args: str, conf: Path) -> subprocess.Popen[str]:
