@@ -18,6 +18,7 @@ Environment switches (tests only):
   STANDIN_SPEED=<factor>             every step that much faster (a second "GPU" for compare)
   STANDIN_LATENTS_SPEED=<factor>     steps of a config reading cached latents (first_stage_key ending in
                                      'encoded') that much faster (the sweep's latents vs images)
+  STANDIN_CRASH_AT_START=<message>   every rank exits 1 at start, printing a RuntimeError with it
   STANDIN_GPU_MEMORY_DIR             each node's first rank writes 100 x micro batch there (MiB), which
                                      tests/standin_bin/nvidia-smi (a STAND-IN too) reports
 """
@@ -145,6 +146,11 @@ def main() -> None:
     }
     seen["WANDB_API_KEY"] = "set" if seen["WANDB_API_KEY"] else ""
     print(f"standin rank {' '.join(f'{k}={v}' for k, v in seen.items())} config={config_file}", flush=True)
+    if os.environ.get("STANDIN_CRASH_AT_START"):  # a job that dies before its first checkpoint
+        print(
+            f"RuntimeError: {os.environ['STANDIN_CRASH_AT_START']} (crash of the STAND-IN)", file=sys.stderr
+        )
+        sys.exit(1)
     if not cfg["exp_manager"].get("create_checkpoint_callback", True):
         benchmark_steps(cfg, seen["SLURM_PROCID"] or "0")
         return
