@@ -29,14 +29,8 @@ from launcher.quoting import q
 from launcher.rules import Choice, Each, Range, described, ruled
 
 CHECKS = ("gpus", "efa", "filesystem")
-LAUNCH, PROGRESS, NO_PROGRESS, STOPPED, EXCLUDED, RESUBMITTED = (
-    "launch",
-    "progress",
-    "no-progress",
-    "stopped",
-    "excluded",
-    "resubmitted",
-)
+LAUNCH, PROGRESS, NO_PROGRESS, STOPPED = "launch", "progress", "no-progress", "stopped"
+EXCLUDED, RESUBMITTED, NOT_RESUBMITTED = "excluded", "resubmitted", "not-resubmitted"
 
 
 @dataclass
@@ -171,8 +165,8 @@ def _end_of_attempt(limit: int, script: str) -> list[str]:
         else []
     )
     return [
-        "end_of_attempt() {",
-        "  local status=$1 new parts id",
+        "end_of_attempt() {  # the EXIT trap: progress or not; then the chain stopped, or bad nodes left out",
+        "  local status=$1 new parts id excluded",
         "  set +e",
         '  new=$(find "$checkpoints" -maxdepth 1 -name \'*.ckpt\' -newer "$started" 2>/dev/null | head -n 1)',
         '  rm -f "$started"',
@@ -187,9 +181,12 @@ def _end_of_attempt(limit: int, script: str) -> list[str]:
         "  for id in $(pending_parts); do",
         '    scontrol update JobId="$id" ExcNodeList="$excluded"',
         "  done",
-        '  id=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB_ID,singleton" \\',
-        f"    --kill-on-invalid-dep=yes {q(script)} 2>&1)",
-        f'  record {RESUBMITTED} "$id without $excluded"',
+        '  if id=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB_ID,singleton" \\',
+        f"    --kill-on-invalid-dep=yes {q(script)} 2>&1); then",
+        f'    record {RESUBMITTED} "$id without $excluded"',
+        "  else",
+        f'    record {NOT_RESUBMITTED} "sbatch --exclude=$excluded refused: $id"',
+        "  fi",
         "}",
     ]
 
@@ -204,15 +201,17 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
     before, _, after = log.name.partition("%j")
     script = paths.script("training", job_name)
     limit = int(ft.max_attempts_without_progress)
+    never = "the chain is never stopped"
     stop = (
         f"after {limit} in a row without a new checkpoint, the run's pending parts are cancelled"
         if limit
-        else ""
+        else never
     )
     head = [
         "",
         "# Fault tolerance (training.fault_tolerance): each attempt of this part writes rows (time, job,",
-        f"# event, detail) to the attempts file, which `status` reads; {stop or 'the chain is never stopped'}.",
+        "# event, detail) to the attempts file, which `status` reads;",
+        f"# {stop}.",
         f"attempts={q(outputs.attempts)}",
         f"checkpoints={q(outputs.checkpoints)}",
         f'log={q(str(log.parent / before))}"$SLURM_JOB_ID"{q(after)}',
@@ -226,8 +225,8 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
         '  } >"$tmp" && mv -f "$tmp" "$attempts"',
         "}",
         "pending_parts() {  # this run's parts still queued: this job name, a script in this run's training folder",
-        f"  squeue --me --noheader --states=PENDING --name={q(slurm_name)} --format='%i %o' |",
-        f"    awk -v dir={q(str(script.parent) + '/')} 'index($2, dir) == 1 {{ print $1 }}'",
+        f"  squeue --me --noheader --states=PENDING --name={q(slurm_name)} --format='%i|%o' |",
+        f"    awk -F '|' -v dir={q(str(script.parent) + '/')} 'index($2, dir) == 1 {{ print $1 }}'",
         "}",
         "last_error() {  # the last line of this job's log that reads as an error",
         "  { grep -E '(Error|Exception)(:|$)|error:' \"$log\" | grep -vE '^(srun|slurmstepd)' ||",

@@ -94,6 +94,8 @@ def fault_lines(run_dir: Path) -> list[str]:
             lines.append(f"node left out: {node} ({why}; found by job {job})")
         elif event == ft.RESUBMITTED:
             lines.append(f"job {job} resubmitted as {detail}")
+        elif event == ft.NOT_RESUBMITTED:
+            lines.append(f"job {job} not resubmitted: {detail}")
     return lines
 
 
