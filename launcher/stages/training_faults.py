@@ -18,6 +18,7 @@ All of it is shell in the rendered script, where a person reads it; it runs in t
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,14 +122,15 @@ def _node_check_function(ctx: Context, checkpoints: str) -> list[str]:
 
 
 def _run_node_check(ctx: Context, checkpoints: str) -> list[str]:
+    limit_s = int(ctx.cfg.training.fault_tolerance.node_check.timeout_s)
     return [
         "",
         "# The node check (training.fault_tolerance.node_check): a node that fails it is left out (--exclude)",
         "# of this part's resubmission and of the parts still pending.",
         *_node_check_function(ctx, checkpoints),
-        "# Every node at once; a node that does not answer fails too.",
-        'checked=$(srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \\',
-        '  --cpus-per-task=1 bash -c "$(declare -f node_check); node_check" 2>&1) || true',
+        "# Every node at once; a node that does not answer (in the time of its probes, and a minute) fails too.",
+        f'checked=$(timeout {4 * limit_s + 60} srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \\',
+        '  --ntasks-per-node=1 --cpus-per-task=1 bash -c "$(declare -f node_check); node_check" 2>&1) || true',
         'echo "node check:"; echo "$checked"',
         'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
         '  found=$(grep "^$node " <<<"$checked" || echo "$node FAIL no answer from the node check")',
@@ -241,8 +243,6 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
 
 def launch_row(cfg: Any) -> None:
     """A real launch starts the count afresh: a `launch` row (launcher.stages.training's on_submit)."""
-    import datetime
-
     from launcher import manifest
     from launcher.paths import run_dir_of
 
