@@ -228,31 +228,37 @@ def _rows(shared: Path) -> list[list[str]]:
     return [line.split("\t") for line in text.splitlines()]
 
 
-def test_crashes_at_start_stop_the_chain_after_k(slurm_cluster, shared: Path) -> None:
+def test_crashes_at_start_stop_the_chain_after_k_and_progress_resets_the_count(
+    slurm_cluster, shared: Path
+) -> None:
     ids = _launch(
         shared,
-        "training.run.chain=4",
+        "training.trainer.num_nodes=1",  # 8 ranks, not 16: each part starts sooner on this small machine
+        "training.model.global_batch_size=32",
+        "training.run.chain=5",
         "training.fault_tolerance.max_attempts_without_progress=2",
-        "+env.STANDIN_CRASH_AT_START=wrong path /fsx/nowhere",
+        "+env.STANDIN_CRASH_ATTEMPTS='1,3,4'",  # the second part writes a checkpoint
         SMALL_DISK,
     )
-    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(4)]
+    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(5)]
     states = [slurm_cluster.wait_job(job, timeout=120).state for job in parts]
-    assert states == ["FAILED", "FAILED", "CANCELLED", "CANCELLED"], _log(
-        shared, "sd_860m_res_256_part1", parts[1]
+    assert states == ["FAILED", "COMPLETED", "FAILED", "FAILED", "CANCELLED"], _log(
+        shared, "sd_860m_res_256_part3", parts[3]
     )
     events = [(job, event) for _, job, event, _ in _rows(shared)]
     assert events == [
         ("-", "launch"),
         (parts[0], "no-progress"),
-        (parts[1], "no-progress"),
-        (parts[1], "stopped"),
+        (parts[1], "progress"),
+        (parts[2], "no-progress"),
+        (parts[3], "no-progress"),
+        (parts[3], "stopped"),
     ]
     status = _status(shared)
-    assert "attempts: 2, 0 with a new checkpoint" in status
+    assert "attempts: 4, 1 with a new checkpoint" in status
     assert (
-        f"stopped: 2 attempts without progress; cancelled: {parts[2]} {parts[3]} last error (job {parts[1]}): "
-        "exit 1: RuntimeError: wrong path /fsx/nowhere (crash of the STAND-IN)"
+        f"stopped: 2 attempts without progress; cancelled: {parts[4]} last error (job {parts[3]}): "
+        "exit 1: RuntimeError: no such file /fsx/nowhere at attempt 4 (crash of the STAND-IN)"
     ) in status
 
 
