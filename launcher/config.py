@@ -84,6 +84,12 @@ class ClusterConfig:
         "alone, and only a benchmark sweep run on it counts as measured; null = one estimate per GPU type "
         "with a published figure, each labelled.",
     )
+    efa_devices_per_node: int | None = ruled(
+        Range(1),
+        None,
+        help="EFA devices on each node (aws_p5: 32, aws_p4de: 4): training's node check expects them "
+        "(training.fault_tolerance.node_check); null = none expected, not checked.",
+    )
     cpus_per_node: int | None = ruled(
         Range(1), None, help="CPUs on each node, for the jobs that take a whole node; null = not stated."
     )

@@ -58,6 +58,11 @@ class TrainingOutputs:
         return self.stage_dir / "training.json"
 
     @property
+    def attempts(self) -> Path:
+        """Every attempt of the training's parts, one row per event (launcher.stages.training_faults)."""
+        return self.stage_dir / "attempts.tsv"
+
+    @property
     def init_unet(self) -> Path:
         """The UNet-only state dict that `training.init_from` starts from (written by its init job)."""
         return self.stage_dir / "init" / "unet.ckpt"

@@ -18,6 +18,7 @@ Environment switches (tests only):
   STANDIN_SPEED=<factor>             every step that much faster (a second "GPU" for compare)
   STANDIN_LATENTS_SPEED=<factor>     steps of a config reading cached latents (first_stage_key ending in
                                      'encoded') that much faster (the sweep's latents vs images)
+  STANDIN_CRASH_ATTEMPTS=1,3         in those attempts (Slurm jobs in the run folder) every rank exits 1 at start
   STANDIN_GPU_MEMORY_DIR             each node's first rank writes 100 x micro batch there (MiB), which
                                      tests/standin_bin/nvidia-smi (a STAND-IN too) reports
 """
@@ -123,6 +124,24 @@ def report_pretrained(cfg: dict[str, Any]) -> None:
     print(f"standin from_pretrained {given}: {len(state)} tensor(s), UNet value {value}", flush=True)
 
 
+def crash_at_start(cfg: dict[str, Any]) -> None:
+    """STANDIN_CRASH_ATTEMPTS: every rank exits 1 before any checkpoint in those attempts (1-based: the Slurm
+    jobs that ran the stand-in in this run folder, counted by one file per job id beside checkpoints/)."""
+    crashes = os.environ.get("STANDIN_CRASH_ATTEMPTS")
+    if not crashes:
+        return
+    folder = Path(cfg["exp_manager"]["explicit_log_dir"]) / "standin_attempts"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / os.environ["SLURM_JOB_ID"]).touch()  # every rank of one job touches the same file
+    attempt = len(list(folder.iterdir()))  # the earlier jobs ended before this one started (singleton)
+    if str(attempt) in crashes.split(","):
+        print(
+            f"RuntimeError: no such file /fsx/nowhere at attempt {attempt} (crash of the STAND-IN)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config-path", required=True)
@@ -145,6 +164,7 @@ def main() -> None:
     }
     seen["WANDB_API_KEY"] = "set" if seen["WANDB_API_KEY"] else ""
     print(f"standin rank {' '.join(f'{k}={v}' for k, v in seen.items())} config={config_file}", flush=True)
+    crash_at_start(cfg)
     if not cfg["exp_manager"].get("create_checkpoint_callback", True):
         benchmark_steps(cfg, seen["SLURM_PROCID"] or "0")
         return

@@ -51,6 +51,17 @@ BAD_INPUTS = [
     (["cluster=aws_p5", "training.run.chain=0"], "training.run.chain", "at least 1"),
     (["+training.run.nodes=2"], "training.run.nodes", "allowed keys"),
     (
+        ["cluster=aws_p5", "training.fault_tolerance.max_attempts_without_progress=-1"],
+        "training.fault_tolerance.max_attempts_without_progress",
+        "an integer, at least 0",
+    ),
+    (
+        ["cluster=aws_p5", "training.fault_tolerance.node_check.checks=[gpus,ib]"],
+        "training.fault_tolerance.node_check.checks[1]",
+        "one of 'gpus', 'efa', 'filesystem'",
+    ),
+    (["cluster=aws_p5", "cluster.efa_devices_per_node=0"], "cluster.efa_devices_per_node", "at least 1"),
+    (
         ["cluster=aws_p5", "stages=[training]", "assets.vae.revision=main"],
         "assets.vae.revision",
         "commit sha",

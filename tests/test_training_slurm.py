@@ -13,14 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import REPO, compose_config
 from fixtures.data import make_dataset
+from fixtures.launches import run_status
 from fixtures.nemo import copy_folders
 from hf_fake_hub import FakeHub
 from nemo_cpu.tiny import TINY_OVERRIDES
 
 from launcher import manifest
 from launcher.cli import launch
+from launcher.outputs import TrainingOutputs
 
 pytestmark = pytest.mark.slow
 STANDIN = Path(__file__).resolve().parent / "standin_sd_train.py"
@@ -204,3 +206,91 @@ def test_failing_model_check_cancels_training(
         real_data[0] / f"results/sd_860m_res_256/data_check/logs/data_check_{ids['data_check']}.out"
     ).read_text()
     assert "model.unet_config: NeMo cannot build it" in log and "enable_amp_o2_fp16" in log
+
+
+# Faults between parts (launcher.stages.training_faults): Slurm's chain, cancellation, --exclude, the attempts
+# file and `status` are real; the stand-in sd_train.py crashes at start when asked (STANDIN_CRASH_AT_START),
+# and tests/standin_bin/nvidia-smi (a STAND-IN, on the cluster's PATH) reports uncorrectable ECC errors on
+# GPU 3 of the node named in STANDIN_NVIDIA_SMI_FAILING_NODE.
+RUN = "results/sd_860m_res_256"
+# Room for a checkpoint: the test folder's file system need not have the default 10 GB free.
+SMALL_DISK = "training.fault_tolerance.node_check.min_free_gb=0.001"
+
+
+def _status(shared: Path) -> str:
+    done = run_status(str(shared / RUN), cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return " ".join(done.stdout.split())  # rich wraps long lines at the terminal's width
+
+
+def _rows(shared: Path) -> list[list[str]]:
+    text = TrainingOutputs(shared / RUN).attempts.read_text()
+    return [line.split("\t") for line in text.splitlines()]
+
+
+def test_crashes_at_start_stop_the_chain_after_k_and_progress_resets_the_count(
+    slurm_cluster, shared: Path
+) -> None:
+    ids = _launch(
+        shared,
+        "training.trainer.num_nodes=1",  # 8 ranks, not 16: each part starts sooner on this small machine
+        "training.model.global_batch_size=32",
+        "training.run.chain=5",
+        "training.fault_tolerance.max_attempts_without_progress=2",
+        "+env.STANDIN_CRASH_ATTEMPTS='1,3,4'",  # the second part writes a checkpoint
+        SMALL_DISK,
+    )
+    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(5)]
+    states = [slurm_cluster.wait_job(job, timeout=120).state for job in parts]
+    assert states == ["FAILED", "COMPLETED", "FAILED", "FAILED", "CANCELLED"], _log(
+        shared, "sd_860m_res_256_part3", parts[3]
+    )
+    events = [(job, event) for _, job, event, _ in _rows(shared)]
+    assert events == [
+        ("-", "launch"),
+        (parts[0], "no-progress"),
+        (parts[1], "progress"),
+        (parts[2], "no-progress"),
+        (parts[3], "no-progress"),
+        (parts[3], "stopped"),
+    ]
+    status = _status(shared)
+    assert "attempts: 4, 1 with a new checkpoint" in status
+    assert (
+        f"stopped: 2 attempts without progress; cancelled: {parts[4]} last error (job {parts[3]}): "
+        "exit 1: RuntimeError: no such file /fsx/nowhere at attempt 4 (crash of the STAND-IN)"
+    ) in status
+
+
+def test_a_node_failing_its_check_is_left_out_of_the_next_parts(slurm_cluster, shared: Path) -> None:
+    ids = _launch(
+        shared,
+        "training.trainer.num_nodes=1",
+        "training.model.global_batch_size=32",
+        "training.run.chain=2",
+        "training.trainer.max_steps=2",
+        "+env.STANDIN_NVIDIA_SMI_FAILING_NODE=n1",
+        SMALL_DISK,
+    )
+    first, second = ids["sd_860m_res_256_part0"], ids["sd_860m_res_256_part1"]
+    failed = slurm_cluster.wait_job(first, timeout=120)
+    # An idle cluster gives a one-node job its first node: the failing one.
+    assert (failed.state, failed.nodes) == ("FAILED", "n1"), _log(shared, "sd_860m_res_256_part0", first)
+    assert "error: node check failed on n1: nvidia-smi: 3, 00000000:19:00.0, 12" in _log(
+        shared, "sd_860m_res_256_part0", first
+    )
+    resubmitted = next(detail for _, _, event, detail in _rows(shared) if event == "resubmitted")
+    again = resubmitted.split()[0]
+    assert resubmitted == f"{again} without n1"
+    finished = {job: slurm_cluster.wait_job(job, timeout=120) for job in (again, second)}
+    assert {(info.state, info.nodes) for info in finished.values()} == {("COMPLETED", "n2")}
+    excluded = slurm_cluster.run_command(["scontrol", "show", "job", second]).stdout
+    assert "ExcNodeList=n1" in excluded
+    checkpoints = sorted(
+        p.name for p in TrainingOutputs(shared / RUN).checkpoints.glob("*.ckpt") if "-EMA" not in p.name
+    )
+    assert [name.split("-step=")[1].split("-")[0] for name in checkpoints] == ["1", "2"]
+    status = _status(shared)
+    assert f"node left out: n1 (nvidia-smi: 3, 00000000:19:00.0, 12; found by job {first})" in status
+    assert f"job {first} resubmitted as {again} without n1" in status
+    assert "attempts: 3, 2 with a new checkpoint" in status

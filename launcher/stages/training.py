@@ -16,7 +16,14 @@ from launcher.quoting import q
 from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Pattern, Range, SlurmTime, Text, described, ruled
 from launcher.spec import Dependency, DependencyKind, JobSpec
 from launcher.stage import DataRole, StageSpec
-from launcher.stages import training_init, training_job, training_preflight, training_record, training_status
+from launcher.stages import (
+    training_faults,
+    training_init,
+    training_job,
+    training_preflight,
+    training_record,
+    training_status,
+)
 from launcher.stages.common import make_job
 
 NAME = "training"
@@ -132,6 +139,9 @@ class TrainingConfig:
         default_factory=lambda: JobResources(cpus_per_task=2, mem="16G", time="00:30:00")
     )
     data: TrainingDataConfig = field(default_factory=TrainingDataConfig)
+    fault_tolerance: training_faults.FaultToleranceConfig = field(
+        default_factory=training_faults.FaultToleranceConfig
+    )
     trainer: dict[str, Any] = ruled(
         Nested(TRAINER_RULES),
         factory=dict,
@@ -204,7 +214,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
                 resources=training_job.resources(ctx),
                 depends_on=deps,
                 sbatch_args=sbatch_args,
-                prologue=_done_check(ctx),
+                prologue=(*_done_check(ctx), *training_faults.lines(ctx, name, run.name)),
                 secret_files=training_job.secret_files_of(ctx),
                 singleton=run.chain > 1,
                 slurm_name=run.name,
@@ -245,6 +255,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
 def _on_submit(cfg: Any, jobs: tuple[JobSpec, ...]) -> None:
     if jobs:
         training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
+        training_faults.launch_row(cfg)  # the parts' count of attempts without progress starts afresh
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:

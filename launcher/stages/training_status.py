@@ -9,6 +9,7 @@ from launcher import manifest
 from launcher.outputs import TrainingOutputs
 from launcher.paths import newest_log, relative_to_run
 from launcher.quoting import join
+from launcher.stages import training_faults as ft
 
 
 def training_progress(run_dir: Path) -> list[str]:
@@ -72,5 +73,36 @@ def init_lines(run_dir: Path) -> list[str]:
     )
 
 
+def fault_lines(run_dir: Path) -> list[str]:
+    """What the parts' attempts file (launcher.stages.training_faults) says since the last launch: attempts
+    with and without progress, the chain stopped with the last error line, the nodes left out and why."""
+    path = TrainingOutputs(run_dir).attempts
+    rows = [line.split("\t", 3) for line in path.read_text().splitlines()] if path.is_file() else []
+    rows = [row for row in rows if len(row) == 4]
+    launches = [i for i, (_, _, event, _) in enumerate(rows) if event == ft.LAUNCH]
+    rows = rows[launches[-1] + 1 :] if launches else rows
+    ended = [event for _, _, event, _ in rows if event in (ft.PROGRESS, ft.NO_PROGRESS)]
+    lines = [f"attempts: {len(ended)}, {ended.count(ft.PROGRESS)} with a new checkpoint"] if ended else []
+    last_error = "?"
+    for _, job, event, detail in rows:
+        if event == ft.NO_PROGRESS:
+            last_error = detail
+        elif event == ft.STOPPED:
+            lines += [f"stopped: {detail}", f"  last error (job {job}): {last_error}"]
+        elif event == ft.EXCLUDED:
+            node, _, why = detail.partition(" ")
+            lines.append(f"node left out: {node} ({why}; found by job {job})")
+        elif event == ft.RESUBMITTED:
+            lines.append(f"job {job} resubmitted as {detail}")
+        elif event == ft.NOT_RESUBMITTED:
+            lines.append(f"job {job} not resubmitted: {detail}")
+    return lines
+
+
 def status_lines(run_dir: Path) -> list[str]:
-    return [*init_lines(run_dir), *training_progress(run_dir), *tensorboard_lines(run_dir)]
+    return [
+        *init_lines(run_dir),
+        *fault_lines(run_dir),
+        *training_progress(run_dir),
+        *tensorboard_lines(run_dir),
+    ]

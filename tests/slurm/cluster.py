@@ -39,6 +39,7 @@ REQUIRED_BINARIES: tuple[str, ...] = ("munged", "slurmctld", "slurmd", "sinfo", 
 REQUIRED_BINARIES += ("sbatch", "srun", "scancel", "gcc")
 SPANK_HEADER = Path("/usr/include/slurm/spank.h")
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "spank_pyxis_standin_no_container.c"
+STANDIN_BIN = Path(__file__).resolve().parent.parent / "standin_bin"
 # Client variables a caller's own environment may carry (e.g. when tests run inside a Slurm job);
 # they would leak into submissions against this cluster.
 _FOREIGN_ENV = re.compile(r"^(SLURM_|SBATCH_|SRUN_|SALLOC_|SQUEUE_|SINFO_)")
@@ -112,6 +113,8 @@ class SlurmCluster:
         """Environment for subprocess calls of sbatch/srun/squeue/...: this process's, pointed here."""
         env = {key: value for key, value in os.environ.items() if not _FOREIGN_ENV.match(key)}
         env["SLURM_CONF"] = str(self.conf)
+        # Its jobs inherit this PATH: nodes with fake GPUs get the STAND-IN nvidia-smi (training's node check).
+        env["PATH"] = f"{STANDIN_BIN}{os.pathsep}{env.get('PATH', os.defpath)}"
         return env
 
     # ---- bring-up -------------------------------------------------------------------------------

@@ -1,0 +1,252 @@
+"""What a training part does about faults between Slurm jobs: a crash loop stopped, bad nodes left out.
+
+Every attempt of a part (a chained part, or its resubmission) is one or more rows of the run's attempts file
+(TrainingOutputs.attempts: time, Slurm job, event, detail), written by the part's own batch script and read
+by `status` (launcher.stages.training_status). A real launch writes a `launch` row, which starts the count
+afresh. The events:
+- `progress` / `no-progress`: how the attempt ended: a checkpoint newer than its start, or none (with the
+  exit status and the last error line of its log);
+- `stopped`: after training.fault_tolerance.max_attempts_without_progress `no-progress` rows in a row, the
+  run's parts still pending were cancelled;
+- `excluded`: a node failed the node check (its name and what the check read); the attempt ends without
+  training and is resubmitted without every node excluded since the launch (`resubmitted`), and the
+  pending parts are updated to leave them out too.
+
+All of it is shell in the rendered script, where a person reads it; it runs in the batch step on the host
+(squeue, scontrol, sbatch are Slurm's own), the node check on every node through srun.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.config import BackendName
+from launcher.context import Context
+from launcher.outputs import TrainingOutputs
+from launcher.paths import RunPaths
+from launcher.quoting import q
+from launcher.rules import Choice, Each, Range, described, ruled
+
+CHECKS = ("gpus", "efa", "filesystem")
+LAUNCH, PROGRESS, NO_PROGRESS, STOPPED = "launch", "progress", "no-progress", "stopped"
+EXCLUDED, RESUBMITTED, NOT_RESUBMITTED = "excluded", "resubmitted", "not-resubmitted"
+
+
+@dataclass
+class NodeCheckConfig:
+    enable: bool = described(
+        True,
+        help="Check every node of a training part before NeMo starts; a node that fails is left out (--exclude) "
+        "of the part's resubmission and of the parts still pending (Slurm backend).",
+    )
+    checks: list[str] = ruled(
+        Each(Choice(CHECKS)),
+        factory=lambda: list(CHECKS),
+        help="What is checked: gpus (nvidia-smi lists cluster.gpus_per_node GPUs, none with uncorrectable ECC "
+        "errors or an error state), efa (cluster.efa_devices_per_node EFA devices in /sys/class/infiniband; "
+        "skipped when that is null), filesystem (the checkpoint folder writable, with room for the largest "
+        "checkpoint so far, at least min_free_gb).",
+    )
+    min_free_gb: float = ruled(
+        Range(0, integer=False),
+        10.0,
+        help="Free space the checkpoint folder must have before the first checkpoint gives a size (GB).",
+    )
+    timeout_s: int = ruled(
+        Range(1), 30, help="Each probe of the node check (nvidia-smi, df, touch) stops after this."
+    )
+
+
+@dataclass
+class FaultToleranceConfig:
+    max_attempts_without_progress: int = ruled(
+        Range(0),
+        3,
+        help="Training parts in a row that end without a new checkpoint (a crash at start, a bad node) before "
+        "the run's pending parts are cancelled; status then says so, with the last error line. A part with a "
+        "new checkpoint starts the count afresh; 0 = never stop (Slurm backend).",
+    )
+    node_check: NodeCheckConfig = field(default_factory=NodeCheckConfig)
+
+
+def _node_check_function(ctx: Context, checkpoints: str) -> list[str]:
+    """The function srun runs on every node: prints `<node> ok` or `<node> FAIL <what it read>`."""
+    nc = ctx.cfg.training.fault_tolerance.node_check
+    gpus, efa = ctx.cfg.cluster.gpus_per_node, ctx.cfg.cluster.efa_devices_per_node
+    t = f"timeout {int(nc.timeout_s)}"
+    lines = [
+        "node_check() {  # on one node: prints '<node> ok' or '<node> FAIL <what it read>'",
+        f"  local node=$SLURMD_NODENAME dir={q(checkpoints)} problems='' out count need free probe",
+    ]
+    if "gpus" in nc.checks and gpus:
+        query = "index,pci.bus_id,ecc.errors.uncorrected.volatile.total"
+        lines += [
+            f"  # GPUs: nvidia-smi lists {gpus}, none with uncorrectable ECC errors or a value like [Unknown Error]",
+            f"  if out=$({t} nvidia-smi --query-gpu={query} --format=csv,noheader 2>&1); then",
+            '    count=$(grep -c . <<<"$out")',
+            f'    [ "$count" -ge {gpus} ] || problems+="nvidia-smi lists $count GPU(s), {gpus} expected; "',
+            "    out=$(awk -F ', ' '{ v = $0; gsub(/\\[N\\/A\\]/, \"\", v) } $3 ~ /^[1-9]/ || v ~ /\\[/' <<<\"$out\")",
+            '    [ -z "$out" ] || problems+="nvidia-smi: ${out//$\'\\n\'/ | }; "',
+            "  else",
+            '    problems+="nvidia-smi failed: $(tail -n 1 <<<"$out"); "',
+            "  fi",
+        ]
+    if "efa" in nc.checks and efa:
+        lines += [
+            f"  # EFA: {efa} devices whose driver is efa (cluster.efa_devices_per_node)",
+            "  count=0",
+            "  for dev in /sys/class/infiniband/*; do",
+            '    [ "$(basename "$(readlink -f "$dev/device/driver")")" = efa ] && count=$((count + 1))',
+            "  done",
+            f'  [ "$count" -ge {efa} ] || problems+="$count EFA device(s) in /sys/class/infiniband, {efa} expected; "',
+        ]
+    if "filesystem" in nc.checks:
+        floor = int(nc.min_free_gb * 1e9)
+        lines += [
+            f"  # Shared file system: writable, room for the largest checkpoint so far (at least {floor} bytes)",
+            '  probe="$dir/.node_check_$node"',
+            f'  {{ {t} mkdir -p "$dir" && {t} touch "$probe" && rm -f "$probe"; }} ||'
+            ' problems+="cannot write in $dir; "',
+            '  need=$(du -sb "$dir"/*.ckpt 2>/dev/null | sort -n | tail -n 1 | cut -f 1)',
+            f"  need=$(( ${{need:-0}} > {floor} ? ${{need:-0}} : {floor} ))",
+            f'  free=$({t} df --output=avail -B 1 "$dir" | tail -n 1)',
+            '  [ "${free:-0}" -ge "$need" ] || problems+="$dir has ${free:-?} bytes free, $need needed; "',
+        ]
+    return [
+        *lines,
+        '  if [ -z "$problems" ]; then echo "$node ok"; else echo "$node FAIL ${problems%; }"; fi',
+        "}",
+    ]
+
+
+def _run_node_check(ctx: Context, checkpoints: str) -> list[str]:
+    limit_s = int(ctx.cfg.training.fault_tolerance.node_check.timeout_s)
+    return [
+        "",
+        "# The node check (training.fault_tolerance.node_check): a node that fails it is left out (--exclude)",
+        "# of this part's resubmission and of the parts still pending.",
+        *_node_check_function(ctx, checkpoints),
+        "# Every node at once; a node that does not answer (in the time of its probes, and a minute) fails too.",
+        f'checked=$(timeout {4 * limit_s + 60} srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \\',
+        '  --ntasks-per-node=1 --cpus-per-task=1 bash -c "$(declare -f node_check); node_check" 2>&1) || true',
+        'echo "node check:"; echo "$checked"',
+        'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
+        '  found=$(grep "^$node " <<<"$checked" || echo "$node FAIL no answer from the node check")',
+        '  if [ "$found" != "$node ok" ]; then',
+        '    bad_nodes+="$node "',
+        f'    record {EXCLUDED} "${{found/ FAIL / }}"',
+        '    echo "error: node check failed on ${found/ FAIL /: }" >&2',
+        "  fi",
+        "done",
+        'if [ -n "$bad_nodes" ]; then exit 1; fi',
+    ]
+
+
+def _end_of_attempt(limit: int, script: str) -> list[str]:
+    """The EXIT trap: progress or not; the chain stopped, or the part resubmitted without bad nodes."""
+    count = (
+        f'awk -F \'\\t\' \'$3 == "{LAUNCH}" || $3 == "{PROGRESS}" {{ n = 0 }} '
+        f'$3 == "{NO_PROGRESS}" {{ n++ }} END {{ print n + 0 }}\' "$attempts"'
+    )
+    excluded = (
+        f'awk -F \'\\t\' \'$3 == "{LAUNCH}" {{ n = "" }} $3 == "{EXCLUDED}" {{ split($4, w, " "); '
+        'n = n (n == "" ? "" : ",") w[1] } END { print n }\' "$attempts"'
+    )
+    stop = (
+        [
+            f'  if [ "$({count})" -ge {limit} ]; then',
+            "    parts=$(pending_parts)",
+            '    [ -z "$parts" ] || xargs scancel <<<"$parts"',
+            f'    record {STOPPED} "{limit} attempts without progress; cancelled: ${{parts:-nothing pending}}"',
+            "    return",
+            "  fi",
+        ]
+        if limit
+        else []
+    )
+    return [
+        "end_of_attempt() {  # the EXIT trap: progress or not; then the chain stopped, or bad nodes left out",
+        "  local status=$1 new parts id excluded",
+        "  set +e",
+        '  new=$(find "$checkpoints" -maxdepth 1 -name \'*.ckpt\' -newer "$started" 2>/dev/null | head -n 1)',
+        '  rm -f "$started"',
+        '  if [ -n "$new" ]; then',
+        f'    record {PROGRESS} "exit $status, wrote ${{new##*/}}"',
+        "    return",
+        "  fi",
+        f'  record {NO_PROGRESS} "exit $status: $(last_error)"',
+        *stop,
+        '  [ -n "$bad_nodes" ] || return',
+        f"  excluded=$({excluded})",
+        "  for id in $(pending_parts); do",
+        '    scontrol update JobId="$id" ExcNodeList="$excluded"',
+        "  done",
+        '  if id=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB_ID,singleton" \\',
+        f"    --kill-on-invalid-dep=yes {q(script)} 2>&1); then",
+        f'    record {RESUBMITTED} "$id without $excluded"',
+        "  else",
+        f'    record {NOT_RESUBMITTED} "sbatch --exclude=$excluded refused: $id"',
+        "  fi",
+        "}",
+    ]
+
+
+def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
+    """The part's shell lines before srun (Slurm backend only: they call squeue, scontrol, sbatch)."""
+    ft = ctx.cfg.training.fault_tolerance
+    if ctx.cfg.cluster.backend is not BackendName.slurm:
+        return ()
+    outputs, paths = TrainingOutputs(ctx.run_dir), RunPaths(ctx.run_dir)
+    log = paths.log_pattern("training", job_name, False)
+    before, _, after = log.name.partition("%j")
+    script = paths.script("training", job_name)
+    limit = int(ft.max_attempts_without_progress)
+    never = "the chain is never stopped"
+    stop = (
+        f"after {limit} in a row without a new checkpoint, the run's pending parts are cancelled"
+        if limit
+        else never
+    )
+    head = [
+        "",
+        "# Fault tolerance (training.fault_tolerance): each attempt of this part writes rows (time, job,",
+        "# event, detail) to the attempts file, which `status` reads;",
+        f"# {stop}.",
+        f"attempts={q(outputs.attempts)}",
+        f"checkpoints={q(outputs.checkpoints)}",
+        f'log={q(str(log.parent / before))}"$SLURM_JOB_ID"{q(after)}',
+        'started="$attempts.$SLURM_JOB_ID.started"  # a checkpoint newer than this file is progress',
+        'mkdir -p "$checkpoints" && touch "$started"',
+        "bad_nodes=''",
+        "record() {  # one row (tabs, newlines made spaces): the file written whole, then renamed (atomic)",
+        "  local tmp=\"$attempts.$SLURM_JOB_ID.tmp\" detail=${2//[$'\\t\\n']/ }",
+        '  { cat "$attempts" 2>/dev/null || true',
+        '    printf \'%s\\t%s\\t%s\\t%s\\n\' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SLURM_JOB_ID" "$1" "$detail"',
+        '  } >"$tmp" && mv -f "$tmp" "$attempts"',
+        "}",
+        "pending_parts() {  # this run's parts still queued: this job name, a script in this run's training folder",
+        f"  squeue --me --noheader --states=PENDING --name={q(slurm_name)} --format='%i|%o' |",
+        f"    awk -F '|' -v dir={q(str(script.parent) + '/')} 'index($2, dir) == 1 {{ print $1 }}'",
+        "}",
+        "last_error() {  # the last line of this job's log that reads as an error",
+        "  { grep -E '(Error|Exception)(:|$)|error:' \"$log\" | grep -vE '^(srun|slurmstepd)' ||",
+        '    grep -E \'^srun: error\' "$log" || echo "no error line in $log"; } 2>/dev/null | tail -n 1 | cut -c 1-300',
+        "}",
+        *_end_of_attempt(limit, str(script)),
+        "trap 'end_of_attempt $?' EXIT",
+    ]
+    check = _run_node_check(ctx, str(outputs.checkpoints)) if ft.node_check.enable else []
+    return (*head, *check)
+
+
+def launch_row(cfg: Any) -> None:
+    """A real launch starts the count afresh: a `launch` row (launcher.stages.training's on_submit)."""
+    from launcher import manifest
+    from launcher.paths import run_dir_of
+
+    attempts = TrainingOutputs(run_dir_of(cfg)).attempts
+    old = attempts.read_text() if attempts.is_file() else ""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    manifest.write_atomic(attempts, f"{old}{now}\t-\t{LAUNCH}\tlaunched\n")
