@@ -220,6 +220,7 @@ def _split_by_the_shell(overrides: list[str], bad: str) -> str | None:
     >>> _split_by_the_shell(["stages=[a,", "b]", "dry_run=true"], "stages=[a,")
     'stages=[a,b]'
     """
+
     def closed(text: str) -> bool:
         return text.count("[") + text.count("{") == text.count("]") + text.count("}")
 
@@ -244,7 +245,7 @@ def _quoted_for_hydra(error: OverrideParseException, overrides: list[str]) -> st
         )
     # A quoted list would reach the config as one string: a list is written out, not quoted.
     way_out = (
-        f"write a list as {key}=[a,b] (no spaces)"
+        f"write a list as {key}=[a,b] (no spaces), an item with special characters quoted: {key}=['...']"
         if value.startswith("[")
         else f"quote the value for Hydra, e.g. \"{key}='...'\" (with the double quotes for the shell)"
     )

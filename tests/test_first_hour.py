@@ -128,4 +128,41 @@ def test_a_list_the_shell_split_at_a_space_gets_a_hint_that_works(
 def test_an_unclosed_list_is_not_hinted_to_be_quoted(capsys: pytest.CaptureFixture[str]) -> None:
     """A quoted list reaches the config as one string, refused as not a list: the hint says how to write one."""
     said = _refused(["stages=[data_preparation,"], capsys)
-    assert said.endswith("write a list as stages=[a,b] (no spaces)"), said
+    assert "; write a list as stages=[a,b] (no spaces)" in said, said
+
+
+# What torch raises for the two mismatches, raised by torch itself (NeMo's interpreter): a 64-wide text
+# encoder into a 768-wide cross-attention (F.linear), 8-channel latents into a 4-channel first convolution.
+_TORCH_ERRORS = """
+import torch
+linear, conv = torch.nn.Linear(768, 32), torch.nn.Conv2d(4, 32, 3)
+for layer, x in ((linear, torch.zeros(80, 64)), (conv, torch.zeros(1, 8, 32, 32))):
+    try:
+        layer(x)
+    except RuntimeError as exc:
+        print(str(exc).splitlines()[0])
+"""
+
+
+def test_a_rehearsal_shape_mismatch_names_the_unet_key_at_fault(nemo_python: str) -> None:
+    """The rehearsal's line for NeMo's error (data_prep.rehearsal_step.nemo_error) on torch's own words."""
+    import subprocess
+
+    from omegaconf import OmegaConf
+
+    from data_prep.rehearsal_step import nemo_error
+
+    done = subprocess.run([nemo_python, "-c", _TORCH_ERRORS], capture_output=True, text=True, timeout=300)
+    linear, conv = done.stdout.splitlines()
+    config = OmegaConf.create({"model": {"unet_config": {"context_dim": 768, "in_channels": 4}}})
+    said = nemo_error(RuntimeError(linear), config)
+    assert said.startswith(
+        "training.model.unet_config.context_dim: the UNet's cross-attention takes 768-wide text embeddings, "
+        "the text encoder gives 64; set context_dim=64 or stage the text encoder that gives 768 (RuntimeError: mat1"
+    ), said
+    said = nemo_error(RuntimeError(conv), config)
+    assert said.startswith("training.model.unet_config.in_channels: the UNet's first convolution takes 4 "), (
+        said
+    )
+    other = OmegaConf.create({"model": {"unet_config": {"context_dim": 1024}}})  # no key has the width
+    assert nemo_error(RuntimeError(linear), other) == f"RuntimeError: {linear}"
