@@ -89,6 +89,19 @@ def test_a_launch_refused_after_taking_the_run_folder_s_lock_leaves_no_stub(
     assert not list(tmp_path.rglob(LOCK_NAME))
 
 
+def test_a_data_folder_whose_lock_cannot_be_opened_is_named_and_leaves_no_stub(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The failure the trial met (its data_dir a file): the lock is opened inside the run folder's lock."""
+    (tmp_path / "data" / data_owner.LOCK).mkdir(parents=True)  # not a file: os.open fails
+    said = _refused([f"cluster.shared_dir={tmp_path}", "stages=[data_preparation]"], capsys)
+    assert (
+        said
+        == f"data_dir: cannot open the data folder's lock {tmp_path}/data/{data_owner.LOCK}: Is a directory"
+    )
+    assert _files(tmp_path) == ["data", f"data/{data_owner.LOCK}"]
+
+
 def test_a_yaml_error_in_a_conf_file_is_said_with_file_line_column_and_the_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
