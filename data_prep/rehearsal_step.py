@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # started by path: the checkout replaces this fil
 
 from data_prep.atomic import write_atomic
 from data_prep.latent_format import downsampling
+from data_prep.rehearsal_shapes import suspect
 from launcher.families import family_of
 from launcher.families.family import Family, Rehearsal
 
@@ -69,6 +70,9 @@ def nemo_error(exc: BaseException, config: Any) -> str:
 
     target = re.match(r"Error in call to target '([\w.]+)'", str(exc))
     model = (config if isinstance(config, DictConfig) else OmegaConf.load(config)).model
+    unet = OmegaConf.to_container(model.get("unet_config") or OmegaConf.create())
+    if (key := suspect(str(exc), unet)) is not None:  # type: ignore[arg-type]
+        return f"{key} ({one_line(exc)})"
     keys = _targets(OmegaConf.to_container(model))
     if target is None or exc.__cause__ is None or target[1] not in keys:
         return one_line(exc)

@@ -8,8 +8,12 @@ that takes whatever the pickle gives it, and no storage is ever opened. So a mul
 judged by reading its small data.pkl (hyper-parameters and optimizer states included), without torch,
 which the launcher's venv does not have, and without running any code the file names.
 
-A truncated file (no zip index), a file that is not a zip, a zip without data.pkl or whose pickle does not
-read, and a pickle without a `state_dict` mapping raise NotACheckpoint with the reason.
+torch's legacy format (`torch.save(..., _use_new_zipfile_serialization=False)`, which torch.load and the
+init job still read) is a stream of pickles: a magic number, the protocol, the system's info, then the
+same object pickle, then the storages' bytes; the object pickle is read the same way.
+
+A truncated file (no zip index), a file that is neither a zip nor the legacy stream, a zip without data.pkl
+or whose pickle does not read, and a pickle without a `state_dict` mapping raise NotACheckpoint with the reason.
 """
 
 from __future__ import annotations
@@ -98,9 +102,30 @@ def _data_pkl(archive: zipfile.ZipFile) -> str:
     return found[0]
 
 
+# torch/serialization.py: the first pickle of a legacy file, and the protocol version that follows it.
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+LEGACY_PROTOCOL = 1001
+
+
+def _legacy(path: Path) -> Any:
+    """The object of a file in torch's legacy format, or None when it does not start like one."""
+    with path.open("rb") as stream:
+        try:
+            if _Index(stream).load() != LEGACY_MAGIC:
+                return None
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, OverflowError):
+            return None  # any other bytes: said as not a zip below
+        if _Index(stream).load() != LEGACY_PROTOCOL:
+            raise NotACheckpoint("torch's legacy format with an unknown protocol version")
+        _Index(stream).load()  # the saving system's info (endianness, type sizes)
+        return _Index(stream).load()
+
+
 def read(path: Path) -> Any:
-    """The object data.pkl holds, every tensor as a Tensor (its shape)."""
+    """The object data.pkl holds (or a legacy file's object pickle), every tensor as a Tensor (its shape)."""
     try:
+        if not zipfile.is_zipfile(path) and (loaded := _legacy(path)) is not None:
+            return loaded
         with zipfile.ZipFile(path) as archive, archive.open(_data_pkl(archive)) as pkl:
             return _Index(pkl).load()
     except NotACheckpoint:
@@ -108,7 +133,9 @@ def read(path: Path) -> Any:
     except OSError as error:
         raise NotACheckpoint(f"cannot be read: {error.strerror or error}") from None
     except (zipfile.BadZipFile, NotImplementedError) as error:
-        raise NotACheckpoint(f"not a torch checkpoint (a zip archive): {error}") from None
+        raise NotACheckpoint(
+            f"not a torch checkpoint (a zip archive, or torch's legacy pickle stream): {error}"
+        ) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as error:
         raise NotACheckpoint(f"its data.pkl does not read as a torch pickle: {error}") from None
 

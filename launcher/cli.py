@@ -214,15 +214,44 @@ def hydra_quoted(value: str) -> str:
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
 
 
-def _quoted_for_hydra(error: OverrideParseException) -> str:
+def _split_by_the_shell(overrides: list[str], bad: str) -> str | None:
+    """`stages=[a,` `b]` (a list the shell split at its spaces) joined back without them; else None.
+
+    >>> _split_by_the_shell(["stages=[a,", "b]", "dry_run=true"], "stages=[a,")
+    'stages=[a,b]'
+    """
+
+    def closed(text: str) -> bool:
+        return text.count("[") + text.count("{") == text.count("]") + text.count("}")
+
+    joined = bad
+    for part in overrides[overrides.index(bad) + 1 :]:
+        if closed(joined):
+            break
+        joined += part
+    return joined if joined != bad and closed(joined) else None
+
+
+def _quoted_for_hydra(error: OverrideParseException, overrides: list[str]) -> str:
     """The override Hydra could not parse, its value quoted when it holds `=` (every NeMo checkpoint
     name does: `...-step=20000-...ckpt`) and the user did not quote it; else a refusal naming it."""
     key, _, value = error.override.partition("=")
     if "=" in value and _KEY.fullmatch(key) and not value.startswith(("'", '"', "[", "{")):
         return f"{key}={hydra_quoted(value)}"
+    if (joined := _split_by_the_shell(overrides, error.override)) is not None:
+        raise LauncherError(
+            f"{key}: the shell split its list at the spaces into separate arguments; write it without "
+            f"spaces: {joined}"
+        )
+    # A quoted list would reach the config as one string: a list is written out, not quoted.
+    way_out = (
+        f"write a list as {key}=[a,b] (no spaces), an item with special characters quoted: {key}=['...']"
+        if value.startswith("[")
+        else f"quote the value for Hydra, e.g. \"{key}='...'\" (with the double quotes for the shell)"
+    )
     raise LauncherError(
         f"{key or error.override}: Hydra cannot read {error.override!r} ({error.message.splitlines()[0]}); "
-        f"quote the value for Hydra, e.g. \"{key}='...'\" (with the double quotes for the shell)"
+        + way_out
     )
 
 
@@ -235,9 +264,11 @@ def compose_overrides(argv: list[str]) -> DictConfig:
         try:
             return compose_config(overrides)
         except OverrideParseException as error:
-            overrides[overrides.index(error.override)] = _quoted_for_hydra(error)
+            overrides[overrides.index(error.override)] = _quoted_for_hydra(error, overrides)
         except HydraException as error:  # a preset or key that is not there: say what is
             raise hydra_errors.translate(error, overrides, compose_config) or error from None
+        except yaml.MarkedYAMLError as error:  # a conf/ file with a syntax error
+            raise hydra_errors.yaml_error(error, REPO) from None
 
 
 def main(argv: list[str]) -> int:

@@ -20,6 +20,7 @@ from omegaconf import MISSING
 from launcher.rules import (
     ABS_PATH,
     ENV_NAME,
+    FOLDER,
     MOUNT,
     PATH_COMPONENT,
     SBATCH_FLAG,
@@ -62,7 +63,7 @@ class ClusterConfig:
         help="Where jobs run: `slurm` submits sbatch scripts; `local` runs the same scripts on this machine.",
     )
     shared_dir: str = ruled(
-        ABS_PATH,
+        FOLDER,
         MISSING,
         help="A file system every node sees at the same path (/fsx on AWS): default home of data and results.",
     )
@@ -194,9 +195,9 @@ class CoreConfig:
         help="The run's folder under base_results_dir: scripts, logs, manifest and checkpoints; by default the "
         "training preset's name, so that each preset trains in its own folder (a run folder holds one training).",
     )
-    base_results_dir: str = ruled(ABS_PATH, MISSING, help="Where run folders are made.")
+    base_results_dir: str = ruled(FOLDER, MISSING, help="Where run folders are made.")
     data_dir: str = ruled(
-        ABS_PATH, MISSING, help="Where data preparation writes and training reads (parquet, tars, wdinfo)."
+        FOLDER, MISSING, help="Where data preparation writes and training reads (parquet, tars, wdinfo)."
     )
     dry_run: bool = described(
         False,

@@ -45,16 +45,19 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     return f.default
 
 
-def schema_leaves(cls: type, prefix: str = "") -> Iterator[Leaf]:
-    """Every value field of the schema, and every key a Nested rule declares inside NeMo's sections."""
+def schema_leaves(cls: type, prefix: str = "", made: Any = None) -> Iterator[Leaf]:
+    """Every value field of the schema, and every key a Nested rule declares inside NeMo's sections.
+    `made`: the section as its parent's default makes it (rehearsal's JobResources(cpus_per_task=8, ...)),
+    whose values are the defaults rather than the class's own."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, key = hints[f.name], f"{prefix}{f.name}"
+        default = getattr(made, f.name) if dataclasses.is_dataclass(made) else _default(f)
         if dataclasses.is_dataclass(optional_inner(tp)):
-            yield from schema_leaves(optional_inner(tp), f"{key}.")
+            yield from schema_leaves(optional_inner(tp), f"{key}.", default)
             continue
         rule, where = f.metadata.get(RULE), f"{cls.__name__}.{f.name}"
-        yield Leaf(key, tp, str(f.type), rule, f.metadata.get(HELP), where, _default(f))
+        yield Leaf(key, tp, str(f.type), rule, f.metadata.get(HELP), where, default)
         if isinstance(rule, Nested):
             for sub, sub_rule in rule.rules.items():
                 yield Leaf(f"{key}.{sub}", None, "Any", sub_rule, None, where, dataclasses.MISSING)

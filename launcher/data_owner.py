@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from launcher import manifest
-from launcher.errors import LauncherError
+from launcher.errors import ConfigError, LauncherError
 from launcher.registry import STAGES
 from launcher.spec import Plan
 from launcher.stage import DataRole, StageSpec
@@ -181,7 +181,7 @@ def claim(
         else:  # only looking: never create the lock, and a read-only folder is enough
             fd = os.open(lock, os.O_RDONLY) if lock.exists() else None
     except OSError as exc:
-        raise LauncherError(f"cannot open the data folder's lock {lock}: {exc.strerror}") from None
+        raise ConfigError("data_dir", f"cannot open the data folder's lock {lock}: {exc.strerror}") from None
     try:
         if fd is not None:
             _refuse_holder(folder, fd, this_role)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
@@ -102,3 +103,20 @@ def _tree(overrides: list[str], bad: str, compose: Callable[[list[str]], Any]) -
     except HydraException:
         composed = compose([])
     return OmegaConf.to_container(composed, resolve=False)  # type: ignore[return-value]
+
+
+def yaml_error(error: Any, root: Path) -> LauncherError:
+    """A conf/ file YAML cannot read (`error`: a yaml.MarkedYAMLError), in one line: file, line, column
+    (1-based, as editors count), what is wrong and the line itself. The mark is where YAML gave up; at a
+    blank line (an unclosed `[` at the end of the file) the construct it was reading is shown instead."""
+    marks = [m for m in (error.problem_mark, error.context_mark) if m is not None]
+    name = Path(marks[0].name) if marks else None
+    lines = name.read_text(errors="replace").splitlines() if name and name.is_file() else []
+    shown = [m for m in marks if m.line < len(lines) and lines[m.line].strip()]
+    mark = (shown or marks or [None])[0]
+    if mark is None or name is None:
+        return LauncherError(f"a conf/ file is not valid YAML: {error.problem or error}")
+    where = name.relative_to(root) if name.is_relative_to(root) else name
+    text = f": {lines[mark.line].strip()}" if shown else ""
+    what = ": ".join(filter(None, (error.context, error.problem)))
+    return LauncherError(f"{where}:{mark.line + 1}:{mark.column + 1}: not valid YAML ({what}){text}")

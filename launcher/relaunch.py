@@ -37,8 +37,10 @@ _NOT_STARTED = frozenset({"NOT_SUBMITTED", "UNKNOWN", "CANCELLED", "PENDING"})
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold the run folder's launch lock, or refuse when another launch holds it."""
+    """Hold the run folder's launch lock, or refuse when another launch holds it. A launch that fails
+    before writing anything else takes back the folders it made, lock included: no stub is left."""
     path = run_dir / LOCK_NAME
+    made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # deepest first
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -55,7 +57,15 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        try:
+            yield
+        except BaseException:
+            if made and [p.name for p in run_dir.iterdir()] == [LOCK_NAME]:
+                path.unlink()
+                for folder in made:
+                    with contextlib.suppress(OSError):  # another launch may have written beside it
+                        folder.rmdir()
+            raise
     finally:
         os.close(fd)  # closing the last descriptor releases the lock
 

@@ -133,6 +133,14 @@ PATH_COMPONENT = Pattern(
 # Jobs run in other folders (and on other nodes): a relative path would point elsewhere there.
 # '%' is Slurm's filename-pattern character in log paths.
 ABS_PATH = Pattern(r"/[^\x00-\x1f%]*", "an absolute path (starting with /) without '%' or control characters")
+
+
+class FolderPath(Pattern):
+    """ABS_PATH for a folder: launcher.validate.check_facts also refuses one the submitting host has as a
+    file (a dry run would render it, and a real launch fail deep inside, naming no key)."""
+
+
+FOLDER = FolderPath(ABS_PATH.regex, ABS_PATH.allowed)
 ENV_NAME = Pattern(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name: letters, digits and '_'")
 # sbatch --mem: a size with an optional unit; "0" asks for all of the node's memory.
 SLURM_MEM = Pattern(

@@ -26,7 +26,7 @@ def per_image_bytes(image_size: int) -> int:
     return int(image_size * image_size * 3 * BYTES_PER_PIXEL_CHANNEL)
 
 
-def _size(n: float) -> str:
+def size(n: float) -> str:
     return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
@@ -67,7 +67,7 @@ def free_space_warning(cfg: Any) -> str | None:
     if free >= needed - written:
         return None
     return (
-        f"data_dir: {visible} has {_size(free)} free but data preparation will write about "
-        f"{_size(needed - written)} more (raw and re-chunked tars); the steps would stop "
+        f"data_dir: {visible} has {size(free)} free but data preparation will write about "
+        f"{size(needed - written)} more (raw and re-chunked tars); the steps would stop "
         "on a full disk. Free space, or point data_dir elsewhere"
     )

@@ -14,6 +14,7 @@ import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import fields, is_dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -26,7 +27,7 @@ from launcher.errors import ConfigError
 from launcher.families import renamed_key_error
 from launcher.nemo_python import NemoJob
 from launcher.registry import STAGES, planned, planned_names, root_config_type
-from launcher.rules import RULE, Each, Problem
+from launcher.rules import RULE, Each, FolderPath, Problem
 from launcher.stage import StageSpec
 from launcher.stages.common import require_mounted
 
@@ -243,5 +244,32 @@ def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) ->
     nemo_python.check(cfg, facts, planned_nemo_jobs(cfg, stages))
     present = planned(cfg, stages)
     names = frozenset(stage.name for stage in present)
+    _check_folders(cfg, {stage.name for stage in stages} - names)
     for stage in present:
         stage.host_check(cfg, names, facts)
+
+
+def _folders(node: Any, skip: set[str], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(key, path) of every folder key set (rules.FOLDER), outside the sections in `skip`."""
+    for f in fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value) and key not in skip:
+            yield from _folders(value, skip, f"{key}.")
+        elif isinstance(f.metadata.get(RULE), FolderPath) and value is not None:
+            yield key, value
+
+
+def _check_folders(cfg: Any, unplanned: set[str]) -> None:
+    """A folder key whose path (or a folder above it) is a file on this host: refused in dry runs too,
+    which would otherwise render it and leave the real launch to fail deep inside, naming no key."""
+    refused = []
+    for key, value in _folders(cfg, unplanned):
+        path = Path(value)
+        found = next((p for p in (path, *path.parents) if p.exists()), None)
+        if found is not None and not found.is_dir():
+            what = "is a file" if found == path else f"lies under {found}, a file"
+            refused.append(
+                (found != path, ConfigError(key, f"{value!r} {what}, not a folder; give a folder's path"))
+            )
+    if refused:  # the key that names the file itself (shared_dir) before those under it (data_dir)
+        raise min(refused, key=lambda found: found[0])[1]

@@ -51,7 +51,8 @@ def test_an_override_hydra_cannot_read_is_refused_naming_its_key(capsys: pytest.
     assert main(["container.mounts=[/a=b:/c]"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: container.mounts: Hydra cannot read 'container.mounts=[/a=b:/c]'"), err
-    assert "\"container.mounts='...'\"" in err
+    assert err.endswith("an item with special characters quoted: container.mounts=['...']\n"), err
+    assert main(["container.mounts=['/a=b:/c']", "--cfg"]) == 0  # the hint, followed, reads
 
 
 def _documented_samples_command() -> list[str]:

@@ -53,3 +53,43 @@ def test_docs_configuration_md_is_current() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert REFERENCE.read_text() == reference(RootConfig)
+
+
+# The conf/ groups with one preset, which every run composes: what the reference gives as a default there
+# is what a run starts from, so it must be what conf/ sets (docs/configuration.md once gave the rehearsal
+# 2 CPUs / 8G, JobResources' own defaults, where its section's default and conf/ both give 8 / 32G).
+ONE_PRESET = sorted(p.parent.name for p in (REPO / "conf").glob("*/default.yaml"))
+
+
+def _documented_defaults() -> dict[str, str]:
+    """key -> the default column of docs/configuration.md, as written (`8`, `32G`, null...)."""
+    rows = (line.split(" | ") for line in REFERENCE.read_text().splitlines() if line.startswith("| `"))
+    return {row[0].strip("|` "): row[1] for row in rows}
+
+
+def test_the_documented_defaults_of_a_one_preset_section_are_what_conf_composes() -> None:
+    from omegaconf import OmegaConf
+
+    from launcher.cli import compose_config
+    from launcher.config_doc import _shown
+
+    composed = OmegaConf.to_container(compose_config([]), resolve=False)
+    documented = _documented_defaults()
+    checked, wrong = 0, []
+    for key, shown in documented.items():
+        section, *path = key.split(".")
+        node: object = composed.get(section)
+        for part in path:
+            node = node.get(part, dataclasses.MISSING) if isinstance(node, dict) else dataclasses.MISSING
+        # A required key's value is conf/'s alone; so is each asset's pin (one schema class for every asset).
+        pinned = section == "assets" and len(path) > 1 and path[0] != "resources"
+        if section not in ONE_PRESET or node is dataclasses.MISSING or isinstance(node, dict):
+            continue
+        if shown == "(required)" or pinned:
+            continue
+        checked += 1
+        if _shown(node) != shown:
+            wrong.append(f"{key}: docs {shown}, conf/ {_shown(node)}")
+    assert wrong == [], "\n".join(wrong)
+    assert {"rehearsal", "data_check"} <= set(ONE_PRESET) and checked > 30
+    assert documented["rehearsal.resources.cpus_per_task"] == "`8`"

@@ -1,4 +1,5 @@
-"""The README and docs/: every relative link resolves (file and #anchor), and the README stays short."""
+"""The README and docs/: every relative link resolves (file and #anchor), the README stays short, and the
+README's figures (afterany, the dry run's time) agree with the code and the benchmark's record."""
 
 from __future__ import annotations
 
@@ -136,3 +137,37 @@ def test_architecture_names_every_module() -> None:
     ]
     assert missing == [], f"docs/architecture.md does not name {', '.join(missing)}"
     assert "launcher/bench/compare.py" in module_names() and "launcher/status/" in module_names()
+
+
+# Where the launcher makes an `afterany` edge (a job that runs whatever the state of the one before), and
+# the words the README uses for it: the README said "never afterany" while all three did.
+AFTERANY = {
+    "launcher/stages/training.py": "chained training parts",
+    "launcher/render.py": "throttled array parts",
+    "launcher/stages/benchmark.py": "the benchmark report",
+}
+_MAKES_AFTERANY = re.compile(r"Dependency\([^)]*DependencyKind\.afterany|setdefault\(\"afterany\"")
+
+
+def test_the_readme_names_every_place_that_waits_with_afterany() -> None:
+    makers = {
+        str(path.relative_to(REPO))
+        for path in (REPO / "launcher").rglob("*.py")
+        if _MAKES_AFTERANY.search(path.read_text())
+    }
+    assert makers == set(AFTERANY)
+    said = " ".join((REPO / "README.md").read_text().split())
+    assert "`afterany` only after a job that may end in any state" in said
+    assert all(words in said for words in AFTERANY.values()), said
+
+
+def test_the_readme_s_dry_run_time_is_the_benchmark_s_last_figure() -> None:
+    """README gives the dry run's time from benchmarks/bench_dry_run.py; docs/development.md records that
+    benchmark's last figure (where it was measured): the two agree."""
+    said = " ".join((REPO / "README.md").read_text().split())
+    [readme] = re.findall(
+        r"dry run of the whole pipeline takes about ([\d.]+) s \(`benchmarks/bench_dry_run\.py`\)", said
+    )
+    recorded = " ".join((REPO / "docs/development.md").read_text().split())
+    [measured] = re.findall(r"`bench_dry_run\.py`:.*? Last figure: a median of ([\d.]+) s wall", recorded)
+    assert readme == measured

@@ -70,10 +70,12 @@ from collections import OrderedDict
 import torch
 from omegaconf import OmegaConf
 
-for path, tensors in json.load(sys.stdin).items():
+given = json.load(sys.stdin)
+for path, tensors in given["files"].items():
     state = OrderedDict((name, torch.zeros(1).expand(*shape)) for name, shape in tensors.items())
     hyper = {"cfg": OmegaConf.create({"unet_config": {"model_channels": 320}})}
-    torch.save({"state_dict": state, "global_step": 8, "hyper_parameters": hyper}, path)
+    saved = {"state_dict": state, "global_step": 8, "hyper_parameters": hyper}
+    torch.save(saved, path, _use_new_zipfile_serialization=path not in given["legacy"])
 """
 
 
@@ -85,9 +87,14 @@ def unet_860m(compiled: bool = False, **changed: tuple[int, ...]) -> dict[str, t
     return {**{prefix + name: shape for name, shape in unet.items()}, **VAE}
 
 
-def write(nemo_python: str, files: dict[Path, dict[str, tuple[int, ...]]]) -> None:
-    """torch.save each file: path -> its state_dict's tensor names and shapes (one interpreter for all)."""
+def write(
+    nemo_python: str, files: dict[Path, dict[str, tuple[int, ...]]], legacy: frozenset[Path] = frozenset()
+) -> None:
+    """torch.save each file: path -> its state_dict's tensor names and shapes (one interpreter for all);
+    those in `legacy` in torch's legacy (non-zip) format."""
     for path in files:
         path.parent.mkdir(parents=True, exist_ok=True)
-    given = json.dumps({str(path): tensors for path, tensors in files.items()})
+    given = json.dumps(
+        {"files": {str(path): tensors for path, tensors in files.items()}, "legacy": [str(p) for p in legacy]}
+    )
     subprocess.run([nemo_python, "-c", _WRITER], input=given, text=True, check=True, timeout=300)

@@ -15,7 +15,7 @@ from launcher import families
 from launcher.config import JobResources, Runtime
 from launcher.context import Context
 from launcher.errors import ConfigError
-from launcher.rules import ABS_PATH, Each, Pattern, described, ruled
+from launcher.rules import ABS_PATH, FOLDER, Each, Pattern, described, ruled
 from launcher.spec import JobSpec
 from launcher.stage import AssetNeeds, StageSpec
 from launcher.stages.common import cpu_resources, make_job, require_mounted
@@ -65,7 +65,7 @@ class AssetConfig:
         help="The repo files fetched (each checked against the Hub's size and sha256).",
     )
     local_dir: str = ruled(
-        ABS_PATH, MISSING, help="Where the files are staged; training and the checks read them there."
+        FOLDER, MISSING, help="Where the files are staged; training and the checks read them there."
     )
     nemo_vae: NemoVaeConfig = field(default_factory=NemoVaeConfig)
 
@@ -86,7 +86,7 @@ class AssetsCore:
     enable: bool = described(
         True, help="Stage the pretrained CLIP and VAE in one CPU job before the jobs that read them."
     )
-    dir: str = ruled(ABS_PATH, MISSING, help="The folder under which each asset's local_dir lies.")
+    dir: str = ruled(FOLDER, MISSING, help="The folder under which each asset's local_dir lies.")
     hf_token_file: str | None = ruled(
         ABS_PATH,
         None,

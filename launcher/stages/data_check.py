@@ -42,7 +42,9 @@ class DataCheckConfig:
         Range(1), 1, help="Loader workers (NeMo's loader uses persistent workers: 0 is refused there)."
     )
     micro_batch_size: int = ruled(Range(1), 4, help="Samples per batch read by the check.")
-    resources: JobResources = field(default_factory=lambda: JobResources(cpus_per_task=4, mem="16G"))
+    resources: JobResources = field(
+        default_factory=lambda: JobResources(cpus_per_task=4, mem="16G", time="00:30:00")
+    )
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:

@@ -34,7 +34,7 @@ from launcher.evaluation.settings import CAPTIONS_JSON, EvaluationSettings
 from launcher.families import all_samplers
 from launcher.outputs import EvaluationOutputs, SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
-from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
+from launcher.rules import FOLDER, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
 from launcher.sampling import sampled
 from launcher.sampling.resolution import trained_size
 from launcher.spec import Array, JobSpec, Resources
@@ -53,7 +53,7 @@ class EvaluationConfig:
     """FID and CLIP score on COCO-2014 val (conf/evaluation/default.yaml)."""
 
     coco_root: str | None = ruled(
-        ABS_PATH, None, help="COCO-2014 with val2014/ and annotations/captions_val2014.json (you supply it)."
+        FOLDER, None, help="COCO-2014 with val2014/ and annotations/captions_val2014.json (you supply it)."
     )
     num_images: int = ruled(Range(2), 30000, help="Captions sampled, one image generated per scale each.")
     seed: int = ruled(

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher import cost, nemo_config, nemo_python
+from launcher import cost, nemo_config, nemo_python, sizing, space
 from launcher.config import JobResources
 from launcher.context import Context, Facts
+from launcher.errors import ConfigError
 from launcher.nemo_python import NemoJob
 from launcher.nemo_values import EXP_MANAGER_RULES, MODEL_RULES, TRAINER_RULES
 from launcher.outputs import TrainingOutputs
@@ -242,7 +243,25 @@ def _needs(cfg: Any) -> tuple[str, ...]:
     return ("assets", *data, "data_check", "rehearsal")
 
 
+def _check_data_read(cfg: Any, planned: frozenset[str]) -> None:
+    """Data preparation planned for a training on NeMo's synthetic data, which reads none of it: refused,
+    with what it would have cost (a preset's source can be the whole 12.4M-image PD12M)."""
+    if "data_preparation" not in planned or not cfg.training.model.get("data", {}).get("synthetic_data"):
+        return
+    rows = sizing.planned_rows(cfg)
+    image = space.per_image_bytes(cfg.data_preparation.download_images.image_size)
+    fetched = f"{rows:,} images, about {space.size(rows * image)}" if rows else "a download of unknown size"
+    rest = ",".join(name for name in cfg.stages if name != "data_preparation")
+    raise ConfigError(
+        "stages",
+        f"data_preparation would fetch {fetched}, that nothing reads: training.model.data.synthetic_data=true "
+        f"trains on random data; plan without it: stages=[{rest}] (or set training.model.data.synthetic_data"
+        "=false to train on it)",
+    )
+
+
 def _check(cfg: Any, planned: frozenset[str]) -> None:
+    _check_data_read(cfg, planned)
     nemo_config.check(cfg)
     training_init.check(cfg)
 
