@@ -98,12 +98,17 @@ def note(cfg: Any) -> str:
         return (
             f"training: no in-job recovery ({SWITCH}=false): a hung rank holds the job until its time limit"
         )
-    timeouts = f"first within {param(cfg, 'initial_rank_heartbeat_timeout'):g} s, then every "
-    timeouts += f"{param(cfg, 'rank_heartbeat_timeout'):g} s"
+    timeouts = (
+        f"the first within {param(cfg, 'initial_rank_heartbeat_timeout'):g} s, "
+        f"then every {param(cfg, 'rank_heartbeat_timeout'):g} s"
+    )
     if param(cfg, "calculate_timeouts"):
-        timeouts += f"; NeMo recalculates both from the observed intervals x {param(cfg, 'safety_factor'):g}"
+        timeouts += (
+            f"; NeMo recalculates both from the observed intervals x {param(cfg, 'safety_factor'):g} "
+            "once a run has saved and loaded a checkpoint"
+        )
     return (
-        f"training: in-job recovery: ft_launcher detects a dead rank, or a hung one by its heartbeats ({timeouts}), "
-        f"and restarts every rank in the same job from the last checkpoint, up to "
+        f"training: in-job recovery: ft_launcher detects a dead rank at once, or a hung one by its heartbeats "
+        f"({timeouts}), and restarts every rank in the same job from the last checkpoint, up to "
         f"{param(cfg, 'max_rank_restarts')} time(s) per job"
     )
