@@ -1,8 +1,10 @@
 """In-job recovery for real (issue 37.1): NeMo's own training code on CPU (tests/nemo_cpu/sd_train_cpu.py, its
 CUDA-only calls patched) under ft_launcher in a training job of the test cluster, as the launcher renders it: 2
 ranks on one node (the node's "GPUs" are CPU processes with gloo), and pyxis's SPANK stand-in that runs NO
-container. Rank 1 is SIGKILLed after the step-2 checkpoint: ft_launcher restarts both ranks in the same Slurm
-job, NeMo resumes from that checkpoint, and the job ends at max_steps.
+container. Both faults in one job, to keep the suite short: rank 1 is SIGKILLed after the step-2 checkpoint
+(ft_launcher sees it die), then SIGSTOPped after the step-4 one (a hang: its monitor misses its heartbeats for
+the configured timeout); each time ft_launcher restarts both ranks in the same Slurm job, NeMo resumes from that
+checkpoint, and the job ends at max_steps.
 
 EMA is off here: on CPU only, NeMo's EMA callback fails at the first checkpoint after an in-job resume
 (`EMAOptimizer.load_state_dict`'s `param.to(device)` copies on GPU but not on CPU; shared/notes
@@ -12,13 +14,16 @@ fault-tolerance.md), which is not what this test is about.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.launches import TRAINING_ALONE_ON_SLURM
 from fixtures.nemo import nemo_python_path
 from nemo_cpu.harness import SD_TRAIN_CPU
 from nemo_cpu.tiny import TINY_OVERRIDES
@@ -29,10 +34,11 @@ from launcher.cli import launch
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 RUN = "sd_860m_res_256"
+HANG_TIMEOUT = 30
 
 
 def _launch(shared: Path) -> str:
-    """The training job on the test cluster (2 ranks on 1 node, 4 steps, a checkpoint every 2): its id."""
+    """The training job on the test cluster (2 ranks on 1 node, 6 steps, a checkpoint every 2): its id."""
     (shared / "nemo.sqsh").write_bytes(b"hsqs")  # preflight checks that the image exists
     tiny = [o for o in TINY_OVERRIDES if "_batch_size=" not in o]
     # The real interpreter, not the session's fork server: ft_launcher starts the ranks with its own.
@@ -40,12 +46,7 @@ def _launch(shared: Path) -> str:
     launch(
         compose_config(
             [
-                "cluster=slurm",
-                "container=pyxis",
-                "stages=[training]",
-                "data_check.enable=false",
-                "assets.enable=false",  # staged already: the tiny assets
-                "data_preparation.precache.enable=false",  # the demo's image tars
+                *TRAINING_ALONE_ON_SLURM,  # the tiny assets staged, the demo's image tars
                 f"cluster.shared_dir={shared}",
                 "cluster.gpus_per_node=2",
                 "cluster.gpu_job_mem=4G",
@@ -56,14 +57,20 @@ def _launch(shared: Path) -> str:
                 f"training.run.script={SD_TRAIN_CPU}",
                 f"training.run.python={python}",
                 "training.trainer.num_nodes=1",
-                "training.trainer.max_steps=4",
+                "training.trainer.max_steps=6",
                 "training.model.micro_batch_size=1",
                 "training.model.global_batch_size=2",
                 *tiny,
                 "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2",
                 "training.exp_manager.ema.enable=false",
                 "training.exp_manager.create_fault_tolerance_callback=true",
-                "training.exp_manager.fault_tolerance.max_rank_restarts=1",
+                "training.exp_manager.fault_tolerance.max_rank_restarts=2",
+                # A hang is detected HANG_TIMEOUT s after the last heartbeat (a tiny step takes seconds); the
+                # first heartbeat may take long on a busy 2-core machine (imports, model build); timeouts as set.
+                f"+training.exp_manager.fault_tolerance.rank_heartbeat_timeout={HANG_TIMEOUT}",
+                "+training.exp_manager.fault_tolerance.initial_rank_heartbeat_timeout=600",
+                "+training.exp_manager.fault_tolerance.workload_check_interval=1",
+                "+training.exp_manager.fault_tolerance.calculate_timeouts=false",
             ]
         )
     )
@@ -108,7 +115,28 @@ def _wait(what: str, found: object, timeout: float, log: Path) -> None:
         time.sleep(0.5)
 
 
-def test_a_killed_rank_restarts_in_the_same_job_and_training_ends_at_max_steps(
+def _saved(checkpoints: Path, step: int) -> bool:
+    """NeMo's checkpoint at `step` is written (and no save is under way)."""
+    names = [p.name for p in checkpoints.glob("*")] if checkpoints.is_dir() else []
+    return any(f"step={step}-" in n and n.endswith(".ckpt") for n in names) and not any(
+        n.endswith("-unfinished") for n in names
+    )
+
+
+def _signal_rank_1(job_id: str, sig: signal.Signals, previous: int | None = None) -> int:
+    """Send `sig` to rank 1 (a new process after a restart: not `previous`); its pid."""
+    pid = _rank_pid(job_id, 1)
+    assert pid is not None and pid != previous, f"rank 1 of job {job_id}: {pid} (before: {previous})"
+    os.kill(pid, sig)
+    return pid
+
+
+def _logged_at(line: str) -> datetime:
+    """The time of an ft_launcher log line: `[2026-11-28 08:14:21,934] [ERROR] ...`."""
+    return datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f")
+
+
+def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_max_steps(
     slurm_cluster, monkeypatch: pytest.MonkeyPatch, nemo_shared: Path, nemo_python: str
 ) -> None:
     for key, value in slurm_cluster.env.items():
@@ -118,32 +146,35 @@ def test_a_killed_rank_restarts_in_the_same_job_and_training_ends_at_max_steps(
     log = run / f"training/logs/{RUN}_{job_id}.out"
     checkpoints = run / "training/results/checkpoints"
 
-    def step_2_saved() -> bool:
-        names = [p.name for p in checkpoints.glob("*")] if checkpoints.is_dir() else []
-        return any("step=2-" in n and n.endswith(".ckpt") for n in names) and not any(
-            n.endswith("-unfinished") for n in names
-        )
-
-    _wait("the step-2 checkpoint", step_2_saved, 600, log)
-    pid = _rank_pid(job_id, 1)
-    assert pid is not None, f"no rank 1 of job {job_id}:\n{log.read_text()[-3000:]}"
-    killed_at = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
+    _wait("the step-2 checkpoint", lambda: _saved(checkpoints, 2), 600, log)
+    killed = _signal_rank_1(job_id, signal.SIGKILL)
+    _wait("the step-4 checkpoint", lambda: _saved(checkpoints, 4), 600, log)
+    stopped_at = datetime.now()
+    _signal_rank_1(job_id, signal.SIGSTOP, previous=killed)
 
     job = slurm_cluster.wait_job(job_id, timeout=600)
     text = log.read_text(errors="replace")
     assert job.state == "COMPLETED", f"{job}\n{text[-4000:]}"
-    print(
-        f"killed rank 1 (pid {pid}); the job ended {time.monotonic() - killed_at:.0f} s later",
-        file=sys.stderr,
-    )
-    # The same Slurm job, never requeued: the restart happened inside it.
+    # The same Slurm job, never requeued: both restarts happened inside it.
     shown = slurm_cluster.run_command(["scontrol", "show", "job", "-o", job_id]).stdout
     assert "Restarts=0" in shown, shown
     assert [r.job_id for r in manifest.load(run) if r.job_id] == [job_id]
-    # ft_launcher saw the dead rank and restarted the group, NeMo resumed from the step-2 checkpoint.
-    assert "exitcode: -9" in text and "restart" in text.lower(), text[-4000:]
-    resumed = [line for line in text.splitlines() if "Resuming training from checkpoint" in line]
-    assert resumed and all("step=2-" in line for line in resumed), resumed
-    assert "`max_steps=4` reached" in text
-    assert any("step=4-" in p.name for p in checkpoints.glob("*.ckpt"))
+    lines = text.splitlines()
+    # The kill: ft_launcher saw rank 1 die and restarted the group.
+    assert any(f"failed (exitcode: -9) local_rank: 1 (pid: {killed})" in line for line in lines), text[-4000:]
+    restarts = [line for line in lines if "attempts left; will restart worker group" in line]
+    assert [re.search(r"(\d+/\d+) attempts left", r)[1] for r in restarts] == ["2/2", "1/2"], restarts
+    # The hang: the monitors missed heartbeats for the configured timeout, and no more (rank 0's too: it waits
+    # for rank 1 in a collective).
+    hangs = [line for line in lines if f"Did not get subsequent heartbeat. Waited {HANG_TIMEOUT}.00" in line]
+    assert hangs, text[-4000:]
+    detected_s = (min(map(_logged_at, hangs)) - stopped_at).total_seconds()
+    print(f"hang detected {detected_s:.1f} s after SIGSTOP (timeout {HANG_TIMEOUT} s)", file=sys.stderr)
+    assert HANG_TIMEOUT <= detected_s <= HANG_TIMEOUT + 10, hangs
+    # Each restart resumed from the checkpoint before its fault, and the run ended at max_steps.
+    resumed = [
+        line.split("step=")[1].split("-")[0] for line in lines if "Resuming training from checkpoint" in line
+    ]
+    assert list(dict.fromkeys(resumed)) == ["2", "4"], resumed  # in this order (rank 0 logs it)
+    assert "`max_steps=6` reached" in text
+    assert _saved(checkpoints, 6)
