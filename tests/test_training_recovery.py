@@ -44,9 +44,8 @@ def test_on_by_default_on_the_gpu_presets_one_ft_launcher_per_node() -> None:
     assert command.index("--max-restarts=3") < command.index("sd_train.py") < command.index("--config-path")
     assert config["exp_manager"]["create_fault_tolerance_callback"] is True
     assert config["exp_manager"]["fault_tolerance"] == {"max_rank_restarts": 3}
-    assert (
-        compose_config(["cluster=slurm"]).training.exp_manager.get("create_fault_tolerance_callback") is None
-    )
+    # Off on a generic cluster (its nodes' own environment may lack the package), the keys there to set.
+    assert compose_config(["cluster=slurm"]).training.exp_manager.create_fault_tolerance_callback is False
 
 
 def test_off_renders_one_task_per_gpu_and_plain_python() -> None:

@@ -164,13 +164,14 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     assert any(f"failed (exitcode: -9) local_rank: 1 (pid: {killed})" in line for line in lines), text[-4000:]
     restarts = [line for line in lines if "attempts left; will restart worker group" in line]
     assert [re.search(r"(\d+/\d+) attempts left", r)[1] for r in restarts] == ["2/2", "1/2"], restarts
-    # The hang: the monitors missed heartbeats for the configured timeout, and no more (rank 0's too: it waits
-    # for rank 1 in a collective).
+    # The hang: detected when no heartbeat came for the configured timeout (rank 0's monitor too: it waits for
+    # rank 1 in a collective). The last heartbeat came before SIGSTOP (none while a checkpoint is saved), so
+    # within the timeout of the stop; the monitors look every second (workload_check_interval).
     hangs = [line for line in lines if f"Did not get subsequent heartbeat. Waited {HANG_TIMEOUT}.00" in line]
     assert hangs, text[-4000:]
     detected_s = (min(map(_logged_at, hangs)) - stopped_at).total_seconds()
     print(f"hang detected {detected_s:.1f} s after SIGSTOP (timeout {HANG_TIMEOUT} s)", file=sys.stderr)
-    assert HANG_TIMEOUT <= detected_s <= HANG_TIMEOUT + 10, hangs
+    assert 0 < detected_s <= HANG_TIMEOUT + 5, hangs
     # Each restart resumed from the checkpoint before its fault, and the run ended at max_steps.
     resumed = [
         line.split("step=")[1].split("-")[0] for line in lines if "Resuming training from checkpoint" in line
