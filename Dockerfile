@@ -14,6 +14,7 @@ FROM ${NEMO_IMAGE}
 ARG EFA_INSTALLER_VERSION=1.37.0
 ARG GDRCOPY_VERSION=v2.4.1
 ARG IMG2DATASET_VERSION=1.47.0
+ARG NVIDIA_RESILIENCY_EXT_VERSION=0.4.1
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -54,6 +55,21 @@ RUN python3 -m venv --without-pip /opt/venv \
 RUN python3 -m venv --system-site-packages --without-pip /opt/eval \
     && python3 -m pip --python /opt/eval/bin/python install --no-cache-dir \
         "torchmetrics==1.9.0" "torch-fidelity==0.3.0"
+# In-job recovery (docs/training.md#in-job-recovery): ft_launcher and the FaultToleranceCallback NeMo turns on
+# with exp_manager.create_fault_tolerance_callback. --no-deps keeps the image's torch (an NGC pre-release build
+# that pip's `torch>=2.3` would not count); the package's other needs are listed. NeMo imports the callback as
+# `ptl_resiliency`, a name the package does not ship: compat/ptl_resiliency.py re-exports it (its docstring
+# says why), added only where the base has no such module. The build fails unless NeMo then finds it.
+# The versions of its needs are those this repo's NeMo venv resolved (requirements-nemo.txt).
+COPY compat/ptl_resiliency.py /tmp/compat/ptl_resiliency.py
+RUN python3 -m pip install --no-cache-dir --no-deps "nvidia-resiliency-ext==${NVIDIA_RESILIENCY_EXT_VERSION}" \
+    && python3 -m pip install --no-cache-dir "nvidia-ml-py==13.615.71" "pynvml==13.0.1" "psutil==7.2.2" "defusedxml==0.7.1" \
+    && if ! python3 -c "import ptl_resiliency"; then \
+        cp /tmp/compat/ptl_resiliency.py "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"; \
+    fi \
+    && rm -rf /tmp/compat \
+    && python3 -c "from nemo.utils.exp_manager import HAVE_FT; assert HAVE_FT, 'NeMo finds no FaultToleranceCallback'" \
+    && command -v ft_launcher
 COPY data_prep/ /workspace/launcher/data_prep/
 # The benchmark's task wrapper and report, and the training plot (launcher/plot.py), run in this image.
 COPY launcher/ /workspace/launcher/launcher/

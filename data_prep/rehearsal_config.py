@@ -61,6 +61,15 @@ def _world(config: dict[str, Any], results: Path, changes: list[str]) -> None:
     _set(exp, "explicit_log_dir", str(results), "the rehearsal's own folder", changes, "exp_manager")
     _set(exp, "create_wandb_logger", False, "no W&B run for a rehearsal", changes, "exp_manager")
     _set(exp, "resume_from_checkpoint", None, "a full-size checkpoint", changes, "exp_manager")
+    if exp.get("create_fault_tolerance_callback"):
+        _set(
+            exp,
+            "create_fault_tolerance_callback",
+            False,
+            "no ft_launcher around a rehearsal",
+            changes,
+            "exp_manager",
+        )
     params = exp.setdefault("checkpoint_callback_params", {})
     _set(
         params,

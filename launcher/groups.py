@@ -3,12 +3,12 @@
 Each group folder holds one kind of preset (datasets, container runtimes, training presets...). A
 cluster preset picks its own container runtime and dataset (the `override` lines of
 conf/cluster/<cluster>.yaml); a group whose entry in conf/config.yaml's defaults list is `${cluster}`
-(latents) follows the cluster preset and is not chosen on its own.
+(latents, fault_tolerance) follows the cluster preset and is not chosen on its own.
 
     >>> options("container")
     ['none', 'pyxis']
     >>> follows_cluster()
-    ['latents']
+    ['fault_tolerance', 'latents']
 """
 
 from __future__ import annotations

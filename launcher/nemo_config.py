@@ -20,6 +20,7 @@ from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.init_from import FROM_SCRATCH
+from launcher.nemo_values import FAULT_TOLERANCE_DEFAULTS
 from launcher.outputs import TrainingOutputs
 from launcher.rules import slurm_time_seconds
 
@@ -194,6 +195,17 @@ def _init_from(ctx: Context) -> dict[str, Any]:
     return {"model": {"unet_config": unet}}
 
 
+def _fault_tolerance(exp_manager: Any) -> dict[str, Any]:
+    """With the fault-tolerance callback on, a `fault_tolerance` section that is never empty: ft_launcher reads
+    its timeouts from it (--ft-cfg-path) and refuses to start without one."""
+    if not exp_manager.get("create_fault_tolerance_callback"):
+        return {}
+    restarts = (exp_manager.get("fault_tolerance") or {}).get(
+        "max_rank_restarts", FAULT_TOLERANCE_DEFAULTS["max_rank_restarts"]
+    )
+    return {"fault_tolerance": {"max_rank_restarts": restarts}}
+
+
 def build(ctx: Context, cached_inputs: bool = True) -> dict[str, Any]:
     """The NeMo config as a plain dict, with derived values filled in; `cached_inputs=False`: without
     what the latents switch sets (the config SDXL's encode step builds the caption embedders from).
@@ -206,7 +218,10 @@ def build(ctx: Context, cached_inputs: bool = True) -> dict[str, Any]:
     else:
         s = shape(ctx.cfg)
     layout = ctx.layout
-    exp_manager: dict[str, Any] = {"explicit_log_dir": str(results_dir(ctx))}
+    exp_manager: dict[str, Any] = {
+        "explicit_log_dir": str(results_dir(ctx)),
+        **_fault_tolerance(tr.exp_manager),
+    }
     if tr.exp_manager.get("max_time_per_run") is None:
         exp_manager["max_time_per_run"] = max_time_per_run(ctx.cfg)
     derived = {

@@ -105,12 +105,34 @@ TRAINER_RULES = {
     "gradient_clip_val": Range(0, integer=False),
     "limit_val_batches": Range(0, integer=False),
 }
+# exp_manager.fault_tolerance: NeMo's FaultToleranceParams (nemo/utils/exp_manager.py, the same fields and
+# defaults at v2.0.0 and 2.4.1), the values NeMo and ft_launcher use for a key left out.
+FAULT_TOLERANCE_DEFAULTS: dict[str, object] = {
+    "workload_check_interval": 5.0,
+    "initial_rank_heartbeat_timeout": 3600.0,
+    "rank_heartbeat_timeout": 2700.0,
+    "calculate_timeouts": True,
+    "safety_factor": 5.0,
+    "max_rank_restarts": 0,
+    "max_subsequent_job_failures": 0,
+    "additional_ft_launcher_args": "",
+}
+_SECONDS = Range(0, integer=False, above_lo=True)
 EXP_MANAGER_RULES = {
     # Lightning's ModelCheckpoint refuses negative values (save_top_k: -1 = keep all).
     "checkpoint_callback_params.every_n_train_steps": Range(0),
     "checkpoint_callback_params.save_top_k": Range(-1),
     "ema.decay": Range(0, 1, integer=False),
     "ema.every_n_steps": Range(1),
+    # In-job recovery (launcher/stages/training_recovery.py). A null timeout (NeMo's "no timeout") is
+    # refused: a hang would then hold every GPU until the job's time limit.
+    "create_fault_tolerance_callback": Choice((True, False)),
+    "fault_tolerance.workload_check_interval": _SECONDS,
+    "fault_tolerance.initial_rank_heartbeat_timeout": _SECONDS,
+    "fault_tolerance.rank_heartbeat_timeout": _SECONDS,
+    "fault_tolerance.calculate_timeouts": Choice((True, False)),
+    "fault_tolerance.safety_factor": _SECONDS,
+    "fault_tolerance.max_rank_restarts": Range(0),
 }
 MODEL_RULES = {
     "precision": Choice(SD_MODEL_PRECISION),

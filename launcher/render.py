@@ -125,10 +125,12 @@ def array_part_lines(job: JobSpec) -> list[str]:
 
 
 def format_command(argv: tuple[str, ...]) -> str:
-    """One `--option value` group per line, so a person can read and edit the command."""
+    """One `--option value` group per line, so a person can read and edit the command; a word after a
+    whole `--option=value` starts its own line too (a launcher's options, then the script it runs)."""
     lines: list[list[str]] = [[]]
     for word in argv:
-        if word.startswith("--") and lines[-1]:
+        after_whole = bool(lines[-1]) and lines[-1][-1].startswith("--") and "=" in lines[-1][-1]
+        if (word.startswith("--") and lines[-1]) or after_whole:
             lines.append([])
         lines[-1].append(q(word))
     return " \\\n    ".join(" ".join(line) for line in lines)

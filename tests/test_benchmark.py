@@ -49,6 +49,8 @@ SWEEP_KEYS = {
     "exp_manager.explicit_log_dir",
     "exp_manager.create_checkpoint_callback",
     "exp_manager.resume_if_exists",
+    # No ft_launcher around a task (in-job recovery is training's).
+    "exp_manager.create_fault_tolerance_callback",
     # NeMo's clean stop, derived from the task's time limit as training derives it from the job's.
     "exp_manager.max_time_per_run",
 }

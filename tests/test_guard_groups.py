@@ -120,6 +120,7 @@ def test_each_group_holds_one_kind() -> None:
         chosen = _choices(f"cluster={cluster}")
         assert chosen["data_preparation"] in DATASETS and chosen["container"] in RUNTIMES
         assert chosen["latents"] == cluster  # optional: no conf/latents/local.yaml, so off on local
+        assert chosen["fault_tolerance"] == cluster  # the same: conf/fault_tolerance/
 
 
 def _help_entries() -> dict[str, str]:
@@ -151,7 +152,7 @@ def test_help_lists_each_groups_options_and_default() -> None:
     assert sorted(entries) == groups
     by_cluster = {cluster: _choices(f"cluster={cluster}") for cluster in CLUSTERS}
     default = _choices()
-    for group in (g for g in groups if g != "latents"):
+    for group in (g for g in groups if g not in ("latents", "fault_tolerance")):
         listed, _, bracket = entries[group].partition(" [")
         assert listed.split(", ") == _options(group), group
         bracket = bracket.removesuffix("]")
@@ -169,6 +170,10 @@ def test_help_lists_each_groups_options_and_default() -> None:
                 assert cluster in said[choices[group]].split(", "), (group, cluster)
     assert entries["latents"].startswith("follows cluster= (conf/latents/<cluster>.yaml, for cluster=")
     assert "aws_p4de, aws_p5, slurm)" in entries["latents"]
+    assert entries["fault_tolerance"].startswith(
+        "follows cluster= (conf/fault_tolerance/<cluster>.yaml, for "
+    )
+    assert "aws_p4de, aws_p5, slurm)" in entries["fault_tolerance"]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:

@@ -18,7 +18,7 @@ from launcher.errors import ConfigError
 from launcher.outputs import RehearsalOutputs
 from launcher.pipeline import build_plan
 from launcher.registry import STAGES
-from launcher.spec import Dependency, Plan
+from launcher.spec import Dependency, JobSpec, Plan
 from launcher.stages import rehearsal
 from launcher.stages.rehearsal import RehearsalConfig
 from launcher.validate import check_facts, to_schema
@@ -78,18 +78,25 @@ def test_init_job_and_synthetic_sweep() -> None:
     assert _after(sweep, "bench_n1") == ["rehearsal"]
 
 
+def _script(training: JobSpec) -> str:
+    """The script the training job runs (under python3 -u, or ft_launcher): just before its config."""
+    return training.argv[training.argv.index("--config-path") - 1]
+
+
 def test_the_job_runs_as_training_runs_but_on_a_cpu_node() -> None:
     plan = _plan("stages=[training]", "training.run.wandb_api_key_file=/fsx/secrets/wandb")
     job, training = plan.job("rehearsal"), plan.job("sd_860m_res_256")
     # The same container, mounts, workdir, environment and secret files; NeMo keeps the image's PYTHONPATH.
     assert job.container == training.container and job.env == training.env
-    assert job.secret_files == training.secret_files and job.srun_args == training.srun_args
+    assert job.secret_files == training.secret_files
+    # Training's own srun flag: its nodes' ft_launchers end together (in-job recovery, on with aws_p5).
+    assert ("--kill-on-bad-exit=1", *job.srun_args) == training.srun_args
     assert "PYTHONPATH" not in dict(job.env)
     assert job.argv[:3] == ("python3", "-u", "/workspace/launcher/data_prep/rehearsal.py")
     argv = dict(zip(job.argv[3::2], job.argv[4::2], strict=False))
     out = RehearsalOutputs(plan.run_dir)
     assert argv["--training-config"] == str(plan.run_dir / "training/sd_860m_res_256.yaml")
-    assert argv["--sd-train"] == training.argv[2]  # NeMo's sd_train.py, the training job's own
+    assert argv["--sd-train"] == _script(training)  # NeMo's sd_train.py, the training job's own
     assert (argv["--report"], argv["--sample"]) == (str(out.report), str(out.sample))
     assert job.resources.gpus_per_node == 0 and not job.resources.exclusive
     assert (job.resources.cpus_per_task, job.resources.mem) == (8, "32G")
@@ -111,7 +118,7 @@ def test_an_sdxl_preset_rehearses_with_its_own_training_script() -> None:
     training = plan.job("sdxl_base_train_res_256_stage_1")
     assert _after(plan, "rehearsal") == ["data_check"] and _after(plan, training.name) == ["rehearsal"]
     argv = dict(zip(plan.job("rehearsal").argv[3::2], plan.job("rehearsal").argv[4::2], strict=False))
-    assert argv["--sd-train"] == training.argv[2] and argv["--sd-train"].endswith("/sd_xl_train.py")
+    assert argv["--sd-train"] == _script(training) and argv["--sd-train"].endswith("/sd_xl_train.py")
     planned = yaml.safe_load(dict(plan.files)[plan.run_dir / f"training/{training.name}.yaml"])
     tiny, changes = derive(planned, Path("/fsx/x/results"))
     model = tiny["model"]

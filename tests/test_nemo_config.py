@@ -70,7 +70,8 @@ def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) ->
     for script in parts:
         assert "#SBATCH --job-name=sd_860m_res_256\n" in script  # one name: singleton links the parts
         assert "#SBATCH --time=48:00:00" in script and "--signal" not in script
-        for line in ("export HF_HUB_OFFLINE=1", "export FI_EFA_FORK_SAFE=1", "  --cpus-per-task=24 \\"):
+        # One ft_launcher task per node (in-job recovery) with all the node's CPUs for its 8 ranks.
+        for line in ("export HF_HUB_OFFLINE=1", "export FI_EFA_FORK_SAFE=1", "  --cpus-per-task=192 \\"):
             assert line in script
         assert "PYTHONPATH" not in script  # the image's own PYTHONPATH stays
     assert "singleton" in parts[1] and "afterany:" in parts[1]

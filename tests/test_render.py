@@ -213,7 +213,10 @@ def test_training_script_has_pyxis_efa_and_ranks() -> None:
     text = rendered("aws_p5_full")["training/sd_860m_res_256.sbatch"]
     for line in (
         "#SBATCH --nodes=2",
-        "#SBATCH --ntasks-per-node=8",
+        # One ft_launcher per node starts its 8 ranks (in-job recovery, on by default on aws_p5).
+        "#SBATCH --ntasks-per-node=1",
+        "--nnodes=2",
+        "--nproc-per-node=8",
         "#SBATCH --gpus-per-node=8",
         "#SBATCH --exclusive",
         "export FI_PROVIDER=efa",

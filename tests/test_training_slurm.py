@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, compose_config
 from fixtures.data import make_dataset
-from fixtures.launches import run_status
+from fixtures.launches import TRAINING_ALONE_ON_SLURM, run_status
 from fixtures.nemo import copy_folders
 from hf_fake_hub import FakeHub
 from nemo_cpu.tiny import TINY_OVERRIDES
@@ -48,12 +48,7 @@ def _launch(shared: Path, *overrides: str) -> dict[str, str]:
     launch(
         compose_config(
             [
-                "cluster=slurm",
-                "container=pyxis",
-                "stages=[training]",
-                "data_check.enable=false",
-                "assets.enable=false",  # no Hub here: tests/test_assets_stage.py runs the assets job
-                "data_preparation.precache.enable=false",  # image tars (tests/test_latents_slurm.py: latents)
+                *TRAINING_ALONE_ON_SLURM,  # no Hub here; image tars (tests/test_latents_slurm.py: latents)
                 f"cluster.shared_dir={shared}",
                 f"container.mounts=[{shared}:{shared}]",
                 f"container.image={shared}/nemo.sqsh",

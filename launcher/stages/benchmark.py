@@ -154,6 +154,8 @@ def case_config(ctx: Context, case: Case) -> dict[str, Any]:
             "explicit_log_dir": str(task_dir(bench_dir(ctx.run_dir), case) / "nemo"),
             "create_checkpoint_callback": False,
             "resume_if_exists": False,
+            # A task is minutes long and runs one rank per GPU under srun: no ft_launcher to heartbeat to.
+            "create_fault_tolerance_callback": False,
         }
     }
     return OmegaConf.to_container(OmegaConf.merge(built, own), resolve=True)  # type: ignore[return-value]

@@ -3,6 +3,7 @@ nodes, optionally chained."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from launcher.stages import (
     training_job,
     training_preflight,
     training_record,
+    training_recovery,
     training_status,
 )
 from launcher.stages.common import make_job
@@ -184,15 +186,16 @@ def _done_check(ctx: Context) -> tuple[str, ...]:
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     run = ctx.cfg.training.run
     config = nemo_config.config_path(ctx)
-    argv = (
-        nemo_python.interpreter(ctx.cfg, ctx.facts, nemo_job(ctx.cfg)),
-        "-u",
-        run.script,
-        "--config-path",
-        str(config.parent),
-        "--config-name",
-        config.name,
-    )
+    python = nemo_python.interpreter(ctx.cfg, ctx.facts, nemo_job(ctx.cfg))
+    script = (run.script, "--config-path", str(config.parent), "--config-name", config.name)
+    resources, rendezvous, srun_args = training_job.resources(ctx), (), ()
+    if training_recovery.enabled(ctx.cfg):  # each node's ft_launcher starts its ranks
+        argv = (*training_recovery.launcher_argv(ctx.cfg, python, config), *script)
+        resources = training_recovery.resources(resources)
+        rendezvous = training_recovery.RENDEZVOUS
+        srun_args = training_recovery.SRUN_ARGS
+    else:
+        argv = (python, "-u", *script)
     # No --signal: NeMo stops itself before the limit (exp_manager.max_time_per_run); Lightning's
     # SIGUSR1 handler would write an hpc_ckpt NeMo never resumes from and call scontrol requeue.
     sbatch_args: tuple[tuple[str, str | None], ...] = (("open-mode", "append"),)
@@ -206,23 +209,22 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
             deps = (Dependency(jobs[-1].name, DependencyKind.afterany),)
         else:  # the first part reads the UNet the init job writes
             deps = (Dependency(init.name),) if init else ()
-        jobs.append(
-            make_job(
-                ctx,
-                stage=NAME,
-                name=name,
-                argv=argv,
-                resources=training_job.resources(ctx),
-                depends_on=deps,
-                sbatch_args=sbatch_args,
-                prologue=(*_done_check(ctx), *training_faults.lines(ctx, name, run.name)),
-                secret_files=training_job.secret_files_of(ctx),
-                singleton=run.chain > 1,
-                slurm_name=run.name,
-                env=nemo_config.OFFLINE_HUB_ENV,
-                with_code=False,
-            )
+        job = make_job(
+            ctx,
+            stage=NAME,
+            name=name,
+            argv=argv,
+            resources=resources,
+            depends_on=deps,
+            sbatch_args=sbatch_args,
+            prologue=(*_done_check(ctx), *training_faults.lines(ctx, name, run.name), *rendezvous),
+            secret_files=training_job.secret_files_of(ctx),
+            singleton=run.chain > 1,
+            slurm_name=run.name,
+            env=nemo_config.OFFLINE_HUB_ENV,
+            with_code=False,
         )
+        jobs.append(dataclasses.replace(job, srun_args=(*srun_args, *job.srun_args)))
     return (init, *jobs) if init else tuple(jobs)
 
 
@@ -264,6 +266,7 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
     _check_data_read(cfg, planned)
     nemo_config.check(cfg)
     training_init.check(cfg)
+    training_recovery.check(cfg)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
@@ -284,7 +287,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
         f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
         f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step"
     )
-    return (*training_init.notes(ctx, NAME), shape, *cost.notes(ctx.cfg))
+    return (*training_init.notes(ctx, NAME), shape, training_recovery.note(ctx.cfg), *cost.notes(ctx.cfg))
 
 
 STAGE = StageSpec(
