@@ -55,7 +55,7 @@ RUN python3 -m venv --system-site-packages --without-pip /opt/eval \
     && python3 -m pip --python /opt/eval/bin/python install --no-cache-dir \
         "torchmetrics==1.9.0" "torch-fidelity==0.3.0"
 COPY data_prep/ /workspace/launcher/data_prep/
-# The benchmark's task wrapper and report, and the training plot (launcher/plot.py), run in this image.
+# The jobs' programs (launcher/jobs/, e.g. the benchmark's task and report) and the training plot run in this image.
 COPY launcher/ /workspace/launcher/launcher/
 
 # The environment AWS documents for EFA. FI_EFA_USE_DEVICE_RDMA is left out: only p4d/p4de/p5 have
