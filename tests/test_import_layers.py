@@ -47,3 +47,24 @@ def test_jobs_start_modules_in_the_checkout_and_only_main_finds_it_by_path() -> 
     editing = {str(m) for m in modules if EDITS_SYS_PATH.search((REPO / m).read_text())}
     assert editing == {"launcher/main.py"}
     assert (REPO / "launcher/main.py").read_text().count(BOOTSTRAP) == 1
+
+
+@pytest.mark.parametrize(
+    ("workdir", "refused"), [(None, False), ("/workspace/launcher", False), ("/workspace", True)]
+)
+def test_the_container_starts_the_jobs_in_the_checkout(workdir: str | None, refused: bool) -> None:
+    """The job's working folder is the one place that puts the checkout on the jobs' sys.path."""
+    from conftest import FIXED_FACTS, compose_config
+
+    from launcher.errors import ConfigError
+    from launcher.validate import check_facts, to_schema
+
+    overrides = ["cluster=aws_p5", "container.code_dir=/workspace/launcher", "stages=[data_preparation]"]
+    cfg = to_schema(compose_config([*overrides, f"container.workdir={workdir or 'null'}"]))
+    if not refused:
+        check_facts(cfg, FIXED_FACTS)
+        return
+    with pytest.raises(
+        ConfigError, match=r"^container.workdir: /workspace: .*allowed: null or .*/workspace/launcher"
+    ):
+        check_facts(cfg, FIXED_FACTS)

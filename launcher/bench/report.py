@@ -9,9 +9,9 @@ import io
 import json
 from pathlib import Path
 
+from data_prep.atomic import write_atomic
 from launcher.bench.cases import Sweep
 from launcher.bench.results import Result, collect
-from launcher.manifest import write_atomic
 from launcher.outputs import BenchmarkOutputs
 from launcher.paths import TABLE_WIDTH
 

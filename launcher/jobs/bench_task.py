@@ -25,9 +25,9 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
 from launcher.bench.cases import Sweep, config_path, node_file
-from launcher.manifest import write_atomic
 
 QUERY = ("--query-gpu=name,memory.used", "--format=csv,noheader,nounits")
 
