@@ -71,7 +71,7 @@ RUN python3 -m pip install --no-cache-dir --no-deps "nvidia-resiliency-ext==${NV
     && python3 -c "from nemo.utils.exp_manager import HAVE_FT; assert HAVE_FT, 'NeMo finds no FaultToleranceCallback'" \
     && command -v ft_launcher
 COPY data_prep/ /workspace/launcher/data_prep/
-# The benchmark's task wrapper and report, and the training plot (launcher/plot.py), run in this image.
+# The jobs' programs (launcher/jobs/, e.g. the benchmark's task and report) and the training plot run in this image.
 COPY launcher/ /workspace/launcher/launcher/
 
 # The environment AWS documents for EFA. FI_EFA_USE_DEVICE_RDMA is left out: only p4d/p4de/p5 have

@@ -144,7 +144,10 @@ class ContainerConfig:
         Each(MOUNT), factory=list, help="Bind mounts (src:dst[:flags]) added to every containerised step."
     )
     workdir: str | None = ruled(
-        ABS_PATH, None, help="Working directory inside the container; null = pyxis's default."
+        ABS_PATH,
+        None,
+        help="Working directory inside the container, where the jobs start this repository's programs; "
+        "null = container.code_dir (the only other value allowed).",
     )
     mount_home: bool = described(
         False, help="Mount the user's home into the container (pyxis --container-mount-home)."

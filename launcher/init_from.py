@@ -1,5 +1,5 @@
-"""training.init_from's source, resolved one way by the init job (launcher.init_unet) and the rehearsal
-(data_prep.rehearsal_step): a NeMo training .ckpt, or an earlier run folder's newest finished weights.
+"""training.init_from's source, resolved one way by the init job (launcher.jobs.init_unet) and the rehearsal
+(launcher.jobs.rehearsal_step): a NeMo training .ckpt, or an earlier run folder's newest finished weights.
 
 Stdlib only, and no job program: the rehearsal imports it inside the training container.
 """

@@ -236,7 +236,7 @@ class DataCheckOutputs:
 
 @dataclass(frozen=True)
 class RehearsalOutputs:
-    """The rehearsal job (data_prep.rehearsal): in `work/` the tiny training config and NeMo's results
+    """The rehearsal job (launcher.jobs.rehearsal): in `work/` the tiny training config and NeMo's results
     (checkpoints, hparams, TensorBoard) and each step's record; `sample.png`; `report.json`, which
     `status` and the launch summary read."""
 

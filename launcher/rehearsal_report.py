@@ -1,4 +1,4 @@
-"""What the rehearsal found (data_prep.rehearsal's report), in the one line `status` and the summary print.
+"""What the rehearsal found (launcher.jobs.rehearsal's report), in the one line `status` and the summary print.
 
 >>> line({"ok": False, "error": "NeMo's training, step 1 of 2 (from scratch): OSError: no tokenizer"}, Path("/r"))
 "rehearsal: FAILED: NeMo's training, step 1 of 2 (from scratch): OSError: no tokenizer"

@@ -241,6 +241,14 @@ def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) ->
             "container.code_dir=/workspace/launcher (the image's copy)"
         )
         require_mounted("container.code_dir", facts.code_dir, c.mounts, remedy)
+    code_dir = c.code_dir or facts.code_dir
+    if c.runtime is Runtime.pyxis and c.workdir not in (None, code_dir):
+        # The jobs start this repository's programs as `python -m launcher.jobs.<name>` from there.
+        raise ConfigError(
+            "container.workdir",
+            f"{c.workdir}: the jobs start this repository's programs with `python -m` from the checkout; "
+            f"allowed: null or the checkout as the container sees it ({code_dir}, container.code_dir)",
+        )
     nemo_python.check(cfg, facts, planned_nemo_jobs(cfg, stages))
     present = planned(cfg, stages)
     names = frozenset(stage.name for stage in present)

@@ -182,7 +182,7 @@ def test_the_local_backend_runs_one_node_and_one_task_at_a_time() -> None:
 def test_job_side_modules_need_only_the_standard_library() -> None:
     """They run in the training image's interpreters, which have no Hydra, Jinja or rich."""
     code = (
-        "import sys, launcher.bench.task, launcher.bench.report, launcher.bench.compare; "
+        "import sys, launcher.jobs.bench_task, launcher.jobs.bench_report, launcher.bench.compare; "
         "heavy = {'hydra', 'omegaconf', 'jinja2', 'rich', 'matplotlib', 'torch'} "
         "& {m.split('.')[0] for m in sys.modules}; assert not heavy, heavy"
     )
@@ -218,7 +218,7 @@ def _sweep_dir(tmp_path: Path) -> Path:
 def _start_task(tmp_path: Path, path_dir: Path, **env: str) -> subprocess.Popen[bytes]:
     bench = _sweep_dir(tmp_path)
     (tmp_path / "child.py").write_text(_CHILD)
-    # As the job starts it: by path, with no PYTHONPATH pointing at this repo.
+    # As the job starts it: `-m` in the checkout, with no PYTHONPATH pointing at this repo.
     full_env = {
         **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         "PATH": str(path_dir),
@@ -233,7 +233,8 @@ def _start_task(tmp_path: Path, path_dir: Path, **env: str) -> subprocess.Popen[
     }
     argv = [
         sys.executable,
-        str(REPO / "launcher/bench/task.py"),
+        "-m",
+        "launcher.jobs.bench_task",
         "--bench-dir",
         str(bench),
         "--job",
@@ -244,7 +245,7 @@ def _start_task(tmp_path: Path, path_dir: Path, **env: str) -> subprocess.Popen[
         sys.executable,
         str(tmp_path / "child.py"),
     ]
-    return subprocess.Popen(argv, env=full_env, cwd=tmp_path)
+    return subprocess.Popen(argv, env=full_env, cwd=REPO)
 
 
 def _wait_for(path: Path) -> None:
@@ -423,7 +424,7 @@ def test_local_sweep_report_status_and_compare(tmp_path: Path, monkeypatch: pyte
     assert max(len(line.rstrip()) for line in table) <= 100, done.stdout
 
     printed = subprocess.run(
-        [sys.executable, "-m", "launcher.bench.report", str(run / "benchmark")],
+        [sys.executable, "-m", "launcher.jobs.bench_report", str(run / "benchmark")],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -22,8 +22,8 @@ from nemo_file import write_nemo
 from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
 from data_prep.serve import serve_folder
 from launcher.errors import ConfigError
-from launcher.evaluation.generate import share, xl_task_config
 from launcher.evaluation.settings import EvaluationSettings
+from launcher.jobs.generate import share, xl_task_config
 from launcher.pipeline import build_plan
 from launcher.spec import DependencyKind, Plan
 from launcher.validate import check_facts
@@ -38,7 +38,7 @@ def _captions(coco: Path, out: Path, seed: int, num: int = 12) -> subprocess.Com
     argv = [
         sys.executable,
         "-m",
-        "launcher.evaluation.captions",
+        "launcher.jobs.captions",
         "--coco-root",
         str(coco),
         "--num",
@@ -276,7 +276,7 @@ def test_the_default_sdxl_composition_on_aws_p5_evaluates_the_samples_jobs_copy_
 def test_evaluation_alone_of_a_model_trained_from_cached_text_reads_the_samples_jobs_copy(
     make_config: Callable, tmp_path: Path
 ) -> None:
-    from launcher.evaluation.generate import evaluated_model
+    from launcher.jobs.generate import evaluated_model
 
     run = tmp_path / "results" / SDXL_PRESET
     trained = {"conditioner_config": {"emb_models": []}, "precache_mode": "text"}
@@ -333,8 +333,10 @@ def test_sdxl_generation_tasks_name_each_image_after_its_caption_and_seed_it_by_
         shutil.rmtree(out.images, ignore_errors=True)
         for local in range(tasks):
             env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1", "SLURM_LOCALID": str(local)}
-            argv = [sys.executable, str(REPO / "launcher/evaluation/generate.py"), str(path)]
-            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+            argv = [sys.executable, "-m", "launcher.jobs.generate", str(path)]
+            done = subprocess.run(
+                argv, capture_output=True, text=True, env=env, timeout=60, check=False, cwd=REPO
+            )
             assert done.returncode == 0, done.stderr
         assert sorted(p.name for p in out.images.iterdir()) == ["2.0"]  # scale 1 alone; no task folder left
         for n in range(5):

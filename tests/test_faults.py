@@ -351,10 +351,8 @@ JOB_MODULES = [
     *(f"data_prep.{name}" for name in ("generate_wdinfo", "fetch_tars", "encode_latents", "data_check")),
     "data_prep.download_assets",
     "data_prep.serve",
-    "launcher.sampling.job",
-    *(f"launcher.evaluation.{name}" for name in ("captions", "generate", "score")),
-    "launcher.bench.task",
-    "launcher.bench.report",
+    *(f"launcher.jobs.{name}" for name in ("samples", "captions", "generate", "score", "rehearsal")),
+    *(f"launcher.jobs.{name}" for name in ("bench_task", "bench_report")),
 ]
 
 

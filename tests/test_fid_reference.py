@@ -1,4 +1,4 @@
-"""Our FID (launcher/evaluation/score.py: torchmetrics on images read and cropped our way) against the
+"""Our FID (launcher/jobs/score.py: torchmetrics on images read and cropped our way) against the
 reference implementation's, torch-fidelity's `calculate_metrics`, on the same small image sets with the
 same Inception weights, at its 64-feature layer (more images than dimensions, affordable on a CPU; with
 fewer images than features the covariances are singular and the two square roots part). The real
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 import torch_fidelity
-from launcher.evaluation.score import fid_per_scale
+from launcher.jobs.score import fid_per_scale
 
 root, weights = Path(sys.argv[1]), sys.argv[2]
 rng = np.random.default_rng(0)

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from conftest import FIXED_FACTS, compose_config
 
-from data_prep.rehearsal_config import GROUPS, derive, tiny_width
 from launcher.errors import ConfigError
+from launcher.jobs.rehearsal_config import GROUPS, derive, tiny_width
 from launcher.outputs import RehearsalOutputs
 from launcher.pipeline import build_plan
 from launcher.registry import STAGES
@@ -92,8 +92,8 @@ def test_the_job_runs_as_training_runs_but_on_a_cpu_node() -> None:
     # Training's own srun flag: its nodes' ft_launchers end together (in-job recovery, on with aws_p5).
     assert ("--kill-on-bad-exit=1", *job.srun_args) == training.srun_args
     assert "PYTHONPATH" not in dict(job.env)
-    assert job.argv[:3] == ("python3", "-u", "/workspace/launcher/data_prep/rehearsal.py")
-    argv = dict(zip(job.argv[3::2], job.argv[4::2], strict=False))
+    assert job.argv[:4] == ("python3", "-u", "-m", "launcher.jobs.rehearsal")
+    argv = dict(zip(job.argv[4::2], job.argv[5::2], strict=False))
     out = RehearsalOutputs(plan.run_dir)
     assert argv["--training-config"] == str(plan.run_dir / "training/sd_860m_res_256.yaml")
     assert argv["--sd-train"] == _script(training)  # NeMo's sd_train.py, the training job's own
@@ -106,7 +106,7 @@ def test_the_job_runs_as_training_runs_but_on_a_cpu_node() -> None:
     assert cpu.resources.partition == "cpu"
     own = _plan("stages=[training]", "cluster.cpu_partition=cpu", "rehearsal.partition=gpu-debug")
     assert own.job("rehearsal").resources.partition == "gpu-debug"
-    assert _plan("stages=[training]", "rehearsal.script=/opt/x/sd_train.py").job("rehearsal").argv[6] == (
+    assert _plan("stages=[training]", "rehearsal.script=/opt/x/sd_train.py").job("rehearsal").argv[7] == (
         "/opt/x/sd_train.py"
     )
 
@@ -117,7 +117,7 @@ def test_an_sdxl_preset_rehearses_with_its_own_training_script() -> None:
     plan = _plan("stages=[data_preparation,training]", SDXL_STAGE_1)
     training = plan.job("sdxl_base_train_res_256_stage_1")
     assert _after(plan, "rehearsal") == ["data_check"] and _after(plan, training.name) == ["rehearsal"]
-    argv = dict(zip(plan.job("rehearsal").argv[3::2], plan.job("rehearsal").argv[4::2], strict=False))
+    argv = dict(zip(plan.job("rehearsal").argv[4::2], plan.job("rehearsal").argv[5::2], strict=False))
     assert argv["--sd-train"] == _script(training) and argv["--sd-train"].endswith("/sd_xl_train.py")
     planned = yaml.safe_load(dict(plan.files)[plan.run_dir / f"training/{training.name}.yaml"])
     tiny, changes = derive(planned, Path("/fsx/x/results"))
@@ -261,7 +261,7 @@ def test_latents_of_another_resolution_are_a_finding() -> None:
     """NeMo trains on latents of any size: the rehearsal compares what the UNet is fed with the crop."""
     from omegaconf import OmegaConf
 
-    from data_prep.rehearsal_step import Probe, RehearsalFinding, check_latents
+    from launcher.jobs.rehearsal_step import Probe, RehearsalFinding, check_latents
 
     def config(crop: str) -> object:
         data = {
@@ -294,7 +294,7 @@ def test_a_nested_module_nemo_cannot_build_is_named_by_its_key() -> None:
     (checked on NeMo 2.4.1 with a CLIP folder holding a VAE), and the line names its key."""
     from omegaconf import OmegaConf
 
-    from data_prep.rehearsal_step import nemo_error
+    from launcher.jobs.rehearsal_step import nemo_error
 
     clip = "nemo.collections.multimodal.modules.stable_diffusion.encoders.modules.FrozenCLIPEmbedder"
     emb_models = [{"input_key": "captions", "emb_model": {"_target_": clip, "version": "/m/vae"}}]

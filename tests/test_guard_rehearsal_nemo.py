@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 CHECK = """
 import json, sys
-from data_prep.nemo_cpu import patch_for_cpu
-from data_prep.rehearsal_step import RehearsalFinding, check_init_unet
+from launcher.jobs.nemo_cpu import patch_for_cpu
+from launcher.jobs.rehearsal_step import RehearsalFinding, check_init_unet
 from pathlib import Path
 
 patch_for_cpu()

@@ -79,7 +79,7 @@ def test_the_init_job_writes_the_unet_that_training_starts_from(
     init, first, second = (job for job in plan.jobs if job.stage == "training")
     assert init.name == "sd_860m_res_256_init" and init.resources.gpus_per_node == 0
     unet = plan.run_dir / "training/init/unet.ckpt"
-    assert init.argv[1:] == ("-m", "launcher.init_unet", str(earlier), str(unet))
+    assert init.argv[1:] == ("-m", "launcher.jobs.init_unet", str(earlier), str(unet))
     assert [(d.job, d.kind) for d in first.depends_on] == [(init.name, DependencyKind.afterok)]
     assert [d.job for d in second.depends_on] == [first.name]
     assert not init.after_external  # the earlier run is not live: its newest checkpoint is taken now
@@ -181,7 +181,7 @@ def test_benchmark_tasks_keep_their_random_unet(make_config: Callable, tmp_path:
 def test_the_init_job_module_needs_only_the_standard_library_until_it_loads() -> None:
     """It runs with NeMo's interpreter in the image (torch, no Hydra or rich); torch is imported in main."""
     code = (
-        "import sys, launcher.init_unet; heavy = {'hydra', 'omegaconf', 'jinja2', 'rich', 'torch'} "
+        "import sys, launcher.jobs.init_unet; heavy = {'hydra', 'omegaconf', 'jinja2', 'rich', 'torch'} "
         "& {m.split('.')[0] for m in sys.modules}; assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -1,7 +1,7 @@
 """training.init_from on the real test cluster: run B starts from run A while A's training still waits.
 
 NeMo's sd_train.py is replaced by tests/standin_sd_train.py (a STAND-IN) run with NeMo's interpreter, so
-its checkpoints are real torch files (a UNet tensor holding the step) and the init job (launcher/init_unet.py)
+its checkpoints are real torch files (a UNet tensor holding the step) and the init job (launcher/jobs/init_unet.py)
 really extracts the UNet; the rest (sbatch, dependencies, the init job, the NeMo config) is the launcher's.
 """
 

@@ -1,7 +1,7 @@
 """training.init_from with NeMo's own code on CPU: the session's tiny run at 256 px (tests/fixtures/nemo.py,
 EMA on) is the earlier stage; a second tiny run at 128 px (a different resolution, as 512 px follows 256 px
 in NVIDIA's curriculum; 512 px crops would be slow on CPU) starts its UNet from it: the init job
-(launcher/init_unet.py) extracts the UNet, and NeMo loads it with zero missing and zero unexpected keys,
+(launcher/jobs/init_unet.py) extracts the UNet, and NeMo loads it with zero missing and zero unexpected keys,
 every tensor as saved, then trains 2 steps from step 0 in its own folder.
 """
 

@@ -5,7 +5,7 @@ tests/nemo_cpu/tiny.py's SDXL_OVERRIDES (sizes, CPU devices, fsdp off: FSDP need
 steps by NeMo's MegatronDiffusionEngine (tests/nemo_cpu/sd_xl_train_cpu.py) on the demo's image tars, with
 the tiny CLIP (12 layers: hidden layer 11), OpenCLIP and VAE where the assets job stages the real ones.
 Stage 2 starts its UNet from stage 1 and stage 3 from stage 2 through training.init_from: the init job
-(launcher/init_unet.py) extracts the UNet and NeMo loads it with 0 missing and 0 unexpected keys.
+(launcher/jobs/init_unet.py) extracts the UNet and NeMo loads it with 0 missing and 0 unexpected keys.
 The widths and UNet shapes the launcher checks are compared with what open_clip and NeMo build.
 """
 

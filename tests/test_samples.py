@@ -50,8 +50,10 @@ def test_with_training_it_waits_for_the_last_part_and_the_assets(make_config: Ca
         ("sd_860m_res_256_part2", DependencyKind.afterok)
     ]
     assert samples.resources.gpus_per_node == 1 and samples.resources.nodes == 1
-    assert samples.argv[2:] == (
-        "/opt/launcher/launcher/sampling/job.py",
+    assert samples.argv[1:] == (
+        "-u",
+        "-m",
+        "launcher.jobs.samples",
         str(plan.run_dir / "samples/samples.json"),
     )
     written = dict(plan.files)[plan.run_dir / "samples" / "samples.json"]
@@ -362,12 +364,12 @@ def test_sdxl_refuses_a_nemo_that_is_not_one(make_config: Callable, tmp_path: Pa
 def test_the_copy_with_text_encoders_back_is_made_once_per_nemo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The samples job's restore (launcher.sampling.job.restored_model; NeMo's side in
+    """The samples job's restore (launcher.jobs.samples.restored_model; NeMo's side in
     tests/test_sdxl_cached_text_samples_nemo.py): refused without the unswitched config, else written once
     per .nemo and reused, as a converted checkpoint is."""
     import dataclasses
 
-    from launcher.sampling import job
+    from launcher.jobs import samples as job
 
     made: list[tuple[Path, Path]] = []
 

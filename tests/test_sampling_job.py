@@ -1,4 +1,4 @@
-"""The samples job's program (launcher/sampling/job.py) run for real, with STAND-INs for NeMo's conversion
+"""The samples job's program (launcher/jobs/samples.py) run for real, with STAND-INs for NeMo's conversion
 and sd_infer.py (tests/standin_sd_samples.py): which checkpoint it takes, when it converts again, what
 it writes. NeMo's own conversion and inference run in tests/test_samples_nemo.py."""
 
@@ -58,8 +58,8 @@ def _settings(run: Path, **changes: object) -> SamplingSettings:
 def _job(settings: SamplingSettings, folder: Path) -> subprocess.CompletedProcess[str]:
     path = folder / "samples.json"
     path.write_text(settings.to_json())
-    argv = [sys.executable, str(REPO / "launcher/sampling/job.py"), str(path)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    argv = [sys.executable, "-m", "launcher.jobs.samples", str(path)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
 
 
 def test_newest_ema_checkpoint_at_the_trained_size_into_a_grid(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ tiny 256 px preset 2 steps from the cache in another run and saves its .nemo, wh
 stored embeddings (PrecachedEmbModel) and whose weights hold no text encoder. NeMo's sd_xl_infer
 (tests/nemo_cpu/sd_xl_infer_cpu.py, in the torchrun world the samples job gives it) cannot draw from that
 .nemo, nor from it with the caption embedders' config alone back (NeMo's strict load). `stages=[samples]`
-on that run then writes `<stem>_encode.yaml` with samples.json, and the samples job (launcher/sampling/job.py)
+on that run then writes `<stem>_encode.yaml` with samples.json, and the samples job (launcher/jobs/samples.py)
 writes the copy restore_text_encoders makes (the caption embedders back, their staged weights in the state
 dict) and grids what sd_xl_infer draws from it: images of the trained size. One training, three NeMo
 inference runs (two that fail at once, one in the samples job).
@@ -44,15 +44,15 @@ from PIL import Image
 from data_prep import text_cache
 from launcher.checkpoints import nemo_model_config
 from launcher.cli import launch
-from launcher.evaluation.generate import evaluated_model
 from launcher.evaluation.settings import EvaluationSettings
+from launcher.jobs.generate import evaluated_model
+from launcher.jobs.samples import nemo_env
 from launcher.nemo_config import OFFLINE_HUB_ENV
 from launcher.outputs import EvaluationOutputs
 from launcher.pipeline import build_plan
 from launcher.sampling import text_encoders
 from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
 from launcher.sampling.infer_config import xl_infer_config
-from launcher.sampling.job import nemo_env
 from launcher.validate import check_facts, to_schema
 
 SIDE = 64  # SDXL_OVERRIDES' resize_smallest_side: the trained size
@@ -118,7 +118,7 @@ def cached_nemo(shared: Path, nemo_python: str) -> Path:
 
 
 def _env() -> dict[str, str]:
-    """The samples job's: the torchrun world of one (launcher.sampling.job.nemo_env), offline, this repo."""
+    """The samples job's: the torchrun world of one (launcher.jobs.samples.nemo_env), offline, this repo."""
     return {**nemo_env(), **OFFLINE_HUB_ENV, "PYTHONPATH": str(REPO)}
 
 
@@ -204,7 +204,7 @@ def test_the_samples_job_draws_from_a_copy_with_the_text_encoders_back_and_the_e
     tmp_path: Path,
 ) -> None:
     """`stages=[samples]` on the run trained from the cache (no data preparation in that run folder): the
-    launch writes `<stem>_encode.yaml` with samples.json, and the samples job (launcher/sampling/job.py, NeMo's
+    launch writes `<stem>_encode.yaml` with samples.json, and the samples job (launcher/jobs/samples.py, NeMo's
     interpreter) writes the copy as step_2/model.nemo and grids what NeMo's sd_xl_infer draws from it. An
     evaluation of that run then generates from the copy (planned, not run: NeMo's side is the same)."""
     run = launch(compose_config([*_samples_overrides(shared, nemo_python), "stages=[samples]"]))

@@ -5,7 +5,7 @@ images; the evaluation's generation tasks draw one image per COCO caption with i
 The 256 px SDXL preset, rendered as a launch does and made tiny (tests/nemo_cpu/tiny.py SDXL_OVERRIDES), is
 trained 2 steps by NeMo's sd_xl_train on the demo's image tars; NeMo writes the `.nemo` at the end (one
 training for this module). Then `stages=[samples]` runs on the local backend: the job runs sd_xl_infer in
-the world of one process it gives NeMo (launcher.sampling.job.nemo_env, the variables torchrun sets: plain
+the world of one process it gives NeMo (launcher.jobs.samples.nemo_env, the variables torchrun sets: plain
 python dies with KeyError 'LOCAL_RANK', checked here too), which restores the model strictly and writes one
 image per prompt and sample, `{n:09}.png` in prompt order; the job pairs them with the prompts in the grid.
 The evaluation's generation then draws from the same `.nemo` for a COCO-shaped fixture's captions
@@ -38,10 +38,10 @@ from PIL import Image
 
 from launcher import preview
 from launcher.cli import compose_config, launch
+from launcher.jobs.samples import nemo_env
 from launcher.nemo_config import OFFLINE_HUB_ENV
 from launcher.outputs import EvaluationOutputs
 from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
-from launcher.sampling.job import nemo_env
 from launcher.stages.samples import status_lines
 
 pytestmark = pytest.mark.slow
@@ -154,11 +154,11 @@ def test_the_evaluation_draws_one_sd_xl_infer_image_per_caption_and_scale_at_the
     out.stage_dir.mkdir(parents=True, exist_ok=True)
     if written != out.settings:
         shutil.copy(written, out.settings)
-    captions_job = ["-m", "launcher.evaluation.captions", "--coco-root", str(tmp_path / "coco")]
+    captions_job = ["-m", "launcher.jobs.captions", "--coco-root", str(tmp_path / "coco")]
     captions_job += ["--num", str(CAPTIONS), "--seed", "2014", "--out", str(out.stage_dir)]
     subprocess.run([sys.executable, *captions_job], check=True, cwd=REPO, timeout=60)
     captions = [row["caption"] for row in json.loads(out.captions_json.read_text())]
-    argv = [nemo_python, "-u", str(REPO / "launcher/evaluation/generate.py"), str(out.settings)]
+    argv = [nemo_python, "-u", "-m", "launcher.jobs.generate", str(out.settings)]
     tasks = [  # the array's two tasks side by side, as the local backend runs them
         subprocess.Popen(
             argv,

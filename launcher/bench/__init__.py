@@ -1,4 +1,5 @@
-"""The throughput sweep's job-side code: the task wrapper, results from logs, the report, compare.
+"""The throughput sweep: its cases, results read from the tasks' logs, the report, compare; shared by
+the benchmark stage, `status` and the sweep's jobs (launcher.jobs.bench_task, bench_report).
 
 Runs inside the training container too (the image carries this package), so nothing here imports
 Hydra, Jinja or OmegaConf; only the report needs matplotlib, and only to draw the plot.

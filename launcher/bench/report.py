@@ -1,24 +1,17 @@
-"""The sweep's report: `<run>/benchmark/report.md`, `.csv`, `.json` and `throughput.png`.
-
-    python -m launcher.bench.report <run>/benchmark
-
-The report job runs this after every sweep array has ended, whatever their states; it can be run
-again by hand at any time (it reads only files).
+"""The sweep's report: `<run>/benchmark/report.md`, `.csv`, `.json` and `throughput.png`, and the lines
+`status` prints of the sweep. The report job (launcher.jobs.bench_report) writes it; it reads only files.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
-import sys
 from pathlib import Path
 
-from data_prep.faults import step_main
+from data_prep.atomic import write_atomic
 from launcher.bench.cases import Sweep
 from launcher.bench.results import Result, collect
-from launcher.manifest import write_atomic
 from launcher.outputs import BenchmarkOutputs
 from launcher.paths import TABLE_WIDTH
 
@@ -234,23 +227,3 @@ def progress_lines(run_dir: Path) -> list[str]:
             f"{rate(r.img_s_per_gpu)} img/s per GPU, peak GPU memory {memory(r.peak_gpu_mib)}"
         )
     return lines
-
-
-@step_main("benchmark")
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m launcher.bench.report",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("bench_dir", type=Path, help="<run>/benchmark, the sweep's folder")
-    run_dir = parser.parse_args(argv).bench_dir.resolve().parent
-    path = write_report(run_dir)
-    sweep, results = collect(run_dir)
-    print_fitted(COLUMNS, [table_row(r, sweep) for r in results])
-    print(f"written: {path} (the table with how it was measured), report.csv, report.json, throughput.png")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -38,7 +38,7 @@ class Inference:
     infer_script: str
     generate_script: str
     # The job-side driver that writes the script's config: "sd_infer" (sd_infer.py, generate_fid_images.py)
-    # or "sd_xl_infer" (launcher/sampling/job.py, launcher/evaluation/generate.py).
+    # or "sd_xl_infer" (launcher/jobs/samples.py, launcher/jobs/generate.py).
     program: str
     # True: a training .ckpt is converted to a .nemo (NeMo's convert_ckpt_to_nemo.py, the EMA twin when
     # training kept one) and that is sampled; False: the .nemo training saves at its end (or a given .nemo).
@@ -95,20 +95,20 @@ class Cache:
 
 @dataclass(frozen=True)
 class Rehearsal:
-    """How the rehearsal (data_prep/rehearsal.py) runs the family's training tiny on CPU. The training
+    """How the rehearsal (launcher/jobs/rehearsal.py) runs the family's training tiny on CPU. The training
     script is the training job's own either way (training.run.script: sd_train.py, sd_xl_train.py)."""
 
     # NeMo's LightningModule that script builds ("module:Class"): the rehearsal wraps its __init__ to
     # record the model, the trainer's resume point and what the UNet (at `unet`, an attribute path from
-    # the module) is fed (data_prep/rehearsal_step.py).
+    # the module) is fed (launcher/jobs/rehearsal_step.py).
     model_class: str
-    # The job-side function ("module:function", data_prep/rehearsal_sample.py) that draws the one image
-    # from the trained module, and the functions of data_prep/nemo_cpu.py it needs applied first.
+    # The job-side function ("module:function", launcher/jobs/rehearsal_sample.py) that draws the one image
+    # from the trained module, and the functions of launcher/jobs/nemo_cpu.py it needs applied first.
     sampler: str
     sampler_patches: tuple[str, ...]
     unet: str = "model.model.diffusion_model"
     # Keys under `model` that cannot run on a CPU -> (the value the rehearsal sets, why), besides those
-    # every family shares (data_prep/rehearsal_config.py: the world, the width, CUDA kernels, devices).
+    # every family shares (launcher/jobs/rehearsal_config.py: the world, the width, CUDA kernels, devices).
     cpu_settings: Mapping[str, tuple[Any, str]] = field(default_factory=lambda: MappingProxyType({}))
 
 

@@ -192,6 +192,6 @@ CACHE = Cache(
 # DiffusionWrapper's), and the rehearsal samples it with NeMo's SD pipeline, whose samplers need a patch.
 REHEARSAL = Rehearsal(
     model_class="nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm:MegatronLatentDiffusion",
-    sampler="data_prep.rehearsal_sample:latent_diffusion",
+    sampler="launcher.jobs.rehearsal_sample:latent_diffusion",
     sampler_patches=("patch_sampler_for_cpu",),
 )

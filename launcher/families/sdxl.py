@@ -119,13 +119,13 @@ LOADER = Loader(
 
 # sd_xl_train.py (v2.4.0) builds MegatronDiffusionEngine; its DiffusionEngine keeps the UNet in an
 # OpenAIWrapper as `model.diffusion_model` (diffusion_engine.py, diffusionmodules/wrappers.py), the same path
-# as SD's. The image is drawn as sd_xl_infer.py draws it (SamplingPipeline, data_prep/rehearsal_sample.py),
+# as SD's. The image is drawn as sd_xl_infer.py draws it (SamplingPipeline, launcher/jobs/rehearsal_sample.py),
 # whose sampling code defaults to device "cuda". With model.fsdp the script builds NLPFSDPStrategy, which
 # torch refuses without a GPU ("FSDP needs a non-CPU accelerator device"); off, it builds NLPDDPStrategy.
 REHEARSAL = Rehearsal(
     model_class="nemo.collections.multimodal.models.text_to_image.stable_diffusion.diffusion_engine"
     ":MegatronDiffusionEngine",
-    sampler="data_prep.rehearsal_sample:diffusion_engine",
+    sampler="launcher.jobs.rehearsal_sample:diffusion_engine",
     sampler_patches=("patch_engine_sampling_for_cpu",),
     cpu_settings=MappingProxyType(
         {"fsdp": (False, "FSDP needs a GPU: sd_xl_train.py takes NeMo's DDP strategy without it")}

@@ -1,1 +1,1 @@
-"""Sampling a trained model: the samples job's program (job.py) and what it and the samples stage share."""
+"""Sampling a trained model: what the samples job (launcher.jobs.samples) and the samples stage share."""

@@ -56,28 +56,16 @@ def infer_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, ou
     return {"name": "stable-diffusion-samples", "infer": infer, **trainer_and_model(s.precision, nemo_file)}
 
 
-def xl_infer_config(
-    s: Any,
-    size: tuple[int, int],
-    nemo_file: Path,
-    out: Path,
-    *,
-    prompts: Sequence[str],
-    scale: float,
-    seed: int,
-    per_prompt: int,
-) -> dict:
-    """sd_xl_infer.yaml's keys (v2.4.0 examples/.../stable_diffusion/conf/sd_xl_infer.yaml), every one the
-    script reads, from settings `s` (samples' or the evaluation's: sampler, steps, batch_size, precision);
-    NVIDIA's values except those, the prompts, `per_prompt` images of each, the guidance scale (VanillaCFG's
-    `sampling.base.scale`, get_guider_config in sdxl_pipeline.py), the trained size, and no refiner.
-    sd_xl_infer draws prompt i's batch b with seed `infer.seed + 100 i + 200 b`."""
+def xl_sampling_base(sampler: str, steps: int, scale: float, size: tuple[int, int]) -> dict[str, Any]:
+    """sd_xl_infer.yaml's `sampling.base` (v2.4.0), the keys SamplingPipeline.text_to_image reads
+    (sdxl_pipeline.py: get_sampler_config, get_discretization_config, get_guider_config; sdxl_helpers.get_batch
+    the size and crop ones): NVIDIA's values except the sampler, its steps, the guidance scale and the size."""
     height, width = size
-    base = {
-        "sampler": s.sampler,
+    return {
+        "sampler": sampler,
         "width": width,
         "height": height,
-        "steps": s.steps,
+        "steps": steps,
         "discretization": "LegacyDDPMDiscretization",
         "guider": "VanillaCFG",
         "thresholder": "None",
@@ -100,6 +88,25 @@ def xl_infer_config(
         "aesthetic_score": 5.0,
         "negative_aesthetic_score": 5.0,
     }
+
+
+def xl_infer_config(
+    s: Any,
+    size: tuple[int, int],
+    nemo_file: Path,
+    out: Path,
+    *,
+    prompts: Sequence[str],
+    scale: float,
+    seed: int,
+    per_prompt: int,
+) -> dict:
+    """sd_xl_infer.yaml's keys (v2.4.0 examples/.../stable_diffusion/conf/sd_xl_infer.yaml), every one the
+    script reads, from settings `s` (samples' or the evaluation's: sampler, steps, batch_size, precision);
+    NVIDIA's values except those, the prompts, `per_prompt` images of each, the guidance scale (VanillaCFG's
+    `sampling.base.scale`, get_guider_config in sdxl_pipeline.py), the trained size, and no refiner.
+    sd_xl_infer draws prompt i's batch b with seed `infer.seed + 100 i + 200 b`."""
+    base = xl_sampling_base(s.sampler, s.steps, scale, size)
     # sd_xl_infer draws num_samples // num_samples_per_batch batches per prompt: a divisor, or images go missing.
     per_batch = max(n for n in range(1, per_prompt + 1) if per_prompt % n == 0 and n <= s.batch_size)
     infer = {

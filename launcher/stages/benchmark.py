@@ -1,6 +1,6 @@
 """benchmark: a throughput sweep of NeMo's own training, and a report after it.
 
-Per node count one array job over the micro batch sizes; task i runs `launcher.bench.task`, which
+Per node count one array job over the micro batch sizes; task i runs `launcher.jobs.bench_task`, which
 starts the preset's NeMo script (training.run.script: sd_train.py, or sd_xl_train.py for SDXL), on
 synthetic data where the trained family has it (else the prepared data: launcher.families), with the
 case's config (the resolved training config plus only the sweep's values) and samples GPU memory beside
@@ -179,13 +179,11 @@ def _resources(ctx: Context, case: Case) -> Resources:
 def _sweep_job(ctx: Context, cases: list[Case]) -> JobSpec:
     b, run = ctx.cfg.benchmark, ctx.cfg.training.run
     python = nemo_python.interpreter(ctx.cfg, ctx.facts, SWEEP)
-    # Started by path, not `-m` with this repo on PYTHONPATH: NeMo must keep the image's PYTHONPATH,
-    # exactly as the training job runs it (the wrapper finds its own package from its path).
-    wrapper = f"{ctx.code_dir}/launcher/bench/task.py"
     argv = (
         python,
         "-u",
-        wrapper,
+        "-m",
+        "launcher.jobs.bench_task",
         "--bench-dir",
         str(bench_dir(ctx.run_dir)),
         "--job",
@@ -222,7 +220,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         ctx,
         stage=NAME,
         name=REPORT_JOB,
-        argv=ctx.module("launcher.bench.report", bench_dir(ctx.run_dir)),
+        argv=ctx.module("launcher.jobs.bench_report", bench_dir(ctx.run_dir)),
         resources=cpu_resources(ctx, ctx.cfg.benchmark.report_resources),
         depends_on=after_all,
     )

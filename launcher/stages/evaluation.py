@@ -10,7 +10,7 @@ What differs by model family is the family's (launcher.families, `inference`): i
 generation script (evaluation.sampler and evaluation.generate_script null: the family's own), and where
 the model comes from. A family whose checkpoints NeMo does not convert (SDXL: NeMo has no FID script for
 it either, so each generation task runs NeMo's sd_xl_infer.py on its share of the captions,
-launcher/evaluation/generate.py) is evaluated from the .nemo the samples stage samples (samples.checkpoint,
+launcher/jobs/generate.py) is evaluated from the .nemo the samples stage samples (samples.checkpoint,
 else the one training saves at its end), refused as the samples stage refuses it (a .ckpt); chosen with
 training it waits for training, not for the samples job. Unless that .nemo was trained from cached text
 embeddings: the samples job writes a copy with its text encoders back (launcher/sampling/text_encoders.py),
@@ -156,7 +156,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         name=CAPTIONS_JOB,
         resources=cpu_resources(ctx, ev.captions_resources),
         argv=ctx.module(
-            "launcher.evaluation.captions",
+            "launcher.jobs.captions",
             "--coco-root",
             ev.coco_root,
             "--num",
@@ -171,7 +171,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         ctx,
         stage=NAME,
         name=GENERATE_JOB,
-        argv=(ev.python, "-u", f"{ctx.code_dir}/launcher/evaluation/generate.py", config),
+        argv=(ev.python, "-u", "-m", "launcher.jobs.generate", config),
         resources=_gpu_resources(ctx, s.tasks_per_node, ev.generate_time, ctx.cfg.cluster.gpu_job_mem),
         array=Array(len(ev.guidance_scales)),
         depends_on=after(CAPTIONS_JOB),
@@ -182,7 +182,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         ctx,
         stage=NAME,
         name=SCORE_JOB,
-        argv=(ev.score_python, "-u", f"{ctx.code_dir}/launcher/evaluation/score.py", config),
+        argv=(ev.score_python, "-u", "-m", "launcher.jobs.score", config),
         resources=_gpu_resources(ctx, 1, ev.score_time, ev.score_mem),
         depends_on=after(GENERATE_JOB),
         env=nemo_config.OFFLINE_HUB_ENV,

@@ -1,6 +1,6 @@
 """The rehearsal: the planned training, tiny and on CPU, in its own container, before any GPU job.
 
-One CPU job (`data_prep/rehearsal.py`) with the training job's container, mounts, environment
+One CPU job (`launcher/jobs/rehearsal.py`) with the training job's container, mounts, environment
 and secret files reads the NeMo config training will read and runs NeMo's training script on it
 (training.run.script: sd_train.py, sd_xl_train.py) with a tiny UNet of the same kind: 2 steps on the
 prepared data (or cached latents) with the staged VAE and text encoders, a checkpoint and its resume in
@@ -76,12 +76,11 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     cfg, out = ctx.cfg, RehearsalOutputs(ctx.run_dir)
     rh, tr = cfg.rehearsal, cfg.training
     python = nemo_python.interpreter(cfg, ctx.facts, JOB)
-    # Started by path, not `-m` with this repo on PYTHONPATH: NeMo keeps the image's PYTHONPATH, as in
-    # the training job (the program finds its own package from its path).
     argv = (
         python,
         "-u",
-        f"{ctx.code_dir}/data_prep/rehearsal.py",
+        "-m",
+        "launcher.jobs.rehearsal",
         "--training-config",
         str(nemo_config.config_path(ctx)),
         "--sd-train",

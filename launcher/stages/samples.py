@@ -1,6 +1,6 @@
 """samples: what a checkpoint draws for fixed prompts, as one labelled grid per checkpoint.
 
-One single-GPU job (launcher/sampling/job.py) converts the checkpoint with NeMo's own
+One single-GPU job (launcher/jobs/samples.py) converts the checkpoint with NeMo's own
 convert_ckpt_to_nemo.py (the run's hparams.yaml, the EMA weights when training kept them), samples it
 with NeMo's own sd_infer.py at the trained resolution with fixed prompts and seed, and writes
 `<run>/samples/step_<N>/grid.png` and the training plot. Chosen with training it waits for the last
@@ -167,8 +167,7 @@ def _resources(ctx: Context) -> Resources:
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
-    program = f"{ctx.code_dir}/launcher/sampling/job.py"
-    argv = (ctx.cfg.samples.python, "-u", program, str(settings_path(ctx.run_dir)))
+    argv = (ctx.cfg.samples.python, "-u", "-m", "launcher.jobs.samples", str(settings_path(ctx.run_dir)))
     job = make_job(
         ctx,
         stage=NAME,

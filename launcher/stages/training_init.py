@@ -3,7 +3,7 @@
 NeMo loads `model.unet_config.from_pretrained` with `from_NeMo: true` (its own key names). Optimizer, step
 counter and schedule start fresh: this run has its own results folder, so exp_manager's resume_if_exists
 finds nothing of the earlier run. A whole NeMo checkpoint also holds the VAE, CLIP and noise-schedule
-buffers (NeMo counts them as unexpected keys), so one small CPU job, `<name>_init` (launcher/init_unet.py),
+buffers (NeMo counts them as unexpected keys), so one small CPU job, `<name>_init` (launcher/jobs/init_unet.py),
 writes the UNet-only state dict to <run>/training/init/unet.ckpt, the fixed path training reads. That job
 picks the earlier run's newest finished checkpoint (its -EMA twin when that run kept EMA weights) when it
 starts; while the earlier run's training is queued or running it waits (afterok) on that run's last
@@ -262,7 +262,7 @@ def plan(ctx: Context, stage: str) -> JobSpec | None:
         argv=(
             nemo_python.interpreter(ctx.cfg, ctx.facts, nemo_job(ctx.cfg)),
             "-m",
-            "launcher.init_unet",
+            "launcher.jobs.init_unet",
             start,
             str(out),
         ),

@@ -107,7 +107,7 @@ def process_group_report(strategy: Any, model: Any) -> dict[str, Any]:
 def main() -> None:
     from omegaconf import OmegaConf
 
-    from data_prep.nemo_cpu import patch_for_cpu
+    from launcher.jobs.nemo_cpu import patch_for_cpu
 
     patch_for_cpu()  # apex's flag (NLPFSDPStrategy refuses to start without apex) and torch.cuda calls
     cfg = OmegaConf.load(sys.argv[1])

@@ -118,14 +118,14 @@ def init_job_argv(run: Path) -> list[str]:
 
     record = next(r for r in manifest.load(run) if r.name.endswith("_init"))
     script = Path(record.script).read_text()
-    line = next(line for line in script.splitlines() if "launcher.init_unet" in line)
-    return line.split("launcher.init_unet", 1)[1].replace("\\", "").split()
+    line = next(line for line in script.splitlines() if "launcher.jobs.init_unet" in line)
+    return line.split("launcher.jobs.init_unet", 1)[1].replace("\\", "").split()
 
 
 def run_init_job(nemo_python: str, run: Path) -> subprocess.CompletedProcess[str]:
-    """The init job of `run` (launcher.init_unet) with NeMo's interpreter, as its script runs it."""
+    """The init job of `run` (launcher.jobs.init_unet) with NeMo's interpreter, as its script runs it."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = [nemo_python, "-m", "launcher.init_unet", *init_job_argv(run)]
+    argv = [nemo_python, "-m", "launcher.jobs.init_unet", *init_job_argv(run)]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sd_train_cpu import patch_for_cpu, run_hydra_entry
 
-from data_prep.nemo_cpu import patch_sampler_for_cpu
+from launcher.jobs.nemo_cpu import patch_sampler_for_cpu
 
 CPU_OVERRIDE = "trainer.accelerator=cpu"
 

@@ -3,7 +3,7 @@
     <nemo python> tests/nemo_cpu/sd_train_cpu.py --config-path DIR --config-name NAME.yaml
 
 NeMo's SD training is written for NVIDIA's container: a few calls need CUDA or apex (not on PyPI).
-`patch_for_cpu()` (data_prep/nemo_cpu.py, which the rehearsal job uses too) replaces exactly those,
+`patch_for_cpu()` (launcher/jobs/nemo_cpu.py, which the rehearsal job uses too) replaces exactly those,
 each named there with why; everything else (Hydra config loading, MegatronTrainerBuilder, exp_manager,
 MegatronLatentDiffusion, its data loader, Lightning's fit loop, checkpointing and resume) is NeMo's and
 Lightning's own code, unchanged.
@@ -28,7 +28,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from data_prep.nemo_cpu import patch_for_cpu  # noqa: E402
+from launcher.jobs.nemo_cpu import patch_for_cpu  # noqa: E402
 
 
 def report_unet_load() -> None:

@@ -9,11 +9,9 @@ calls as v2.4.0's: its model_cfg_modifier, `setup_trainer_and_model_for_inferenc
 ...)` (which restores the .nemo strictly), `model.cuda().eval()`, NeMo's SamplingPipeline per prompt and
 batch with seed `infer.seed + i * 100 + batch * 200`, `perform_save_locally` (`{n:09}.png` in out_path).
 
-CUDA-only calls replaced, besides training's and SD inference's (sd_infer_cpu.patch_infer_for_cpu):
-- the `device="cuda"` defaults of NeMo's SDXL sampling code (SamplingPipeline, sdxl_helpers' do_sample,
-  get_batch and friends, the samplers' BaseDiffusionSampler) -> "cpu";
-- sdxl_helpers' torch.autocast(device) -> disabled: on CPU it would compute bfloat16 (float16 on CUDA),
-  which perform_save_locally cannot convert to numpy. The CPU samples are computed in float32.
+CUDA-only calls replaced, besides training's and SD inference's (sd_infer_cpu.patch_infer_for_cpu): the
+rehearsal's, launcher/jobs/nemo_cpu.py `patch_engine_sampling_for_cpu` (the `device="cuda"` defaults of
+NeMo's SDXL sampling code -> "cpu"; sdxl_helpers' autocast disabled: the CPU samples are float32).
 """
 
 from __future__ import annotations
@@ -26,35 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sd_infer_cpu import patch_infer_for_cpu
 from sd_train_cpu import run_hydra_entry
 
-
-def _cpu_defaults(function: Any) -> None:
-    """A function's `device="cuda"` default -> "cpu" (every caller that leaves it out)."""
-    if function.__defaults__:
-        function.__defaults__ = tuple("cpu" if d == "cuda" else d for d in function.__defaults__)
-
-
-def patch_sdxl_sampling_for_cpu() -> list[str]:
-    import torch
-    from nemo.collections.multimodal.modules.stable_diffusion.diffusionmodules import sampling
-    from nemo.collections.multimodal.parts.stable_diffusion import sdxl_helpers, sdxl_pipeline
-
-    functions = [
-        sdxl_pipeline.SamplingPipeline.__init__,
-        sampling.BaseDiffusionSampler.__init__,
-        *(
-            getattr(sdxl_helpers, name)
-            for name in ("do_sample", "get_batch", "get_input_image_tensor", "do_img2img")
-        ),
-    ]
-    for function in functions:
-        _cpu_defaults(function)
-    # do_sample wraps sampling and decoding in torch.autocast(device): float16 on CUDA, but bfloat16 on
-    # CPU, whose images perform_save_locally cannot turn into numpy arrays. CPU samples: float32.
-    sdxl_helpers.autocast = lambda device, **_k: torch.autocast(device, enabled=False)
-    return [
-        f"device='cuda' defaults -> 'cpu' in {len(functions)} SDXL sampling functions",
-        "sdxl_helpers' autocast(device) -> disabled (CPU autocast would compute bfloat16)",
-    ]
+from launcher.jobs.nemo_cpu import patch_engine_sampling_for_cpu
 
 
 def sd_xl_infer_main(cfg: Any) -> None:
@@ -102,7 +72,7 @@ def sd_xl_infer_main(cfg: Any) -> None:
 
 
 def main() -> None:
-    patched = [*patch_infer_for_cpu(), *patch_sdxl_sampling_for_cpu()]
+    patched = [*patch_infer_for_cpu(), *patch_engine_sampling_for_cpu()]
     run_hydra_entry("sd_xl_infer_cpu", patched, "NEMO_SD_XL_INFER", "sd_xl_infer", sd_xl_infer_main)
 
 

@@ -2,7 +2,7 @@
 
     <nemo python> tests/nemo_cpu/sd_xl_train_cpu.py --config-path DIR --config-name NAME.yaml
 
-The same CUDA/apex patches as SD's (data_prep/nemo_cpu.py `patch_for_cpu`; none is SDXL's own), and the
+The same CUDA/apex patches as SD's (launcher/jobs/nemo_cpu.py `patch_for_cpu`; none is SDXL's own), and the
 same report of the pretrained UNet's key matches (sd_train_cpu.report_unet_load: one UNetModel for both).
 FSDP needs a GPU (torch: "FSDP needs a non-CPU accelerator device"), so the configs run here have
 `model.fsdp: false`: Lightning then gets NeMo's DDP strategy.

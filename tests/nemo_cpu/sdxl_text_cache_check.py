@@ -111,7 +111,7 @@ def compare(model: object, image_tar: str, cached_tar: str) -> dict:
 def main() -> None:
     from omegaconf import OmegaConf
 
-    from data_prep.nemo_cpu import patch_for_cpu
+    from launcher.jobs.nemo_cpu import patch_for_cpu
 
     patch_for_cpu()  # training's CPU patches: the size embedders move their output to the CUDA device
 

@@ -1,9 +1,8 @@
 """The samples job: NeMo's own conversion and inference on one training checkpoint, then a labelled grid.
 
-    <nemo python> <repo>/launcher/sampling/job.py <run>/samples/samples.json
+    <nemo python> -u -m launcher.jobs.samples <run>/samples/samples.json    (in the checkout)
 
-Started by path with NeMo's interpreter, so NeMo keeps the image's PYTHONPATH (this file finds its own
-package from its path). Steps, each a child process of NVIDIA's example scripts:
+Steps, each a child process of NVIDIA's example scripts:
 1. the checkpoint: samples.json's, else the run's newest finished one (its -EMA twin when EMA is on);
 2. `convert_ckpt_to_nemo.py --model_type stable_diffusion` with the run's hparams.yaml -> model.nemo
    (skipped when a previous run of this job converted that same checkpoint: model.nemo.source);
@@ -32,9 +31,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
-    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
 
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
 from data_prep.faults import step_main

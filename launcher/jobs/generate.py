@@ -1,6 +1,6 @@
 """One task of the evaluation's generation array: NeMo's own inference for one guidance scale.
 
-    <nemo python> <repo>/launcher/evaluation/generate.py <run>/evaluation/evaluation.json
+    <nemo python> -u -m launcher.jobs.generate <run>/evaluation/evaluation.json    (in the checkout)
 
 srun starts this once per GPU of each array task; each is a world of one process on its own GPU (the
 inference setup forces Lightning's TorchElasticEnvironment, which reads WORLD_SIZE, RANK, ...). The array
@@ -34,16 +34,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
-    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
-
 from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
 from launcher.checkpoints import hparams_of
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.families import named
+from launcher.jobs.samples import nemo_env, nemo_to_sample, stored_model_config
 from launcher.sampling.infer_config import infer_section, program, trainer_and_model, xl_infer_config
-from launcher.sampling.job import nemo_env, nemo_to_sample, stored_model_config
 from launcher.sampling.resolution import trained_size
 
 # sd_xl_infer's seed step between consecutive prompts (v2.4.0: `infer.seed + i * 100 + batchid * 200`).

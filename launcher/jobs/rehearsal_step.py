@@ -1,16 +1,16 @@
-"""One step of the rehearsal (data_prep.rehearsal runs each in its own process, as a chained job would).
+"""One step of the rehearsal (launcher.jobs.rehearsal runs each in its own process, as a chained job would).
 
-    python <repo>/data_prep/rehearsal_step.py --step 1|2 --config TINY.yaml --sd-train TRAIN.py --record OUT.json
+    python -m launcher.jobs.rehearsal_step --step 1|2 --config TINY.yaml --sd-train TRAIN.py --record OUT.json
         [--planned PLANNED.yaml --init-from SOURCE] [--sample OUT.png]
 
 NeMo's own training script (training.run.script: sd_train.py, sd_xl_train.py) runs as it runs in the
 training job (its Hydra entry, MegatronTrainerBuilder, exp_manager, the family's NeMo model, Lightning's
-fit, checkpointing), on CPU (data_prep.nemo_cpu), on the tiny config; step 1 stops after one step, step 2
+fit, checkpointing), on CPU (launcher.jobs.nemo_cpu), on the tiny config; step 1 stops after one step, step 2
 must resume from step 1's checkpoint and reach 2. Around it, without changing what NeMo does, this step
 records the model NeMo builds (the family's `rehearsal.model_class`, launcher/families), the trainer's
 resume point and the latents the UNet is fed (their size must be the one the config trains at).
 Step 1 first checks training.init_from's UNet against the planned full-size UNet; step 2 then samples
-one image from the trained model with NeMo's own sampling code (data_prep.rehearsal_sample). What it
+one image from the trained model with NeMo's own sampling code (launcher.jobs.rehearsal_sample). What it
 found goes to --record (JSON); a failure also keeps NeMo's traceback in the log, and its one line in the
 record.
 """
@@ -27,9 +27,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
-    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
 
 from data_prep.atomic import write_atomic
 from data_prep.latent_format import downsampling
@@ -216,8 +213,8 @@ def check_latents(probe: Probe, config: Any) -> None:
 
 def sample(probe: Probe, family: Family, rehearsal: Rehearsal, config: Any, out: Path) -> None:
     """One image from the trained model with the family's sampler, its CPU patches applied first."""
-    from data_prep import nemo_cpu
-    from data_prep.rehearsal_sample import draw
+    from launcher.jobs import nemo_cpu
+    from launcher.jobs.rehearsal_sample import draw
 
     for patch in rehearsal.sampler_patches:
         for line in getattr(nemo_cpu, patch)():
@@ -229,7 +226,7 @@ def sample(probe: Probe, family: Family, rehearsal: Rehearsal, config: Any, out:
 def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
     from omegaconf import OmegaConf
 
-    from data_prep.nemo_cpu import patch_for_cpu
+    from launcher.jobs.nemo_cpu import patch_for_cpu
 
     for line in patch_for_cpu():
         print(f"rehearsal: patched {line}", flush=True)
@@ -274,7 +271,9 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="rehearsal_step.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.jobs.rehearsal_step", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--step", type=int, required=True, choices=(1, 2))
     parser.add_argument("--config", type=Path, required=True, help="the rehearsal's tiny training config")
     parser.add_argument("--sd-train", type=Path, required=True, help="NeMo's training script")

@@ -1,6 +1,6 @@
 """The rehearsal's one image, drawn on CPU from the model step 2 trained and resumed, with NeMo's own
 sampling code for its model class. The family names the function here (launcher/families: its
-`rehearsal.sampler`) and the CPU patches it needs first (`rehearsal.sampler_patches`, data_prep/nemo_cpu.py).
+`rehearsal.sampler`) and the CPU patches it needs first (`rehearsal.sampler_patches`, launcher/jobs/nemo_cpu.py).
 
 Each function takes NeMo's LightningModule as sd_train.py / sd_xl_train.py built it, the tiny config, the
 trained (height, width) and the PNG to write. A few steps only: this checks that the trained model samples
@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from typing import Any
+
+from launcher.sampling.infer_config import xl_sampling_base
 
 PROMPT = "a photograph of an astronaut riding a horse"
 STEPS = 2
@@ -51,29 +53,6 @@ def latent_diffusion(module: Any, config: Any, size: tuple[int, int], out: Path)
     _save(images[0][0], out)
 
 
-# sd_xl_infer.yaml's sampling.base keys that SamplingPipeline.text_to_image reads (v2.4.0 parts/
-# stable_diffusion/sdxl_pipeline.py: get_sampler_config, get_discretization_config, get_guider_config;
-# sdxl_helpers.get_batch reads the size/crop ones), with NVIDIA's values (as launcher/sampling/job.py).
-BASE = {
-    "discretization": "LegacyDDPMDiscretization",
-    "guider": "VanillaCFG",
-    "thresholder": "None",
-    "scale": GUIDANCE,
-    "img2img_strength": 1.0,
-    "sigma_min": 0.0292,
-    "sigma_max": 14.6146,
-    "rho": 3.0,
-    "s_churn": 0.0,
-    "s_tmin": 0.0,
-    "s_tmax": 999.0,
-    "s_noise": 1.0,
-    "eta": 1.0,
-    "order": 4,
-    "crop_coords_top": 0,
-    "crop_coords_left": 0,
-    "aesthetic_score": 5.0,
-    "negative_aesthetic_score": 5.0,
-}
 # get_sampler_config's first sampler: the family's default (sd_xl_infer.yaml's too).
 ENGINE_SAMPLER = "EulerEDMSampler"
 
@@ -88,9 +67,7 @@ def diffusion_engine(module: Any, config: Any, size: tuple[int, int], out: Path)
 
     # Imported by name: this module names no model family (tests/test_families.py).
     pipelines = importlib.import_module("nemo.collections.multimodal.parts.stable_diffusion.sdxl_pipeline")
-    height, width = size
-    params = {**BASE, "sampler": ENGINE_SAMPLER, "steps": STEPS, "height": height, "width": width}
-    params |= {"orig_height": height, "orig_width": width}
+    params = xl_sampling_base(ENGINE_SAMPLER, STEPS, GUIDANCE, size)
     engine = module.model
     engine.eval()
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """FID against CLIP score, one point per guidance scale: evaluation/fid_clip.png.
 
-python -m launcher.evaluation.plot <run>        (reads evaluation/results.csv; stdlib + matplotlib)
+python -m launcher.jobs.evaluation_plot <run>    (reads evaluation/results.csv; stdlib + matplotlib)
 """
 
 from __future__ import annotations

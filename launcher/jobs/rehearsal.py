@@ -1,14 +1,14 @@
 """The rehearsal: the planned training, run as it will run but tiny and on CPU, before any GPU job.
 
-    python <repo>/data_prep/rehearsal.py --training-config PLANNED.yaml --sd-train TRAIN.py --workdir DIR
+    python -m launcher.jobs.rehearsal --training-config PLANNED.yaml --sd-train TRAIN.py --workdir DIR
         --report REPORT.json --sample SAMPLE.png [--init-from SOURCE] [--synthetic-data]
 
 It runs in the training job's container, with its mounts and environment (the launcher plans it like
 the training job, on a CPU node), on the config the training job reads, changed only where a CPU and a
-tiny UNet need it (data_prep.rehearsal_config). NeMo's own training script (training.run.script:
+tiny UNet need it (launcher.jobs.rehearsal_config). NeMo's own training script (training.run.script:
 sd_train.py, or sd_xl_train.py for SDXL) trains step 1 from scratch on the prepared data (or cached
 latents) with the staged VAE and text encoders and writes a checkpoint; a second process resumes it for
-step 2 and samples one image (data_prep.rehearsal_step, data_prep.rehearsal_sample). What differs by
+step 2 and samples one image (launcher.jobs.rehearsal_step, launcher.jobs.rehearsal_sample). What differs by
 model family is the family's `rehearsal` (launcher/families/family.py). With training.init_from,
 the earlier UNet is checked against the planned one first. The report (JSON) says what it found; a
 failure ends the log in one line, `rehearsal: error: <what, naming the key>`, and the GPU jobs waiting
@@ -28,12 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
-    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
-
 from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
-from data_prep.rehearsal_config import STEPS, derive, tiny_width
+from launcher.jobs.rehearsal_config import STEPS, derive, tiny_width
 
 CONFIG_NAME = "training.yaml"
 
@@ -43,7 +40,9 @@ class RehearsalFailed(Exception):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="rehearsal.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.jobs.rehearsal", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--training-config", type=Path, required=True, help="the training job's NeMo config")
     parser.add_argument(
         "--sd-train", type=Path, required=True, help="NeMo's training script, where the job runs"
@@ -98,7 +97,8 @@ def _world_of_one() -> dict[str, str]:
 def run_step(args: argparse.Namespace, config: Path, step: int) -> dict[str, Any]:
     """One step in its own process (a fresh start, then a resume, as chained jobs are); its record."""
     record = args.workdir / f"step{step}.json"
-    argv = [sys.executable, "-u", str(Path(__file__).with_name("rehearsal_step.py")), "--step", str(step)]
+    # From the job's working folder, the checkout, as the job itself was started.
+    argv = [sys.executable, "-u", "-m", "launcher.jobs.rehearsal_step", "--step", str(step)]
     argv += ["--config", str(config), "--sd-train", str(args.sd_train), "--record", str(record)]
     if step == 1 and args.init_from:
         argv += ["--planned", str(args.training_config), "--init-from", args.init_from]

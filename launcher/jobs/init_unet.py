@@ -1,6 +1,6 @@
 """training.init_from's job: the UNet-only state dict of a NeMo checkpoint, for unet_config.from_pretrained.
 
-    python -m launcher.init_unet SOURCE OUT
+    python -m launcher.jobs.init_unet SOURCE OUT
 
 SOURCE is a NeMo training .ckpt, or an earlier run folder: its newest finished checkpoint when this job
 starts (the -EMA twin when that run kept EMA weights). OUT gets `{'state_dict': ...}` with only the

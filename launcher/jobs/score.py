@@ -1,6 +1,6 @@
 """FID and CLIP score of each guidance scale's images: the evaluation's score job.
 
-    <score python> <repo>/launcher/evaluation/score.py <run>/evaluation/evaluation.json
+    <score python> -u -m launcher.jobs.score <run>/evaluation/evaluation.json    (in the checkout)
 
 Libraries: torchmetrics' FrechetInceptionDistance and CLIPScore (Lightning AI; maintained, and already
 in NeMo's container, which Lightning depends on). FID's network is torch-fidelity's port of the TF
@@ -22,9 +22,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
-    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
 
 from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
@@ -165,7 +162,7 @@ def main(argv: list[str]) -> int:
     write_atomic(s.outputs.results_md, md_text)
     print(md_text, flush=True)
     env = {**os.environ, "PYTHONPATH": s.code_dir}
-    plot = [s.plot_python, "-m", "launcher.evaluation.plot", str(s.run_dir)]
+    plot = [s.plot_python, "-m", "launcher.jobs.evaluation_plot", str(s.run_dir)]
     return subprocess.run(plot, env=env, check=False).returncode
 
 

@@ -1,7 +1,7 @@
 """One benchmark task on one rank: pick the case of this array task, run NeMo on its config, and on
 each node's first rank sample GPU memory beside it.
 
-    python <repo>/launcher/bench/task.py --bench-dir <run>/benchmark --job bench_n2 -- python3 -u sd_train.py
+    python -m launcher.jobs.bench_task --bench-dir <run>/benchmark --job bench_n2 -- python3 -u sd_train.py
 
 srun starts this once per rank. Every rank runs `<command> --config-path <configs> --config-name
 <case>.yaml` (the case is `cases.json`'s entry for SLURM_ARRAY_TASK_ID); ranks other than the node's
@@ -25,12 +25,9 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # started by path: the checkout replaces this file's folder on sys.path
-    sys.path[0] = str(next(p for p in Path(__file__).resolve().parents if not (p / "__init__.py").exists()))
-
+from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
 from launcher.bench.cases import Sweep, config_path, node_file
-from launcher.manifest import write_atomic
 
 QUERY = ("--query-gpu=name,memory.used", "--format=csv,noheader,nounits")
 
@@ -120,7 +117,7 @@ def run_sampled(command: list[str], path: Path, every_s: float) -> int:
 @step_main("benchmark")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="launcher/bench/task.py",
+        prog="python -m launcher.jobs.bench_task",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

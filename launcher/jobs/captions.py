@@ -1,6 +1,6 @@
 """COCO-2014 val captions sampled with a seed: the evaluation's prompts, the same for every run given the seed.
 
-    python -m launcher.evaluation.captions --coco-root ROOT --num N --seed S --out <run>/evaluation
+    python -m launcher.jobs.captions --coco-root ROOT --num N --seed S --out <run>/evaluation
 
 Writes `captions/<i:06d>.txt`, one caption per file on one line, as NeMo's generate_fid_images.py reads
 them (sorted file names, `readlines()`), and `captions.json` (each caption's COCO id, image id and file).
@@ -56,7 +56,7 @@ def write_captions(out: Path, rows: list[dict[str, Any]]) -> None:
 
 @step_main("evaluation")
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.evaluation.captions", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m launcher.jobs.captions", description=__doc__)
     parser.add_argument("--coco-root", type=Path, required=True)
     parser.add_argument("--num", type=int, required=True)
     parser.add_argument("--seed", type=int, required=True)

@@ -4,7 +4,7 @@ NeMo's SD code is written for NVIDIA's container on GPUs. `patch_for_cpu()` repl
 that need CUDA or apex, each named below with why; everything else (Hydra config loading,
 MegatronTrainerBuilder, exp_manager, MegatronLatentDiffusion, its data loader, Lightning's fit loop,
 checkpointing and resume) is NeMo's and Lightning's own code, unchanged. The rehearsal job
-(data_prep.rehearsal) runs the planned training through it inside the container on a CPU node; the
+(launcher.jobs.rehearsal) runs the planned training through it inside the container on a CPU node; the
 tests run NeMo's code with it in the NeMo venv (tests/nemo_cpu/). Each function patches once per process
 and returns what it replaced, one line each.
 """
