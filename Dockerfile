@@ -58,14 +58,14 @@ RUN python3 -m venv --system-site-packages --without-pip /opt/eval \
 # In-job recovery (docs/training.md#in-job-recovery): ft_launcher and the FaultToleranceCallback NeMo turns on
 # with exp_manager.create_fault_tolerance_callback. --no-deps keeps the image's torch (an NGC pre-release build
 # that pip's `torch>=2.3` would not count); the package's other needs are listed. NeMo imports the callback as
-# `ptl_resiliency`, a name the package does not ship: compat/ptl_resiliency.py re-exports it (its docstring
+# `ptl_resiliency`, a name the package does not ship: enroot/ptl_resiliency.py re-exports it (its docstring
 # says why), added only where the base has no such module. The build fails unless NeMo then finds it.
 # The versions of its needs are those this repo's NeMo venv resolved (requirements-nemo.txt).
-COPY compat/ptl_resiliency.py /tmp/compat/ptl_resiliency.py
+COPY enroot/ptl_resiliency.py /tmp/enroot/ptl_resiliency.py
 RUN python3 -m pip install --no-cache-dir --no-deps "nvidia-resiliency-ext==${NVIDIA_RESILIENCY_EXT_VERSION}" \
     && python3 -m pip install --no-cache-dir "nvidia-ml-py==13.615.71" "pynvml==13.0.1" "psutil==7.2.2" "defusedxml==0.7.1" \
     && if ! python3 -c "import ptl_resiliency"; then \
-        cp /tmp/compat/ptl_resiliency.py "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"; \
+        cp /tmp/enroot/ptl_resiliency.py "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"; \
     fi \
     && rm -rf /tmp/compat \
     && python3 -c "from nemo.utils.exp_manager import HAVE_FT; assert HAVE_FT, 'NeMo finds no FaultToleranceCallback'" \

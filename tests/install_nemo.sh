@@ -5,12 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stamp=.venv-nemo/requirements.sha256
-want=$(cat requirements-nemo.txt compat/ptl_resiliency.py | sha256sum | cut -d' ' -f1)
+want=$(cat requirements-nemo.txt enroot/ptl_resiliency.py | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 [ -x .venv-nemo/bin/python ] || python3 -m venv .venv-nemo
 .venv-nemo/bin/pip install -q -r requirements-nemo.txt
-# NeMo imports the fault-tolerance callback as `ptl_resiliency` (compat/ptl_resiliency.py says why).
-cp compat/ptl_resiliency.py "$(.venv-nemo/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+# NeMo imports the fault-tolerance callback as `ptl_resiliency` (enroot/ptl_resiliency.py says why).
+cp enroot/ptl_resiliency.py "$(.venv-nemo/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 echo "$want" > "$stamp"

@@ -158,12 +158,12 @@ for layer, x in ((linear, torch.zeros(80, 64)), (conv, torch.zeros(1, 8, 32, 32)
 
 
 def test_a_rehearsal_shape_mismatch_names_the_unet_key_at_fault(nemo_python: str) -> None:
-    """The rehearsal's line for NeMo's error (data_prep.rehearsal_step.nemo_error) on torch's own words."""
+    """The rehearsal's line for NeMo's error (launcher.jobs.rehearsal_step.nemo_error) on torch's own words."""
     import subprocess
 
     from omegaconf import OmegaConf
 
-    from data_prep.rehearsal_step import nemo_error
+    from launcher.jobs.rehearsal_step import nemo_error
 
     done = subprocess.run([nemo_python, "-c", _TORCH_ERRORS], capture_output=True, text=True, timeout=300)
     linear, conv = done.stdout.splitlines()

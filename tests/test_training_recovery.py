@@ -139,7 +139,7 @@ print(json.dumps({
 
 def test_nemo_has_the_keys_and_defaults_and_finds_the_callback(nemo_python: str) -> None:
     """NeMo's own FaultToleranceParams (the venv's NeMo; the same at v2.0.0), and its `ptl_resiliency` import
-    met by the pinned package through compat/ptl_resiliency.py."""
+    met by the pinned package through enroot/ptl_resiliency.py."""
     done = subprocess.run(
         [nemo_python, "-c", PROBE], capture_output=True, text=True, timeout=600, check=False
     )

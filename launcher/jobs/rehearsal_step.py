@@ -30,9 +30,9 @@ from typing import Any
 
 from data_prep.atomic import write_atomic
 from data_prep.latent_format import downsampling
-from data_prep.rehearsal_shapes import suspect
 from launcher.families import family_of
 from launcher.families.family import Family, Rehearsal
+from launcher.jobs.rehearsal_shapes import suspect
 
 
 class RehearsalFinding(Exception):
