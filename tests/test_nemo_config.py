@@ -19,11 +19,12 @@ from launcher.nemo_version import CPU_NEMO_VERSION, NEMO_CONTAINER
 
 
 def _saved(tmp_path: Path, *extra: str) -> tuple[Path, object]:
+    stages = [] if any(e.startswith("stages=") for e in extra) else ["stages=[data_preparation,training]"]
     launch(
         compose_config(
             [
                 "cluster=aws_p5",
-                "stages=[data_preparation,training]",
+                *stages,
                 "dry_run=true",
                 "training.trainer.num_nodes=2",
                 f"cluster.shared_dir={tmp_path}",
@@ -107,6 +108,7 @@ def test_synthetic_data_may_train_without_a_vae(tmp_path: Path) -> None:
     _, cfg = _saved(
         tmp_path,
         "training=stable_diffusion/860m_res_256_synthetic",
+        "stages=[training]",  # nothing to prepare: data_preparation is refused beside synthetic data
         "training.trainer.num_nodes=1",
         "training.model.first_stage_config.from_pretrained=null",
         "data_check.enable=false",

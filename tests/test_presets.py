@@ -90,8 +90,10 @@ def _plan(cluster: str, dataset: str, latents: bool | None, *extra: str) -> tupl
         overrides.append("data_preparation.tars.source=s3://bucket/tars/")
     if latents is not None:
         overrides.append(f"data_preparation.precache.enable={str(latents).lower()}")
-    gpus = cluster != "local"
-    overrides.append("stages=[data_preparation,training]" if gpus else "stages=[data_preparation]")
+    if not any(e.startswith("stages=") for e in extra):
+        overrides.append(
+            "stages=[data_preparation,training]" if cluster != "local" else "stages=[data_preparation]"
+        )
     cfg = to_schema(compose_config(overrides))
     check_facts(cfg, FACTS)
     return cfg, build_plan(cfg, FACTS)
