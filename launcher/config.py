@@ -91,6 +91,13 @@ class ClusterConfig:
         help="EFA devices on each node (aws_p5: 32, aws_p4de: 4): training's node check expects them "
         "(training.fault_tolerance.node_check); null = none expected, not checked.",
     )
+    node_mtbf_hours: float | None = ruled(
+        Range(0, integer=False, above_lo=True),
+        None,
+        help="Your figure for this cluster's mean time between failures of one node, in hours: training's "
+        "cost line then gives the expected GPU-hours lost to faults and Young/Daly's checkpoint interval "
+        "(docs/training.md); null = no failure estimate.",
+    )
     cpus_per_node: int | None = ruled(
         Range(1), None, help="CPUs on each node, for the jobs that take a whole node; null = not stated."
     )

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import families, latents, nemo_config
+from launcher import checkpoint_interval, families, latents, nemo_config
 from launcher.bench.cases import Sweep, config_path
 from launcher.config import GPU_TYPES
 from launcher.outputs import BenchmarkOutputs
@@ -183,21 +183,51 @@ def estimate_line(cfg: Any, speed: Speed) -> str:
     )
 
 
-def notes(cfg: Any) -> tuple[str, ...]:
+# The NeMo key that sets how often training checkpoints (exp_manager's ModelCheckpoint: Lightning saves in
+# on_train_batch_end when global_step % every_n_train_steps == 0; the presets validate nothing, limit_val_batches 0).
+CHECKPOINT_KEY = "exp_manager.checkpoint_callback_params.every_n_train_steps"
+
+
+def _lines(cfg: Any, speed: Speed, write_s: float | None) -> tuple[str, ...]:
+    """The estimate line, then the fault line when cluster.node_mtbf_hours is set."""
+    mtbf = cfg.cluster.node_mtbf_hours
+    if not mtbf:
+        return (estimate_line(cfg, speed),)
+    s = nemo_config.shape(cfg)
+    step_s = s.global_batch_size / (speed.img_s_per_gpu * s.world_size)
+    every = (cfg.training.exp_manager.get("checkpoint_callback_params") or {}).get("every_n_train_steps")
+    fault = checkpoint_interval.fault_line(
+        node_mtbf_h=float(mtbf),
+        nodes=s.nodes,
+        gpus=s.world_size,
+        max_steps=int(cfg.training.trainer["max_steps"]),
+        step_s=step_s,
+        every_n_steps=int(every or 0),
+        key=f"training.{CHECKPOINT_KEY}",
+        write_s=write_s,
+    )
+    return estimate_line(cfg, speed), fault
+
+
+def notes(cfg: Any, write_s: float | None = None) -> tuple[str, ...]:
     """The stage note lines: the measured one alone when a sweep on this GPU type matches, else the
-    published estimate for cluster.gpu_type (one per GPU type with a figure when it is unset)."""
+    published estimate for cluster.gpu_type (one per GPU type with a figure when it is unset); each
+    followed by the fault line when cluster.node_mtbf_hours is set (`write_s`: a checkpoint write the
+    run's logs show, launcher.checkpoint_interval)."""
     if cfg.cluster.gpus_per_node < 1 or not cfg.training.trainer.get("max_steps"):
         return ()
     key = key_of(cfg.training.model, "latents" if latents.enabled(cfg) else "images")
     gpu_type = cfg.cluster.gpu_type
     speed = measured(Path(cfg.base_results_dir), key, nemo_config.shape(cfg).nodes, gpu_type)
     if speed:
-        return (estimate_line(cfg, speed),)
+        return _lines(cfg, speed, write_s)
     if gpu_type is None:  # every GPU type NVIDIA published a figure for, each labelled
-        return tuple(estimate_line(cfg, s) for gpu in GPU_TYPES for s in [published(key, gpu)] if s)
+        return tuple(
+            line for gpu in GPU_TYPES for s in [published(key, gpu)] if s for line in _lines(cfg, s, write_s)
+        )
     speed = published(key, gpu_type)
     if speed:
-        return (estimate_line(cfg, speed),)
+        return _lines(cfg, speed, write_s)
     return (
         f"estimated training cost on {gpu_type}: none, {PUBLISHED} has no figure for {_anchor(key)[0]} on "
         f"{gpu_type}; measure one with stages=[benchmark] (docs/benchmark.md)",

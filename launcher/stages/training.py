@@ -287,7 +287,13 @@ def _notes(ctx: Context) -> tuple[str, ...]:
         f"micro batch {s.micro_batch_size}, global batch {s.global_batch_size}: "
         f"{s.accumulated_micro_batches} micro-batch(es) accumulated per step"
     )
-    return (*training_init.notes(ctx, NAME), shape, training_recovery.note(ctx.cfg), *cost.notes(ctx.cfg))
+    write_s = training_status.checkpoint_write_s(ctx.run_dir)  # a save this run's logs timed, if any
+    return (
+        *training_init.notes(ctx, NAME),
+        shape,
+        training_recovery.note(ctx.cfg),
+        *cost.notes(ctx.cfg, write_s),
+    )
 
 
 STAGE = StageSpec(

@@ -6,10 +6,25 @@ import re
 from pathlib import Path
 
 from launcher import manifest
+from launcher.checkpoint_interval import write_seconds_from_log
 from launcher.outputs import TrainingOutputs
-from launcher.paths import newest_log, relative_to_run
+from launcher.paths import logs_glob, newest_log, relative_to_run
 from launcher.quoting import join
 from launcher.stages import training_faults as ft
+
+
+def checkpoint_write_s(run_dir: Path) -> float | None:
+    """The longest checkpoint write this run's training logs show (launcher.checkpoint_interval reads
+    NeMo's save line against the checkpoint files' times); None before any, or when NeMo logs none."""
+    if not manifest.launched(run_dir):
+        return None
+    saved_at: dict[int, float] = {}
+    for path in TrainingOutputs(run_dir).checkpoints.glob("*step=*"):
+        step = int(re.search(r"step=(\d+)", path.name).group(1))  # type: ignore[union-attr]
+        saved_at[step] = max(saved_at.get(step, 0.0), path.stat().st_mtime)
+    logs = [log for r in manifest.load(run_dir) if r.stage == "training" for log in logs_glob(r.log_pattern)]
+    found = [w for log in logs if (w := write_seconds_from_log(log.read_text(errors="replace"), saved_at))]
+    return max(found) if found else None
 
 
 def training_progress(run_dir: Path) -> list[str]:
