@@ -110,7 +110,7 @@ def fault_line(
     delta, source = (
         (write_s, "measured in this run's log")
         if write_s is not None
-        else (ASSUMED_WRITE_S, "assumed: none logged yet")
+        else (ASSUMED_WRITE_S, "assumed: no save timed in this run's logs")
     )
     optimum = young_daly_s(delta, mtbf_s)
     interval = every_n_steps * step_s if every_n_steps > 0 else run_s

@@ -17,16 +17,17 @@ from launcher.stages.training_status import checkpoint_write_s
 
 KEY = "training.exp_manager.checkpoint_callback_params.every_n_train_steps"
 
-# NeMo 2.4.1, nemo/utils/callbacks/nemo_model_checkpoint.py L573 (the non-EMA save):
+# NeMo 2.4.1, nemo/utils/callbacks/nemo_model_checkpoint.py L573 (the save without EMA):
 #   logging.info(f'Checkpoint save for step {trainer.global_step} started at {time.time()}.')
-# in NeMo's formatter (nemo/utils/formatters/base.py DEFAULT_FORMAT, "[NeMo " prefix of NeMoFormatter):
-#   "[%(levelname)1.1s %(asctime)s %(module)s:%(lineno)d] %(message)s", date "%Y-%m-%d %H:%M:%S".
+# That call run here with .venv-nemo's `from nemo.utils import logging` printed (NeMo's formatter names its
+# own wrapper as the module):
+#   [NeMo I 2026-11-28 09:37:04 nemo_logging:393] Checkpoint save for step 1000 started at 1795858624.0824592.
 LOG = """\
 Epoch 0: : 999it [08:48,  1.89it/s, v_num=0, reduced_train_loss=0.142, global_step=999.0]
-[NeMo I 2026-11-28 09:00:00 nemo_model_checkpoint:573] Checkpoint save for step 1000 started at 1764320400.25.
+[NeMo I 2026-11-28 09:00:00 nemo_logging:393] Checkpoint save for step 1000 started at 1764320400.25.
 Epoch 0: : 1999it [17:40,  1.89it/s, v_num=0, reduced_train_loss=0.139, global_step=1999.0]
-[NeMo I 2026-11-28 09:09:00 nemo_model_checkpoint:573] Checkpoint save for step 2000 started at 1764320940.0.
-[NeMo I 2026-11-28 09:09:40 nemo_model_checkpoint:573] Checkpoint save for step 2000 started at 1764320980.0.
+[NeMo I 2026-11-28 09:09:00 nemo_logging:393] Checkpoint save for step 2000 started at 1764320940.0.
+[NeMo I 2026-11-28 09:09:40 nemo_logging:393] Checkpoint save for step 2000 started at 1764320980.0.
 """
 
 
@@ -64,7 +65,7 @@ def test_the_cost_line_gives_the_interval_and_the_loss(tmp_path: Path) -> None:
     estimate, faults = cost.notes(aws_p5_cfg(tmp_path, "cluster.node_mtbf_hours=2000"))
     assert estimate.startswith("estimated training cost on H100")
     assert faults.startswith("faults (cluster.node_mtbf_hours=2000, the user's figure): job MTBF 250.0 h")
-    assert "checkpoint write 60 s (assumed: none logged yet)" in faults
+    assert "checkpoint write 60 s (assumed: no save timed in this run's logs)" in faults
     assert "Young/Daly interval sqrt(2 x write x MTBF) = 173 min" in faults
     # 82,500 steps x 0.5289 s = 43,636 s: 0.0485 failures x (264.5 + 600) s x 64 GPUs = 0.75 GPU-h redone;
     # 82.5 writes x 60 s x 64 GPUs = 88 GPU-h writing.
