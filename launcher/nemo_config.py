@@ -160,10 +160,31 @@ def _check_shape(cfg: Any) -> None:
         )
 
 
+def _check_resume_position(cfg: Any) -> None:
+    """A resumed run (a new part, an in-job restart) goes on from its data position only if NeMo can read
+    it: the webdataset loader without infinite_sampler (WDSUrlsRandomSampler) starts at the consumed
+    samples that MegatronBaseModel._extract_consumed_samples_from_ckpt parses out of the resumed
+    checkpoint's name ("consumed_samples=<float>", v2.0.0 and 2.4.1), else at 0: the first samples again."""
+    data = cfg.training.model.get("data") or {}
+    if data.get("synthetic_data") or (data.get("webdataset") or {}).get("infinite_sampler", False):
+        return
+    name = (cfg.training.exp_manager.get("checkpoint_callback_params") or {}).get("filename")
+    if "{consumed_samples}" not in str(name or ""):
+        raise ConfigError(
+            "training.exp_manager.checkpoint_callback_params.filename",
+            f"{name!r} does not hold {{consumed_samples}}: NeMo reads a resumed run's data position from "
+            "the checkpoint's name, so every restart would train on the first samples again. Allowed: a "
+            "name with {consumed_samples} as written (no format spec), as the presets' "
+            "...-{step}-{consumed_samples}; or training.model.data.webdataset.infinite_sampler=true "
+            "(shards drawn at random, no position to keep)",
+        )
+
+
 def check(cfg: Any) -> None:
     """Everything that would keep `build` from writing a config NeMo runs; the batch arithmetic only
     where there are GPUs (without them the config is written for data_check, as a world of one)."""
     _check_pretrained(cfg)
+    _check_resume_position(cfg)
     latents.check(cfg)
     fsdp.check(cfg)
     family_of(cfg.training.model).check(cfg)

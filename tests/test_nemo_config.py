@@ -95,6 +95,15 @@ def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) ->
         ),
         ("training.run.stop_before_limit_s=200000", "training.run.stop_before_limit_s"),
         ("cluster.time_limit=forever", "cluster.time_limit"),
+        # A resumed run would draw its first samples again (issue 37.4): NeMo reads the position from the name.
+        (
+            "training.exp_manager.checkpoint_callback_params.filename='sd--{step}'",
+            "training.exp_manager.checkpoint_callback_params.filename",
+        ),
+        (
+            "training.exp_manager.checkpoint_callback_params.filename='sd--{step}-{consumed_samples:.0f}'",
+            "training.exp_manager.checkpoint_callback_params.filename",
+        ),
     ],
 )
 def test_training_inputs_refused_before_anything_is_written(tmp_path: Path, override: str, key: str) -> None:
@@ -102,6 +111,16 @@ def test_training_inputs_refused_before_anything_is_written(tmp_path: Path, over
         _saved(tmp_path, override)
     assert refused.value.key == key
     assert not (tmp_path / "results").exists()
+
+
+def test_a_checkpoint_name_without_the_data_position_is_allowed_where_nemo_keeps_none(tmp_path: Path) -> None:
+    """With infinite_sampler NeMo draws shards at random and reads no position back: any name will do."""
+    _, cfg = _saved(
+        tmp_path,
+        "training.exp_manager.checkpoint_callback_params.filename='sd--{step}'",
+        "training.model.data.webdataset.infinite_sampler=true",
+    )
+    assert cfg.exp_manager.checkpoint_callback_params.filename == "sd--{step}"
 
 
 def test_synthetic_data_may_train_without_a_vae(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.nemo import TinyTraining, nemo_python_path
-from nemo_cpu.harness import render_training, run_data_check, run_sd_train
+from nemo_cpu.harness import batches_drawn, render_training, run_data_check, run_sd_train
 
 from launcher.throughput import read_training_progress
 
@@ -49,6 +49,22 @@ def test_nemo_trains_checkpoints_and_resumes(tiny_training: TinyTraining) -> Non
     progress = read_training_progress(tiny_training.second_log, global_batch_size=2, num_gpus=1)
     assert progress is not None and (progress.last_step, progress.consumed_samples) == (4, 8)
     assert any("-step=4-" in name and name.endswith("-last.ckpt") for name in _checkpoints(config))
+
+
+def test_a_resumed_run_draws_new_samples_not_its_first_ones(tiny_training: TinyTraining) -> None:
+    """A new part (issue 37.4): NeMo's loader on the demo's tars takes the data position from the name of the
+    checkpoint it resumes (consumed_samples=4.0), so steps 3 and 4 are given samples that steps 1 and 2 were
+    not, where a loader starting again would give the same ones."""
+    first = batches_drawn(tiny_training.first_log.read_text())
+    second = batches_drawn(tiny_training.second_log.read_text())
+    assert [step for step, _, _ in first] == [0, 1] and [step for step, _, _ in second] == [2, 3], (
+        first,
+        second,
+    )
+    before = [sample for _, _, samples in first for sample in samples]
+    after = [sample for _, _, samples in second for sample in samples]
+    assert len(set(before)) == len(before) == 4 and len(set(after)) == 4, (before, after)
+    assert not set(before) & set(after), (before, after)
 
 
 @pytest.mark.parametrize(

@@ -152,3 +152,14 @@ def samples_on_cpu(nemo_python: str, infer_script: Path = SD_INFER_CPU) -> list[
         f"samples.convert_script={CONVERT_CPU}",
         f"samples.infer_script={infer_script}",
     ]
+
+
+def batches_drawn(log: str) -> list[tuple[int, str, list[str]]]:
+    """(step, rank, samples) of each training step in a log, as sd_train_cpu.report_batches printed them."""
+    drawn = []
+    for line in log.splitlines():
+        if "sd_train_cpu: batch step=" in line:
+            fields = line.split("sd_train_cpu: batch ", 1)[1]
+            step, rank, samples = fields.split(" ", 2)
+            drawn.append((int(step[5:]), rank[5:], json.loads(samples[8:])))
+    return drawn

@@ -19,6 +19,8 @@ presets (capture_cudagraph_iters -1, no peft), and are refused here rather than 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import runpy
 import sys
@@ -53,6 +55,28 @@ def report_unet_load() -> None:
         return missing, unexpected, mismatched, errors
 
     UNetModel._load_pretrained_model = load
+
+
+def report_batches() -> None:
+    """Not a CPU patch: print what each training step is given (its captions; a digest of each sample's
+    tensor where the conditioning is a cached embedding), with the step and the rank, for the tests to
+    compare a resumed run's first batches with the first run's."""
+    from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm import (
+        MegatronLatentDiffusion,
+    )
+
+    nemo_hook = MegatronLatentDiffusion.on_train_batch_start
+
+    def hook(self: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        captions = batch.get(self.cfg.cond_stage_key)
+        if not (isinstance(captions, list) and all(isinstance(c, str) for c in captions)):
+            tensor = batch[self.cfg.first_stage_key]
+            captions = [hashlib.sha1(sample.numpy().tobytes()).hexdigest()[:12] for sample in tensor]
+        step, rank = self.trainer.global_step, os.environ.get("RANK", "0")
+        print(f"sd_train_cpu: batch step={step} rank={rank} samples={json.dumps(captions)}", flush=True)
+        return nemo_hook(self, batch, batch_idx, dataloader_idx)
+
+    MegatronLatentDiffusion.on_train_batch_start = hook
 
 
 def sd_train_main(cfg: Any) -> None:
@@ -112,6 +136,7 @@ def run_hydra_entry(
 def main() -> None:
     patched = patch_for_cpu()
     report_unet_load()
+    report_batches()
     run_hydra_entry("sd_train_cpu", patched, "NEMO_SD_TRAIN", "sd_train", sd_train_main)
 
 
