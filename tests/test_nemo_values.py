@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from launcher import nemo_values
+from launcher.stages.evaluation import FID_FEATURES
 
 PROBE = r"""
 import ast, inspect, json, re, typing
@@ -24,6 +25,7 @@ from nemo.core.classes.modelPT import ModelPT
 from nemo.core.optim import lr_scheduler, optimizers
 from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm import ddpm
 from nemo.collections.multimodal.modules.stable_diffusion.diffusionmodules import util
+from torchmetrics.image import fid
 
 def literal_after(pattern, source):
     return ast.literal_eval(re.search(pattern, source).group(1))
@@ -47,6 +49,7 @@ print(json.dumps({
     "conditioning_keys": literal_after(r"conditioning_key in (\[.*?\])",
                                        inspect.getsource(ddpm.DiffusionWrapper.__init__)),
     "beta_schedules": re.findall(r'schedule == "(\w+)"', inspect.getsource(util.make_beta_schedule)),
+    "fid_features": literal_after(r"valid_int_input = (\(.*?\))", inspect.getsource(fid)),
 }))
 """
 
@@ -89,3 +92,8 @@ def test_diffusion_choices_are_what_ddpm_checks(installed: dict[str, Any]) -> No
     assert list(nemo_values.SD_LOSS_TYPES) == installed["loss_types"]
     assert list(nemo_values.SD_CONDITIONING_KEYS) == installed["conditioning_keys"]
     assert list(nemo_values.SD_BETA_SCHEDULES) == installed["beta_schedules"]
+
+
+def test_fid_features_are_the_layers_torchmetrics_reads(installed: dict[str, Any]) -> None:
+    """evaluation.fid_features (the score's torchmetrics is the same 1.9 as the NeMo venv's)."""
+    assert list(FID_FEATURES) == installed["fid_features"]

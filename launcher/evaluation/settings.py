@@ -44,6 +44,7 @@ class EvaluationSettings:
     plot_python: str
     code_dir: str
     inception_weights: str
+    fid_features: int  # evaluation.fid_features: FID's Inception layer
     clip_dir: str
 
     @property

@@ -71,7 +71,7 @@ def fid_per_scale(
     feature: int = 2048,
 ) -> dict[float, float]:
     """The real images' statistics once, then each scale's FID against them (`feature`: the Inception
-    layer, 2048 for the standard FID; the test compares at 64 to afford more images than dimensions)."""
+    layer, evaluation.fid_features: 2048 for the standard FID)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     # antialias=False: the reference FID's TF-1.x-style bilinear resize to 299 px. torchmetrics 1.9's default
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
     size = image_size(next(iter(generated.values()))[0])
     real = sorted((Path(s.coco_root) / "val2014").glob("*.jpg"))
     captions = [row["caption"] for row in json.loads(s.outputs.captions_json.read_text())]
-    fids = fid_per_scale(real, generated, size, s.inception_weights, device)
+    fids = fid_per_scale(real, generated, size, s.inception_weights, device, feature=s.fid_features)
     clips = clip_per_scale(generated, captions, s.clip_dir, size, device)
     rows = [
         {"guidance_scale": g, "fid": fids[g], "clip_score": clips[g], "images": len(generated[g])}

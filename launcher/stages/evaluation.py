@@ -46,6 +46,8 @@ NAME = "evaluation"
 # too), with its image preprocessing; FID needs the Inception network's weights.
 ASSETS = AssetNeeds(repo_files=(("text_encoder", ("preprocessor_config.json",)),), files=("inception",))
 CAPTIONS_JOB, GENERATE_JOB, SCORE_JOB = "eval_captions", "eval_generate", "eval_score"
+# torchmetrics' FrechetInceptionDistance(feature=...): the Inception layers it can read (valid_int_input).
+FID_FEATURES = (64, 192, 768, 2048)
 
 
 @dataclass
@@ -71,6 +73,12 @@ class EvaluationConfig:
         "SDXL: EulerEDMSampler).",
     )
     steps: int = ruled(Range(1, 1000), 50, help="Sampling steps (PLMS/DDIM: a divisor of 1000).")
+    fid_features: int = ruled(
+        Choice(FID_FEATURES),
+        2048,
+        help="FID's Inception layer (torchmetrics' choices): 2048 is the FID papers report; the smaller "
+        "layers suit runs with fewer images than features. Scores of different layers do not compare.",
+    )
     batch_size: int = ruled(
         Range(1, 256),
         16,
@@ -124,6 +132,7 @@ def settings(ctx: Context) -> EvaluationSettings:
         plot_python=ctx.python,
         code_dir=ctx.code_dir,
         inception_weights=assets.inception.path,
+        fid_features=ev.fid_features,
         clip_dir=assets.text_encoder.local_dir,
     )
 
