@@ -10,7 +10,8 @@ descriptors), then exits with its exit status. The program is NeMo's own code, u
 interpreter's start-up is shared. `forkclient.py` is the `python` the tests hand out
 (`fixtures/nemo.py`); NEMO_FORKSERVER=0 makes the tests use the real interpreter instead.
 
-    <nemo python> forkserver.py SOCKET     # serves until killed; prints "ready" once listening
+    <nemo python> forkserver.py SOCKET CLIENT  # serves until killed; prints "ready" once listening
+                                               # CLIENT: the `python` that forwards to SOCKET
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ def _child(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # A program that starts Python again (the rehearsal runs each step in a process of its own with
+    # sys.executable) starts it through the server too, as the tests' `python` would.
+    sys.executable = _CLIENT
     os._exit(_run(request["argv"]))
 
 
@@ -186,4 +190,5 @@ def _reap() -> None:
 _SERVER_PATH = {sys.path[0]} | {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
 
 if __name__ == "__main__":
+    _CLIENT = sys.argv[2]
     serve(sys.argv[1])
