@@ -21,6 +21,8 @@ from launcher.errors import LauncherError
 from launcher.relaunch import COMPLETED, LIVE, LOCK_NAME, MISSING, decide, run_lock
 
 CHAIN = {"a": (), "b": ("a",), "c": ("b",), "d": ("c",)}
+# The demo at 40 images, not 240, on the local backend: still two partitions, two download tasks.
+SMALL_DEMO = "data_preparation.demo.num_images=40"
 
 
 def test_decide_submits_what_did_not_complete_and_everything_after_it() -> None:
@@ -98,13 +100,14 @@ def _locked(path: Path) -> bool:
 
 @pytest.mark.slow
 def test_two_launches_of_one_run_at_once_on_the_local_backend(tmp_path: Path) -> None:
-    """The README's default command (the offline demo on the local backend) started twice."""
+    """The README's default command (the offline demo on the local backend, 40 images) started twice."""
     first = subprocess.Popen(
         [
             sys.executable,
             "launcher/main.py",
             f"cluster.shared_dir={tmp_path}",
             f"container.python={sys.executable}",
+            SMALL_DEMO,
         ],
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -117,7 +120,11 @@ def test_two_launches_of_one_run_at_once_on_the_local_backend(tmp_path: Path) ->
         time.sleep(0.05)
     assert _locked(lock), "the first launch never held the lock"
     with pytest.raises(LauncherError, match=r"another launch of .*sd_860m_res_256 is running"):
-        launch(compose_config([f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}"]))
+        launch(
+            compose_config(
+                [f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}", SMALL_DEMO]
+            )
+        )
     output, _ = first.communicate(timeout=300)
     assert first.returncode == 0, output
     assert (tmp_path / "data/tarfiles_reorganized/wdinfo.pkl").exists()
@@ -195,7 +202,7 @@ def test_resubmit_missing_on_the_local_backend_runs_only_what_failed(tmp_path: P
     raw = tmp_path / "data/tarfiles_raw"
     raw.mkdir(parents=True)
     (raw / "part-00001.done.json").write_text('{"options": {"image_size": 1}}')  # task 1 fails
-    overrides = [f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}"]
+    overrides = [f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}", SMALL_DEMO]
     with pytest.raises(
         LauncherError, match=r"download_images: download_images: error: .*part-00001\.done\.json"
     ):
