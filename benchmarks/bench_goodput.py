@@ -53,7 +53,7 @@ SCENARIOS = {
     "kill": "rank 1 SIGKILLed after step 3",
     "hang": "rank 1 SIGSTOPped after step 3",
     "bad_node": "n1 fails its node check",
-    "crash": f"a crash at start in every attempt (chain of {CRASH_CHAIN})",
+    "crash": f"a crash at start in every attempt (a chain of {CRASH_CHAIN} parts)",
 }
 MODE_OVERRIDES = {
     TODAY: (
@@ -167,9 +167,10 @@ def inject(run_dir: Path, job_id: str, log: Path, sig: signal.Signals, elastic: 
     pid = rank_pid(job_id, 1, elastic=elastic)
     if pid is None:
         raise SystemExit(f"{run_dir.name}: no rank 1 in job {job_id}")
+    step = steps_done(log.read_text(errors="replace"))  # again: finding the rank took a moment
     at = time.time()
     os.kill(pid, sig)
-    return at, steps_done(text)
+    return at, step
 
 
 def attempts(run_dir: Path) -> list[tuple[float, str, str]]:
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         runs = run_all(args.work_dir, scenarios, args, say)
     else:
         with tempfile.TemporaryDirectory(prefix="goodput-", dir="/tmp") as tmp:
-            Path(tmp).chmod(0o755)  # Slurm's jobs run as other users and must traverse it
+            Path(tmp).chmod(0o755)  # as fixtures.nemo.shared_folder: the jobs and user munge traverse it
             runs = run_all(Path(tmp), scenarios, args, say)
     after = _uptime()
     table = markdown(runs, {s: SCENARIOS[s] for s in scenarios})
