@@ -9,9 +9,9 @@ launcher's API as the training stage renders it, once per scenario and mode:
 - modes: today's chain (no ft_launcher, no node check, the chain never stopped: a dead rank ends the part and
   the next part resumes from the last checkpoint) and the new recovery (ft_launcher with NeMo's
   FaultToleranceCallback, max_rank_restarts 3, the node check, 3 attempts without progress stop the chain);
-- scenarios, each fault at a fixed point: none (the baseline); rank 1 SIGKILLed once the step-2 checkpoint is
-  written and a step more shows; rank 1 SIGSTOPped (a hang) at the same point; a node failing its check
-  (tests/standin_bin/nvidia-smi, a STAND-IN, reports uncorrectable ECC errors on n1, and
+- scenarios, each fault at a fixed point: none (the baseline); rank 1 SIGKILLed as soon as the step-2 checkpoint
+  that a resume reads is written (the recovery test's point); rank 1 SIGSTOPped (a hang) at the same point; a
+  node failing its check (tests/standin_bin/nvidia-smi, a STAND-IN, reports uncorrectable ECC errors on n1, and
   benchmarks/goodput_bad_gpu.py, a STAND-IN too, fails at start there as CUDA would); a crash at start in
   every attempt (a wrong script path), with a chain of 6 parts.
 Every part has the same short time limit (--time-limit: it bounds a hang under today's chain). The figures
@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +42,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests")]
 from fixtures.launches import TRAINING_ALONE_ON_SLURM  # noqa: E402
 from fixtures.nemo import nemo_python_path  # noqa: E402
 from fixtures.ranks import rank_pid, saved, steps_done  # noqa: E402
-from goodput_table import RECOVERY, TODAY, Job, Run, figures, markdown  # noqa: E402
+from goodput_table import RECOVERY, TODAY, Job, Run, baseline, figures, markdown  # noqa: E402
 from nemo_cpu.harness import SD_TRAIN_CPU, prepare_demo_data, write_tiny_assets  # noqa: E402
 from nemo_cpu.tiny import TINY_OVERRIDES  # noqa: E402
 from slurm.jobs import TERMINAL_STATES  # noqa: E402
@@ -50,14 +51,17 @@ BAD_GPU = REPO / "benchmarks/goodput_bad_gpu.py"
 MAX_STEPS, EVERY, GPUS, CRASH_CHAIN = 6, 2, 2, 6
 SCENARIOS = {
     "fault_free": "no fault (baseline)",
-    "kill": "rank 1 SIGKILLed after step 3",
-    "hang": "rank 1 SIGSTOPped after step 3",
+    "kill": "rank 1 SIGKILLed at the step-2 checkpoint",
+    "hang": "rank 1 SIGSTOPped (hung) at the step-2 checkpoint",
     "bad_node": "n1 fails its node check",
     "crash": f"a crash at start in every attempt (a chain of {CRASH_CHAIN} parts)",
 }
 MODE_OVERRIDES = {
     TODAY: (
         "training.exp_manager.create_fault_tolerance_callback=false",
+        # Lightning's SLURMEnvironment makes the first node's name (n1) the rendezvous address unless this is set:
+        # the test cluster's node names do not resolve (ft_launcher's rendezvous uses `hostname`).
+        "+env.MASTER_ADDR=127.0.0.1",
         "training.fault_tolerance.node_check.enable=false",
         "training.fault_tolerance.max_attempts_without_progress=0",
     ),
@@ -153,24 +157,20 @@ def wait_chain(run_dir: Path, timeout: float) -> list[Job]:
     return jobs
 
 
-def inject(run_dir: Path, job_id: str, log: Path, sig: signal.Signals, elastic: bool) -> tuple[float, int]:
-    """`sig` to rank 1 once the step-EVERY checkpoint is written and the bar shows a step more: (when, step)."""
+def inject(run_dir: Path, job_id: str, sig: signal.Signals, elastic: bool) -> float:
+    """`sig` to rank 1 as soon as the step-EVERY checkpoint that a resume reads is written: when."""
     checkpoints = run_dir / "training/results/checkpoints"
     deadline = time.monotonic() + 600
-    while True:
-        text = log.read_text(errors="replace") if log.exists() else ""
-        if saved(checkpoints, EVERY) and steps_done(text) > EVERY:
-            break
+    while not saved(checkpoints, EVERY, last=True):
         if time.monotonic() > deadline:
-            raise SystemExit(f"{run_dir.name}: step {EVERY + 1} not reached in 600 s:\n{text[-3000:]}")
-        time.sleep(0.2)
+            raise SystemExit(f"{run_dir.name}: no step-{EVERY} checkpoint in 600 s")
+        time.sleep(0.05)
     pid = rank_pid(job_id, 1, elastic=elastic)
     if pid is None:
         raise SystemExit(f"{run_dir.name}: no rank 1 in job {job_id}")
-    step = steps_done(log.read_text(errors="replace"))  # again: finding the rank took a moment
     at = time.time()
     os.kill(pid, sig)
-    return at, step
+    return at
 
 
 def attempts(run_dir: Path) -> list[tuple[float, str, str]]:
@@ -199,15 +199,17 @@ def measure(shared: Path, scenario: str, mode: str, args: argparse.Namespace) ->
     from launcher import manifest
     from launcher.cli import compose_config, launch
 
+    argv = overrides(shared, scenario, mode, args)
+    run_name = next(o for o in argv if o.startswith("run_name=")).split("=", 1)[1]
+    shutil.rmtree(shared / "results" / run_name, ignore_errors=True)  # an earlier run's, in a --work-dir
     launched = time.time()
     with open(shared / "launches.log", "a") as out, contextlib.redirect_stdout(out):
-        run_dir = launch(compose_config(overrides(shared, scenario, mode, args)))
+        run_dir = launch(compose_config(argv))
     first = next(r for r in manifest.load(run_dir) if r.job_id)
     run = Run(scenario, mode, launched, launched, GPUS, MAX_STEPS, 0)
     if scenario in ("kill", "hang"):
         sig = signal.SIGKILL if scenario == "kill" else signal.SIGSTOP
-        log = Path(first.log_pattern.replace("%j", str(first.job_id)))
-        run.fault_at, run.steps_at_fault = inject(run_dir, str(first.job_id), log, sig, mode == RECOVERY)
+        run.fault_at = inject(run_dir, str(first.job_id), sig, mode == RECOVERY)
     run.jobs = wait_chain(run_dir, args.scenario_timeout)
     run.ended = max(j.end or 0 for j in run.jobs)
     run.useful_steps = finished_step(run_dir)
@@ -217,6 +219,8 @@ def measure(shared: Path, scenario: str, mode: str, args: argparse.Namespace) ->
     if run.fault_at is not None:
         at = run.fault_at
         holding = next(j for j in run.jobs if j.start is not None and j.start <= at <= (j.end or at))
+        (held_log,) = (run_dir / "training/logs").glob(f"*_{holding.job_id}.out")
+        run.steps_at_fault = steps_done(held_log.read_text(errors="replace"))
         restarts = [_local(t, "%Y-%m-%d %H:%M:%S,%f") for t in _FT_RESTART.findall(logs)]
         run.detected_at = min([t for t in restarts if t >= at] + [holding.end or run.ended])
         resumes = [(_local(t, "%Y-%m-%d %H:%M:%S"), int(s)) for t, s in _NEMO_RESUME.findall(logs)]
@@ -255,6 +259,7 @@ def run_all(
     shared = _prepared(work, nemo_python_path())
     cluster = SlurmCluster.in_new_tmp_dir()
     cluster.up()
+    say(f"private Slurm test cluster: {cluster.state_dir}")
     os.environ.update(cluster.env)  # sbatch, and the jobs through it: SLURM_CONF, the stand-in nvidia-smi
     runs = []
     try:
@@ -262,7 +267,7 @@ def run_all(
             for mode in (TODAY, RECOVERY):
                 start = time.monotonic()
                 runs.append(measure(shared, scenario, mode, args))
-                f = figures(runs[-1], runs[0])
+                f = figures(runs[-1], baseline(runs, mode))
                 say(f"{scenario} / {mode}: {runs[-1].outcome}, {f} ({time.monotonic() - start:.0f} s)")
     finally:
         cluster.down()
@@ -292,6 +297,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if unknown:
         parser.error(f"--scenarios: {', '.join(unknown)}; allowed: {', '.join(SCENARIOS)}")
     scenarios = ["fault_free", *(s for s in SCENARIOS if s in chosen and s != "fault_free")]
+    # `kill` (a background run ignores Ctrl-C's SIGINT) still brings the private cluster down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     before, started = _uptime(), time.monotonic()
     print(f"machine load before: {before}", flush=True)
 
@@ -311,9 +318,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     print(table)
     if args.markdown:
         args.markdown.write_text(table)
-    base = runs[0]
     goodput = {
-        f"{r.scenario}/{'today' if r.mode == TODAY else 'recovery'}": figures(r, base).goodput for r in runs
+        f"{r.scenario}/{'today' if r.mode == TODAY else 'recovery'}": figures(
+            r, baseline(runs, r.mode)
+        ).goodput
+        for r in runs
     }
     print("RESULT goodput " + " ".join(f"{k}={v:.2f}" for k, v in goodput.items()))
     return {"runs": runs, "table": table, "load": (before, after)}

@@ -1,6 +1,8 @@
 """bench_goodput.py's figures and table, from what each run recorded (times in epoch seconds): pure, no I/O.
 
-Per run (one scenario in one mode), against the baseline (the fault-free run of today's chain):
+Per run (one scenario in one mode), against its baseline: the fault-free run in the same mode (so that what
+the recovery itself costs, ft_launcher and the node check, shows in the fault-free runs' wall times, and the
+rest in what a fault adds):
 - time to detect: the fault injected -> the system acted on it (ft_launcher began restarting the ranks, the
   Slurm job holding the fault ended, a node was excluded, the chain was stopped); None: never;
 - resumed after: the fault -> NeMo's "Resuming training from checkpoint" of the ranks started again;
@@ -73,6 +75,11 @@ class Figures:
     idle_gpu_s: float
 
 
+def baseline(runs: list[Run], mode: str) -> Run:
+    """The fault-free run in `mode`."""
+    return next(r for r in runs if r.fault_at is None and r.mode == mode)
+
+
 def _since(fault: float | None, then: float | None) -> float | None:
     return None if fault is None or then is None else then - fault
 
@@ -99,8 +106,8 @@ def _seconds(value: float | None, faulty: bool) -> str:
     return f"{value:.0f}"
 
 
-def _cells(run: Run | None, base: Run) -> dict[str, str]:
-    if run is None:
+def _cells(run: Run | None, base: Run | None) -> dict[str, str]:
+    if run is None or base is None:
         return dict.fromkeys(("detect", "resumed", "lost", "wall", "goodput", "idle"), "n/a")
     f, faulty = figures(run, base), run.fault_at is not None
     return {
@@ -126,7 +133,7 @@ HEADERS = {
 def markdown(runs: list[Run], titles: dict[str, str]) -> str:
     """Two tables: per scenario (`titles`: scenario -> its title, in order), each figure as
     `today's chain / new recovery`; then each run's outcome."""
-    base = next(r for r in runs if r.fault_at is None and r.mode == TODAY)
+    bases = {mode: baseline(runs, mode) for mode in {r.mode for r in runs}}
     by = {(r.scenario, r.mode): r for r in runs}
     head = ["scenario", *HEADERS.values()]
     lines = [
@@ -136,7 +143,7 @@ def markdown(runs: list[Run], titles: dict[str, str]) -> str:
         "|" + " --- |" * len(head),
     ]
     for scenario, title in titles.items():
-        cells = [_cells(by.get((scenario, mode)), base) for mode in MODES]
+        cells = [_cells(by.get((scenario, mode)), bases.get(mode)) for mode in MODES]
         row = [f"{a} / {b}" for a, b in zip(*(c.values() for c in cells), strict=True)]
         lines.append(f"| {title} | " + " | ".join(row) + " |")
     detail = [

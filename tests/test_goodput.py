@@ -55,15 +55,28 @@ def test_a_run_that_never_trains_idles_every_gpu_second_it_held() -> None:
     assert (f.detect_s, f.steps_lost, f.goodput, f.gpu_s, f.idle_gpu_s) == (None, 0, 0.0, 12.0, 12.0)
 
 
-def test_the_table_puts_both_modes_side_by_side() -> None:
+def test_the_table_puts_both_modes_side_by_side_each_against_its_own_fault_free_run() -> None:
+    base = _base()
+    base.mode, base.ended, base.jobs = table.RECOVERY, 80.0, [table.Job("4", "COMPLETED", 5.0, 75.0, "n1")]
     recovered = _killed()
-    recovered.mode, recovered.ended, recovered.detected_at, recovered.restarts = table.RECOVERY, 110.0, 51.0, 1
+    recovered.mode, recovered.ended, recovered.detected_at, recovered.restarts = (
+        table.RECOVERY,
+        110.0,
+        51.0,
+        1,
+    )
     recovered.jobs = [table.Job("5", "COMPLETED", 5.0, 105.0, "n2")]
-    text = table.markdown([_base(), _killed(), recovered], {"ok": "no fault", "kill": "rank 1 killed", "x": "x"})
-    assert "| rank 1 killed | 20 / 1 | 50 / 50 | 1 / 1 | 125 / 110 | 0.80 / 0.91 | 46 / 20 |" in text
-    assert "| no fault | - / n/a | - / n/a | - / n/a | 100 / n/a | 1.00 / n/a | 0 / n/a |" in text
+    titles = {"ok": "no fault", "kill": "rank 1 killed", "x": "x"}
+    text = table.markdown([_base(), base, _killed(), recovered], titles)
+    # today's against 100 s and 180 GPU-s; the recovery's against 80 s and 140 GPU-s
+    assert "| rank 1 killed | 20 / 1 | 50 / 50 | 1 / 1 | 125 / 110 | 0.80 / 0.73 | 46 / 60 |" in text
+    assert "| no fault | - / - | - / - | - / - | 100 / 80 | 1.00 / 1.00 | 0 / 0 |" in text
     assert "| x | n/a / n/a |" in text
     assert f"| rank 1 killed | {table.RECOVERY} | finished | 1: completed on n2 | 1 | 6/6 | 200 |" in text
+    no_recovery = table.markdown([_base(), _killed()], titles)
+    assert (
+        "| rank 1 killed | 20 / n/a | 50 / n/a | 1 / n/a | 125 / n/a | 0.80 / n/a | 46 / n/a |" in no_recovery
+    )
 
 
 def test_steps_done_reads_the_counter_of_nemo_s_bar() -> None:
@@ -75,6 +88,9 @@ def test_steps_done_reads_the_counter_of_nemo_s_bar() -> None:
     )
     assert steps_done(log) == 3
     assert steps_done("no bar") == 0
+    # Ranks restarted in the same job after step 4 (the same log): the first attempt's step.
+    restarted = "Epoch 0: :  67%|██████▋   | 4/6 [00:07<00:03]\rEpoch 0: :   0%|          | 0/6 [00:00<?]\r"
+    assert steps_done(log + restarted + "Epoch 0: :  83%|████████▎ | 5/6 [00:01<00:00]\n") == 4
 
 
 def test_the_bad_gpu_stand_in_reads_the_node_check_s_query() -> None:
