@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import os
 import re
 import shutil
@@ -76,6 +78,7 @@ _NEMO_RESUME = re.compile(r"\[NeMo I (\S+ \S+) [^\]]*\] Resuming training from c
 _FT_RESTART = re.compile(
     r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[\w+\] \[ft_launcher[^\n]*will restart worker group"
 )
+_NEMO_LINE = re.compile(r"\[NeMo [IWE] (\S+ \S+) ")
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z]+)=(\S*)")
 
 
@@ -205,11 +208,11 @@ def measure(shared: Path, scenario: str, mode: str, args: argparse.Namespace) ->
     argv = overrides(shared, scenario, mode, args)
     run_name = next(o for o in argv if o.startswith("run_name=")).split("=", 1)[1]
     shutil.rmtree(shared / "results" / run_name, ignore_errors=True)  # an earlier run's, in a --work-dir
-    launched = time.time()
+    launched, load = time.time(), os.getloadavg()[0]
     with open(shared / "launches.log", "a") as out, contextlib.redirect_stdout(out):
         run_dir = launch(compose_config(argv))
     first = next(r for r in manifest.load(run_dir) if r.job_id)
-    run = Run(scenario, mode, launched, launched, GPUS, MAX_STEPS, 0)
+    run = Run(scenario, mode, launched, launched, GPUS, MAX_STEPS, 0, load=load)
     if scenario in ("kill", "hang"):
         sig = signal.SIGKILL if scenario == "kill" else signal.SIGSTOP
         run.fault_at = inject(run_dir, str(first.job_id), sig, mode == RECOVERY)
@@ -229,10 +232,13 @@ def measure(shared: Path, scenario: str, mode: str, args: argparse.Namespace) ->
         resumes = [(_local(t, "%Y-%m-%d %H:%M:%S"), int(s)) for t, s in _NEMO_RESUME.findall(logs)]
         after = [(t, s) for t, s in resumes if t >= int(at)]
         run.resumed_at, run.resume_step = min(after) if after else (None, None)
-    elif scenario in ("bad_node", "crash"):  # the fault is there from the first part's start
-        run.fault_at, run.steps_at_fault = min(j.start for j in run.jobs if j.start is not None), 0
+    elif scenario in ("bad_node", "crash"):  # the fault is there from the first part's start: nothing to lose
+        run.fault_at = min(j.start for j in run.jobs if j.start is not None)
+        run.steps_at_fault = run.resume_step = 0
         acted = [t for t, event, _ in rows if event in ("excluded", "stopped")]
         run.detected_at = min(acted) if acted else None
+        began = [_local(t, "%Y-%m-%d %H:%M:%S") for t in _NEMO_LINE.findall(logs)]
+        run.resumed_at = min(began) if began else None
     stopped = [d for _, event, d in rows if event == "stopped"]
     done = "finished" if run.useful_steps >= MAX_STEPS else f"ended at step {run.useful_steps}"
     run.outcome = f"stopped: {stopped[0].split(';')[0]}" if stopped else done
@@ -294,6 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     )
     parser.add_argument("--scenario-timeout", type=float, default=900.0, help="seconds a scenario may take")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table here")
+    parser.add_argument("--json", type=Path, default=None, help="write every run's record here")
     args = parser.parse_args(argv)
     chosen = [s for s in args.scenarios.split(",") if s]
     unknown = sorted(set(chosen) - set(SCENARIOS))
@@ -321,6 +328,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     print(table)
     if args.markdown:
         args.markdown.write_text(table)
+    if args.json:
+        args.json.write_text(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))
     goodput = {
         f"{r.scenario}/{'today' if r.mode == TODAY else 'recovery'}": figures(
             r, baseline(runs, r.mode)

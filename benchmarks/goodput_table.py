@@ -5,7 +5,8 @@ the recovery itself costs, ft_launcher and the node check, shows in the fault-fr
 rest in what a fault adds):
 - time to detect: the fault injected -> the system acted on it (ft_launcher began restarting the ranks, the
   Slurm job holding the fault ended, a node was excluded, the chain was stopped); None: never;
-- resumed after: the fault -> NeMo's "Resuming training from checkpoint" of the ranks started again;
+- resumed after: the fault -> NeMo's "Resuming training from checkpoint" of the ranks started again (a fault
+  at start: NeMo's first line of the attempt that trains);
 - steps lost: the step the ranks had reached at the fault less the step they resumed from (or, never
   resumed, the last checkpoint's);
 - wall: the launch -> the last job of the run ended; goodput = (steps trained / max_steps) x baseline wall
@@ -54,6 +55,7 @@ class Run:
     resume_step: int | None = None
     restarts: int = 0  # in-job restarts (ft_launcher's "will restart worker group")
     outcome: str = ""
+    load: float = 0.0  # the machine's 1-minute load average at the launch (a shared machine)
 
     @property
     def wall_s(self) -> float:
@@ -154,6 +156,7 @@ def markdown(runs: list[Run], titles: dict[str, str]) -> str:
         "in-job restarts",
         "steps trained",
         "GPU-s allocated",
+        "load at launch",
     ]
     lines += ["", "| " + " | ".join(detail) + " |", "|" + " --- |" * len(detail)]
     for scenario, title in titles.items():
@@ -164,6 +167,6 @@ def markdown(runs: list[Run], titles: dict[str, str]) -> str:
             jobs = ", ".join(f"{j.state.lower()}{f' on {j.nodes}' if j.nodes else ''}" for j in run.jobs)
             lines.append(
                 f"| {title} | {mode} | {run.outcome} | {len(run.jobs)}: {jobs} | {run.restarts} | "
-                f"{run.useful_steps}/{run.max_steps} | {run.gpu_s:.0f} |"
+                f"{run.useful_steps}/{run.max_steps} | {run.gpu_s:.0f} | {run.load:.1f} |"
             )
     return "\n".join(lines) + "\n"
