@@ -72,7 +72,9 @@ def test_the_table_puts_both_modes_side_by_side_each_against_its_own_fault_free_
     assert "| rank 1 killed | 20 / 1 | 50 / 50 | 1 / 1 | 125 / 110 | 0.80 / 0.73 | 46 / 60 |" in text
     assert "| no fault | - / - | - / - | - / - | 100 / 80 | 1.00 / 1.00 | 0 / 0 |" in text
     assert "| x | n/a / n/a |" in text
-    assert f"| rank 1 killed | {table.RECOVERY} | finished | 1: completed on n2 | 1 | 6/6 | 200 | 0.0 |" in text
+    assert (
+        f"| rank 1 killed | {table.RECOVERY} | finished | 1: completed on n2 | 1 | 6/6 | 200 | 0.0 |" in text
+    )
     no_recovery = table.markdown([_base(), _killed()], titles)
     assert (
         "| rank 1 killed | 20 / n/a | 50 / n/a | 1 / n/a | 125 / n/a | 0.80 / n/a | 46 / n/a |" in no_recovery
