@@ -26,6 +26,7 @@ import pytest
 from conftest import compose_config
 from fixtures.launches import TRAINING_ALONE_ON_SLURM
 from fixtures.nemo import nemo_python_path
+from fixtures.ranks import logged_at, rank_pid, saved
 from nemo_cpu.harness import SD_TRAIN_CPU, batches_drawn
 from nemo_cpu.tiny import TINY_OVERRIDES
 
@@ -79,34 +80,6 @@ def _launch(shared: Path) -> str:
     return record.job_id
 
 
-def _environ(pid: int | str) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-
-
-def _rank_pid(job_id: str, rank: int) -> int | None:
-    """The process of global rank `rank` that ft_launcher started in the job (not one of its loader workers,
-    which inherit its environment)."""
-    for proc in Path("/proc").iterdir():
-        env = _environ(proc.name) if proc.name.isdigit() else {}
-        if (
-            env.get("SLURM_JOB_ID") != job_id
-            or env.get("RANK") != str(rank)
-            or "TORCHELASTIC_RUN_ID" not in env
-        ):
-            continue
-        try:
-            parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
-        except (OSError, IndexError):
-            continue
-        if _environ(parent).get("RANK") != str(rank):
-            return int(proc.name)
-    return None
-
-
 def _wait(what: str, found: object, timeout: float, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while not found():  # type: ignore[operator]
@@ -116,25 +89,12 @@ def _wait(what: str, found: object, timeout: float, log: Path) -> None:
         time.sleep(0.5)
 
 
-def _saved(checkpoints: Path, step: int) -> bool:
-    """NeMo's checkpoint at `step` is written (and no save is under way)."""
-    names = [p.name for p in checkpoints.glob("*")] if checkpoints.is_dir() else []
-    return any(f"step={step}-" in n and n.endswith(".ckpt") for n in names) and not any(
-        n.endswith("-unfinished") for n in names
-    )
-
-
 def _signal_rank_1(job_id: str, sig: signal.Signals, previous: int | None = None) -> int:
     """Send `sig` to rank 1 (a new process after a restart: not `previous`); its pid."""
-    pid = _rank_pid(job_id, 1)
+    pid = rank_pid(job_id, 1)
     assert pid is not None and pid != previous, f"rank 1 of job {job_id}: {pid} (before: {previous})"
     os.kill(pid, sig)
     return pid
-
-
-def _logged_at(line: str) -> datetime:
-    """The time of an ft_launcher log line: `[2026-11-28 08:14:21,934] [ERROR] ...`."""
-    return datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f")
 
 
 def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_max_steps(
@@ -147,9 +107,9 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     log = run / f"training/logs/{RUN}_{job_id}.out"
     checkpoints = run / "training/results/checkpoints"
 
-    _wait("the step-2 checkpoint", lambda: _saved(checkpoints, 2), 600, log)
+    _wait("the step-2 checkpoint", lambda: saved(checkpoints, 2), 600, log)
     killed = _signal_rank_1(job_id, signal.SIGKILL)
-    _wait("the step-4 checkpoint", lambda: _saved(checkpoints, 4), 600, log)
+    _wait("the step-4 checkpoint", lambda: saved(checkpoints, 4), 600, log)
     stopped_at = datetime.now()
     _signal_rank_1(job_id, signal.SIGSTOP, previous=killed)
 
@@ -170,7 +130,7 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     # within the timeout of the stop; the monitors look every second (workload_check_interval).
     hangs = [line for line in lines if f"Did not get subsequent heartbeat. Waited {HANG_TIMEOUT}.00" in line]
     assert hangs, text[-4000:]
-    detected_s = (min(map(_logged_at, hangs)) - stopped_at).total_seconds()
+    detected_s = (min(map(logged_at, hangs)) - stopped_at).total_seconds()
     print(f"hang detected {detected_s:.1f} s after SIGSTOP (timeout {HANG_TIMEOUT} s)", file=sys.stderr)
     assert 0 < detected_s <= HANG_TIMEOUT + 5, hangs
     # Each restart resumed from the checkpoint before its fault, and the run ended at max_steps.
@@ -179,7 +139,7 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     ]
     assert list(dict.fromkeys(resumed)) == ["2", "4"], resumed  # in this order (rank 0 logs it)
     assert "`max_steps=6` reached" in text
-    assert _saved(checkpoints, 6)
+    assert saved(checkpoints, 6)
     # The data order is not replayed (issue 37.4): NeMo's loader on the demo's tars resumes each restart at
     # the data position in the checkpoint's name, so no step after a restart is given a sample of steps 1-2.
     drawn = batches_drawn(text)
