@@ -170,13 +170,13 @@ def broken(composed: DictConfig, key: str, value: Any) -> Iterator[DictConfig]:
     """`composed` with `key` set to `value`, then as it was (a launch only reads its config): setting one
     key back costs far less than a deep copy of the whole, a thousand times over."""
     parts = key.split(".")
-    depth, node = 0, composed  # depth: how many of the key's parts exist already
-    while depth < len(parts) and isinstance(node, DictConfig) and parts[depth] in node:
-        node, depth = (node[parts[depth]] if depth + 1 < len(parts) else node), depth + 1
-    found = depth == len(parts)
-    holder_key = ".".join(parts[: depth - 1] if found else parts[:depth])
-    holder = OmegaConf.select(composed, holder_key) if holder_key else composed
-    name = parts[depth - 1] if found else parts[depth]
+    # The deepest section the key already has, and the key's next part in it (absent: added, then removed).
+    depth = 1
+    while depth < len(parts) and isinstance(OmegaConf.select(composed, ".".join(parts[:depth])), DictConfig):
+        depth += 1
+    holder = OmegaConf.select(composed, ".".join(parts[: depth - 1])) if depth > 1 else composed
+    name = parts[depth - 1]
+    found = name in holder
     raw = OmegaConf.to_container(holder, resolve=False)[name] if found else None
     OmegaConf.update(composed, key, value, merge=False, force_add=True)
     try:
