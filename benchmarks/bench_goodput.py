@@ -47,7 +47,9 @@ from fixtures.ranks import rank_pid, saved, steps_done  # noqa: E402
 from goodput_table import RECOVERY, TODAY, Job, Run, baseline, figures, markdown  # noqa: E402
 from nemo_cpu.harness import SD_TRAIN_CPU, prepare_demo_data, write_tiny_assets  # noqa: E402
 from nemo_cpu.tiny import TINY_OVERRIDES  # noqa: E402
-from slurm.jobs import TERMINAL_STATES  # noqa: E402
+from slurm.jobs import TERMINAL_STATES, job_fields  # noqa: E402
+
+from launcher.checkpoints import newest, step_of  # noqa: E402
 
 BAD_GPU = REPO / "benchmarks/goodput_bad_gpu.py"
 MAX_STEPS, EVERY, GPUS, CRASH_CHAIN = 6, 2, 2, 6
@@ -79,7 +81,6 @@ _FT_RESTART = re.compile(
     r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[\w+\] \[ft_launcher[^\n]*will restart worker group"
 )
 _NEMO_LINE = re.compile(r"\[NeMo [IWE] (\S+ \S+) ")
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z]+)=(\S*)")
 
 
 def overrides(shared: Path, scenario: str, mode: str, args: argparse.Namespace) -> list[str]:
@@ -137,7 +138,7 @@ def slurm_jobs(run_dir: Path) -> list[Job]:
     shown = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True, check=True)
     jobs = []
     for line in shown.stdout.splitlines():
-        f = dict(_FIELD.findall(line))
+        f = job_fields(line)
         if not f.get("StdOut", "").startswith(f"{run_dir}/"):
             continue
         times = [f.get(k, "") for k in ("StartTime", "EndTime")]
@@ -190,15 +191,9 @@ def attempts(run_dir: Path) -> list[tuple[float, str, str]]:
 
 
 def finished_step(run_dir: Path) -> int:
-    """The step of the run's last finished checkpoint (no `-unfinished` marker beside it), 0 if none."""
-    folder = run_dir / "training/results/checkpoints"
-    steps = [0]
-    for ckpt in folder.glob("*.ckpt"):
-        marker = folder / f"{ckpt.stem.removesuffix('-EMA')}-unfinished"
-        found = re.search(r"step=(\d+)-", ckpt.name)
-        if found and not marker.exists():
-            steps.append(int(found[1]))
-    return max(steps)
+    """The step of the run's last finished checkpoint (EMA is off here), 0 if none."""
+    last = newest(run_dir / "training/results/checkpoints", ema=False)
+    return (step_of(last) or 0) if last else 0
 
 
 def measure(shared: Path, scenario: str, mode: str, args: argparse.Namespace) -> Run:

@@ -28,11 +28,16 @@ class JobInfo:
         return self.state in TERMINAL_STATES
 
 
+def job_fields(line: str) -> dict[str, str]:
+    """One line of `scontrol show job -o`: its KEY=VALUE fields."""
+    return dict(_FIELD.findall(line))
+
+
 def parse_jobs(text: str) -> list[JobInfo]:
     """Parse `scontrol show job -o` output: one record per line."""
     jobs = []
     for line in text.splitlines():
-        fields = dict(_FIELD.findall(line))
+        fields = job_fields(line)
         if "JobId" not in fields:
             continue
         task = fields.get("ArrayTaskId")
