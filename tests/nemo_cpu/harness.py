@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -155,11 +156,10 @@ def samples_on_cpu(nemo_python: str, infer_script: Path = SD_INFER_CPU) -> list[
 
 
 def batches_drawn(log: str) -> list[tuple[int, str, list[str]]]:
-    """(step, rank, samples) of each training step in a log, as sd_train_cpu.report_batches printed them."""
-    drawn = []
-    for line in log.splitlines():
-        if "sd_train_cpu: batch step=" in line:
-            fields = line.split("sd_train_cpu: batch ", 1)[1]
-            step, rank, samples = fields.split(" ", 2)
-            drawn.append((int(step[5:]), rank[5:], json.loads(samples[8:])))
-    return drawn
+    """(step, rank, samples) of each training step in a log, as sd_train_cpu.report_batches printed them.
+    Read by position, not by line: two ranks writing at once may put two records on one line."""
+    decoder = json.JSONDecoder()
+    return [
+        (int(found[1]), found[2], decoder.raw_decode(log, found.end())[0])
+        for found in re.finditer(r"sd_train_cpu: batch step=(\d+) rank=(\S+) samples=", log)
+    ]
