@@ -37,13 +37,15 @@ exports DEMO_BASE_URL; see data_prep.serve). Web URLs never start with `${`.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
 import os
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -108,33 +110,62 @@ def shard_stats(folder: Path, num_shards: int) -> tuple[dict[str, dict[str, Any]
     return stats, missing
 
 
+@contextlib.contextmanager
+def forked_workers() -> Iterator[None]:
+    """img2dataset 1.47.0 starts its logger process and its download pool with `spawn`: each child imports
+    img2dataset again (wandb, albumentations, pandas: about 4 s of CPU) before it downloads anything, two
+    such starts per task. Forked, they share the modules this process has already imported. The children
+    and what they run are img2dataset's own; only how they start changes."""
+    import multiprocessing
+    import multiprocessing.popen_fork
+
+    main = importlib.import_module("img2dataset.main")  # `img2dataset.main` is the function of that name
+    distributor = importlib.import_module("img2dataset.distributor")
+
+    class ForkedLogger(main.LoggerProcess):  # type: ignore[name-defined,misc]
+        _start_method = "fork"
+
+        @staticmethod
+        def _Popen(process: Any) -> Any:
+            return multiprocessing.popen_fork.Popen(process)
+
+    fork = multiprocessing.get_context("fork")
+    saved = main.LoggerProcess, distributor.get_context
+    main.LoggerProcess, distributor.get_context = ForkedLogger, lambda _method: fork
+    try:
+        yield
+    finally:
+        main.LoggerProcess, distributor.get_context = saved
+
+
 def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: int, threads: int) -> None:
     """img2dataset's Python API; its SIGINT handler calls sys.exit(0), which must not read as success."""
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # else it calls PyPI at import
     from img2dataset import download  # heavy import, only where used
 
     try:
-        download(
-            url_list=str(url_list),
-            output_folder=str(folder),
-            input_format="parquet",
-            url_col="url",
-            caption_col="caption",
-            output_format="webdataset",
-            encode_format="jpg",
-            image_size=opts.image.image_size,
-            resize_mode=opts.image.resize_mode,
-            encode_quality=opts.image.encode_quality,
-            number_sample_per_shard=opts.image.samples_per_shard,
-            processes_count=processes,
-            thread_count=threads,
-            timeout=opts.timeout,
-            retries=opts.retries,
-            user_agent_token=opts.user_agent_token,
-            disallowed_header_directives=list(opts.disallowed_header_directives),  # [] = obey none
-            incremental_mode="incremental",
-            enable_wandb=False,
-        )
+        with forked_workers():
+            download(
+                url_list=str(url_list),
+                output_folder=str(folder),
+                input_format="parquet",
+                url_col="url",
+                caption_col="caption",
+                output_format="webdataset",
+                encode_format="jpg",
+                image_size=opts.image.image_size,
+                resize_mode=opts.image.resize_mode,
+                encode_quality=opts.image.encode_quality,
+                number_sample_per_shard=opts.image.samples_per_shard,
+                processes_count=processes,
+                thread_count=threads,
+                timeout=opts.timeout,
+                retries=opts.retries,
+                user_agent_token=opts.user_agent_token,
+                disallowed_header_directives=list(opts.disallowed_header_directives),  # [] = obey none
+                incremental_mode="incremental",
+                enable_wandb=False,
+            )
     except SystemExit as exc:
         raise DownloadError(f"img2dataset stopped early (exit {exc.code}); rerun to resume") from None
     except Exception as exc:  # img2dataset raises anything; report it and let a rerun resume
