@@ -5,7 +5,10 @@ container. Both faults in one job, to keep the suite short: rank 1 is SIGKILLed 
 (ft_launcher sees it die), then SIGSTOPped after the step-4 one (a hang: its monitor misses its heartbeats for
 the configured timeout); each time ft_launcher restarts both ranks in the same Slurm job, NeMo resumes from that
 checkpoint, and the job ends at max_steps. No restart replays the data: the samples each step is given, as the
-harness prints them, are never those of steps 1 and 2 again (issue 37.4).
+harness prints them, are never those of steps 1 and 2 again (issue 37.4). ft_launcher starts the ranks with the
+interpreter in its PYTHON_EXEC: the session's NeMo fork server (NeMo imported once, not at each of the six rank
+starts; ft_launcher itself runs in NeMo's real interpreter, whose logging it sets up); the faults are sent to each
+rank's own NeMo process, whose pid the harness prints.
 
 EMA is off here: on CPU only, NeMo's EMA callback fails at the first checkpoint after an in-job resume
 (`EMAOptimizer.load_state_dict`'s `param.to(device)` copies on GPU but not on CPU; shared/notes
@@ -26,7 +29,7 @@ import pytest
 from conftest import compose_config
 from fixtures.launches import TRAINING_ALONE_ON_SLURM
 from fixtures.nemo import nemo_python_path
-from fixtures.ranks import logged_at, rank_pid, saved
+from fixtures.ranks import logged_at, saved
 from nemo_cpu.harness import SD_TRAIN_CPU, batches_drawn
 from nemo_cpu.tiny import TINY_OVERRIDES
 
@@ -39,12 +42,11 @@ RUN = "sd_860m_res_256"
 HANG_TIMEOUT = 30
 
 
-def _launch(shared: Path) -> str:
-    """The training job on the test cluster (2 ranks on 1 node, 6 steps, a checkpoint every 2): its id."""
+def _launch(shared: Path, ranks_python: str) -> str:
+    """The training job on the test cluster (2 ranks on 1 node, 6 steps, a checkpoint every 2): its id.
+    ft_launcher runs in NeMo's real interpreter and starts the ranks with `ranks_python` (its PYTHON_EXEC)."""
     (shared / "nemo.sqsh").write_bytes(b"hsqs")  # preflight checks that the image exists
     tiny = [o for o in TINY_OVERRIDES if "_batch_size=" not in o]
-    # The real interpreter, not the session's fork server: ft_launcher starts the ranks with its own.
-    python = nemo_python_path()
     launch(
         compose_config(
             [
@@ -54,10 +56,11 @@ def _launch(shared: Path) -> str:
                 "cluster.gpu_job_mem=4G",
                 f"container.mounts=[{shared}:{shared}]",
                 f"container.image={shared}/nemo.sqsh",
-                f"container.python={python}",
+                f"container.python={nemo_python_path()}",
                 f"container.code_dir={REPO}",
                 f"training.run.script={SD_TRAIN_CPU}",
-                f"training.run.python={python}",
+                f"training.run.python={nemo_python_path()}",
+                f"+env.PYTHON_EXEC={ranks_python}",
                 "training.trainer.num_nodes=1",
                 "training.trainer.max_steps=6",
                 "training.model.micro_batch_size=1",
@@ -89,10 +92,13 @@ def _wait(what: str, found: object, timeout: float, log: Path) -> None:
         time.sleep(0.5)
 
 
-def _signal_rank_1(job_id: str, sig: signal.Signals, previous: int | None = None) -> int:
-    """Send `sig` to rank 1 (a new process after a restart: not `previous`); its pid."""
-    pid = rank_pid(job_id, 1)
-    assert pid is not None and pid != previous, f"rank 1 of job {job_id}: {pid} (before: {previous})"
+def _signal_rank_1(log: Path, sig: signal.Signals, previous: int | None = None) -> int:
+    """Send `sig` to rank 1's NeMo process, as the harness printed its pid (a new process after a restart:
+    not `previous`); its pid. Through the fork server the process ft_launcher started forwards to that
+    one, and dies with its status."""
+    pids = re.findall(r"sd_train_cpu: rank=1 pid=(\d+)", log.read_text(errors="replace"))
+    pid = int(pids[-1]) if pids else None
+    assert pid is not None and pid != previous, f"rank 1 in {log}: {pid} (before: {previous})"
     os.kill(pid, sig)
     return pid
 
@@ -102,16 +108,16 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
 ) -> None:
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
-    job_id = _launch(nemo_shared)
+    job_id = _launch(nemo_shared, nemo_python)
     run = nemo_shared / "results" / RUN
     log = run / f"training/logs/{RUN}_{job_id}.out"
     checkpoints = run / "training/results/checkpoints"
 
     _wait("the step-2 checkpoint", lambda: saved(checkpoints, 2), 600, log)
-    killed = _signal_rank_1(job_id, signal.SIGKILL)
+    killed = _signal_rank_1(log, signal.SIGKILL)
     _wait("the step-4 checkpoint", lambda: saved(checkpoints, 4), 600, log)
     stopped_at = datetime.now()
-    _signal_rank_1(job_id, signal.SIGSTOP, previous=killed)
+    _signal_rank_1(log, signal.SIGSTOP, previous=killed)
 
     job = slurm_cluster.wait_job(job_id, timeout=600)
     text = log.read_text(errors="replace")
@@ -122,7 +128,7 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     assert [r.job_id for r in manifest.load(run) if r.job_id] == [job_id]
     lines = text.splitlines()
     # The kill: ft_launcher saw rank 1 die and restarted the group.
-    assert any(f"failed (exitcode: -9) local_rank: 1 (pid: {killed})" in line for line in lines), text[-4000:]
+    assert any("failed (exitcode: -9) local_rank: 1 (pid: " in line for line in lines), text[-4000:]
     restarts = [line for line in lines if "attempts left; will restart worker group" in line]
     assert [re.search(r"(\d+/\d+) attempts left", r)[1] for r in restarts] == ["2/2", "1/2"], restarts
     # The hang: detected when no heartbeat came for the configured timeout (rank 0's monitor too: it waits for

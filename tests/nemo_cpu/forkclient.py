@@ -46,7 +46,8 @@ def main() -> None:
         sys.exit(f"forkclient: the NeMo fork server at {path} went away")
     code = int(ended)
     if code < 0:  # killed by a signal: so is this process, as its caller would see it
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
 

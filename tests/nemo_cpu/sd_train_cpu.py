@@ -133,7 +133,14 @@ def run_hydra_entry(
     run_entry(runner, patched, env_var, entry, fallback.__name__)
 
 
+def report_pid() -> None:
+    """Not a CPU patch: print this process's pid with its rank, for a test that signals a rank's own process
+    (through the tests' fork server the process a launcher starts is a client that forwards to this one)."""
+    print(f"sd_train_cpu: rank={os.environ.get('RANK', '0')} pid={os.getpid()}", flush=True)
+
+
 def main() -> None:
+    report_pid()
     patched = patch_for_cpu()
     report_unet_load()
     report_batches()
