@@ -131,10 +131,22 @@ def _wrong_type(tp: Any) -> list[Any]:
 
 
 def bad_cases() -> list[tuple[str, Any]]:
-    cases = []
+    """Every leaf with one value its rule refuses and one of a wrong type; all of a rule's bad values (and all
+    of a type's) on the first leaf that has that rule (type). Leaves share rules (Range(1) on dozens of
+    them): a rule refuses a value alike wherever it is declared, what each leaf shows is that its own rule
+    and type are applied. A launch costs 80 ms of CPU (the schema merge): 527 cases where all on all were 941."""
+    cases: list[tuple[str, Any]] = []
+    seen: set[str] = set()
     for leaf in schema_leaves(RootConfig):
-        values = (_breaking(leaf.rule) if leaf.rule else []) + (_wrong_type(leaf.type) if leaf.type else [])
-        cases += [(leaf.key, value) for value in values]
+        groups = [(repr(leaf.rule), _breaking(leaf.rule))] if leaf.rule else []
+        if leaf.type:
+            groups.append((repr(_optional_inner(leaf.type)), _wrong_type(leaf.type)))
+        values: list[Any] = []
+        for kind, bad in groups:
+            values += bad[:1] if kind in seen else bad
+            seen.add(kind)
+        unique = {repr(value): value for value in values}  # Range's "abc" is also an int's wrong type
+        cases += [(leaf.key, value) for value in unique.values()]
     return cases
 
 
