@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, compose_config
 from fixtures.data import make_dataset
 from fixtures.launches import TRAINING_ALONE_ON_SLURM, run_status
-from fixtures.nemo import copy_folders
+from fixtures.nemo import copy_folders, nemo_python_path
 from hf_fake_hub import FakeHub
 from nemo_cpu.tiny import TINY_OVERRIDES
 
@@ -255,6 +255,42 @@ def test_crashes_at_start_stop_the_chain_after_k_and_progress_resets_the_count(
         f"stopped: 2 attempts without progress; cancelled: {parts[4]} last error (job {parts[3]}): "
         "exit 1: RuntimeError: no such file /fsx/nowhere at attempt 4 (crash of the STAND-IN)"
     ) in status
+
+
+def test_in_job_restarts_without_a_checkpoint_count_toward_the_stop(
+    slurm_cluster, shared: Path, nemo_python: str
+) -> None:
+    """The ranks under the real ft_launcher (nvidia-resiliency-ext, from NeMo's interpreter): the stand-in
+    crashes at start in the first part's every try; ft_launcher restarts the ranks twice in the job, then
+    gives up. Two in-job restarts and the part make 3 attempts without progress: the chain stops there."""
+    ids = _launch(
+        shared,
+        "training.trainer.num_nodes=1",
+        "cluster.gpus_per_node=2",  # 2 ranks: each start of the group is sooner
+        "training.model.global_batch_size=8",
+        "training.run.chain=3",
+        f"training.run.python={nemo_python_path()}",  # ft_launcher's imports; the stand-in needs no NeMo
+        "training.exp_manager.create_fault_tolerance_callback=true",
+        "training.exp_manager.fault_tolerance.max_rank_restarts=2",
+        "training.fault_tolerance.max_attempts_without_progress=3",
+        "+env.STANDIN_CRASH_ATTEMPTS='1'",  # one Slurm job: every restart inside it crashes too
+        SMALL_DISK,
+    )
+    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(3)]
+    states = [slurm_cluster.wait_job(job, timeout=180).state for job in parts]
+    log = _log(shared, "sd_860m_res_256_part0", parts[0])
+    assert states == ["FAILED", "CANCELLED", "CANCELLED"], log[-4000:]
+    events = [(job, event) for _, job, event, _ in _rows(shared)]
+    assert events == [
+        ("-", "launch"),
+        (parts[0], "restart"),
+        (parts[0], "restart"),
+        (parts[0], "no-progress"),
+        (parts[0], "stopped"),
+    ], log[-4000:]
+    status = _status(shared)
+    assert "attempts: 1, 0 with a new checkpoint, 2 in-job restart(s) after their newest checkpoint" in status
+    assert f"stopped: 3 attempts without progress; cancelled: {parts[1]} {parts[2]}" in status
 
 
 def test_a_node_failing_its_check_is_left_out_of_the_next_parts(slurm_cluster, shared: Path) -> None:

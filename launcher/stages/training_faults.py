@@ -6,8 +6,10 @@ by `status` (launcher.stages.training_status). A real launch writes a `launch` r
 afresh. The events:
 - `progress` / `no-progress`: how the attempt ended: a checkpoint newer than its start, or none (with the
   exit status and the last error line of its log);
-- `stopped`: after training.fault_tolerance.max_attempts_without_progress `no-progress` rows in a row, the
-  run's parts still pending were cancelled;
+- `restart`: ft_launcher restarted the ranks inside the attempt (in-job recovery) after its newest checkpoint:
+  counted as an attempt without progress (`progress` above counts the checkpoints before it);
+- `stopped`: after training.fault_tolerance.max_attempts_without_progress `no-progress` or `restart` rows in a
+  row, the run's parts still pending were cancelled;
 - `excluded`: a node failed the node check (its name and what the check read); the attempt ends without
   training and is resubmitted without every node excluded since the launch (`resubmitted`), and the
   pending parts are updated to leave them out too.
@@ -28,9 +30,10 @@ from launcher.outputs import TrainingOutputs
 from launcher.paths import RunPaths
 from launcher.quoting import q
 from launcher.rules import Choice, Each, Range, described, ruled
+from launcher.stages import training_recovery
 
 CHECKS = ("gpus", "efa", "filesystem")
-LAUNCH, PROGRESS, NO_PROGRESS, STOPPED = "launch", "progress", "no-progress", "stopped"
+LAUNCH, PROGRESS, NO_PROGRESS, RESTART, STOPPED = "launch", "progress", "no-progress", "restart", "stopped"
 EXCLUDED, RESUBMITTED, NOT_RESUBMITTED = "excluded", "resubmitted", "not-resubmitted"
 
 
@@ -64,9 +67,10 @@ class FaultToleranceConfig:
     max_attempts_without_progress: int = ruled(
         Range(0),
         3,
-        help="Training parts in a row that end without a new checkpoint (a crash at start, a bad node) before "
-        "the run's pending parts are cancelled; status then says so, with the last error line. A part with a "
-        "new checkpoint starts the count afresh; 0 = never stop (Slurm backend).",
+        help="Training parts in a row that end without a new checkpoint (a crash at start, a bad node), in-job "
+        "restarts of the ranks after a part's newest checkpoint included, before the run's pending parts are "
+        "cancelled; status then says so, with the last error line. A part with a new checkpoint starts the count "
+        "afresh; 0 = never stop (Slurm backend).",
     )
     node_check: NodeCheckConfig = field(default_factory=NodeCheckConfig)
 
@@ -144,11 +148,27 @@ def _run_node_check(ctx: Context, checkpoints: str) -> list[str]:
     ]
 
 
-def _end_of_attempt(limit: int, script: str) -> list[str]:
-    """The EXIT trap: progress or not; the chain stopped, or the part resubmitted without bad nodes."""
+# ft_launcher's line when it restarts the ranks: `[2026-11-28 08:14:21,934] [INFO] ... 2/2 attempts left; will
+# restart worker group` (nvidia-resiliency-ext 0.4.1's agent; "restarting worker group..." on its other path).
+RESTART_LINE = (
+    r"s/^\[([0-9-]+ [0-9:]+),[0-9]+\].*attempts left; (will restart|restarting) worker group.*/\1/p"
+)
+IN_JOB_RESTARTS = [
+    "  # ft_launcher's restarts of the ranks (its log lines) after that checkpoint: attempts without progress.",
+    "  while IFS= read -r at; do",
+    '    [ "$(date -d "$at" +%s)" -lt "$since" ] ||',
+    f'      record {RESTART} "ranks restarted in the job at $at: $(last_error)"',
+    f"  done < <(sed -nE '{RESTART_LINE}' \"$log\" 2>/dev/null)",
+]
+
+
+def _end_of_attempt(limit: int, script: str, in_job: bool) -> list[str]:
+    """The EXIT trap: progress or not (in-job restarts counted when the ranks run under ft_launcher); the
+    chain stopped, or the part resubmitted without bad nodes."""
+    restarts = IN_JOB_RESTARTS if in_job else []
     count = (
         f'awk -F \'\\t\' \'$3 == "{LAUNCH}" || $3 == "{PROGRESS}" {{ n = 0 }} '
-        f'$3 == "{NO_PROGRESS}" {{ n++ }} END {{ print n + 0 }}\' "$attempts"'
+        f'$3 == "{NO_PROGRESS}" || $3 == "{RESTART}" {{ n++ }} END {{ print n + 0 }}\' "$attempts"'
     )
     excluded = (
         f'awk -F \'\\t\' \'$3 == "{LAUNCH}" {{ n = "" }} $3 == "{EXCLUDED}" {{ split($4, w, " "); '
@@ -168,15 +188,19 @@ def _end_of_attempt(limit: int, script: str) -> list[str]:
     )
     return [
         "end_of_attempt() {  # the EXIT trap: progress or not; then the chain stopped, or bad nodes left out",
-        "  local status=$1 new parts id excluded",
+        "  local status=$1 new since at parts id excluded",
         "  set +e",
-        '  new=$(find "$checkpoints" -maxdepth 1 -name \'*.ckpt\' -newer "$started" 2>/dev/null | head -n 1)',
+        "  # The newest checkpoint written since the attempt started, as '<mtime> <name>'.",
+        "  new=$(find \"$checkpoints\" -maxdepth 1 -name '*.ckpt' -newer \"$started\" -printf '%T@ %f\\n' \\",
+        "    2>/dev/null | sort -n | tail -n 1)",
+        '  since=$(stat -c %Y "$started")',
         '  rm -f "$started"',
         '  if [ -n "$new" ]; then',
-        f'    record {PROGRESS} "exit $status, wrote ${{new##*/}}"',
-        "    return",
+        f'    record {PROGRESS} "exit $status, wrote ${{new#* }}"',
+        "    since=${new%%.*}",
         "  fi",
-        f'  record {NO_PROGRESS} "exit $status: $(last_error)"',
+        *restarts,
+        f'  [ -n "$new" ] || record {NO_PROGRESS} "exit $status: $(last_error)"',
         *stop,
         '  [ -n "$bad_nodes" ] || return',
         f"  excluded=$({excluded})",
@@ -234,7 +258,7 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
         "  { grep -E '(Error|Exception)(:|$)|error:' \"$log\" | grep -vE '^(srun|slurmstepd)' ||",
         '    grep -E \'^srun: error\' "$log" || echo "no error line in $log"; } 2>/dev/null | tail -n 1 | cut -c 1-300',
         "}",
-        *_end_of_attempt(limit, str(script)),
+        *_end_of_attempt(limit, str(script), training_recovery.enabled(ctx.cfg)),
         "trap 'end_of_attempt $?' EXIT",
     ]
     check = _run_node_check(ctx, str(outputs.checkpoints)) if ft.node_check.enable else []

@@ -97,10 +97,16 @@ def fault_lines(run_dir: Path) -> list[str]:
     launches = [i for i, (_, _, event, _) in enumerate(rows) if event == ft.LAUNCH]
     rows = rows[launches[-1] + 1 :] if launches else rows
     ended = [event for _, _, event, _ in rows if event in (ft.PROGRESS, ft.NO_PROGRESS)]
-    lines = [f"attempts: {len(ended)}, {ended.count(ft.PROGRESS)} with a new checkpoint"] if ended else []
+    restarts = sum(1 for _, _, event, _ in rows if event == ft.RESTART)
+    counted = f", {restarts} in-job restart(s) after their newest checkpoint" if restarts else ""
+    lines = (
+        [f"attempts: {len(ended)}, {ended.count(ft.PROGRESS)} with a new checkpoint{counted}"]
+        if ended
+        else []
+    )
     last_error = "?"
     for _, job, event, detail in rows:
-        if event == ft.NO_PROGRESS:
+        if event in (ft.NO_PROGRESS, ft.RESTART):
             last_error = detail
         elif event == ft.STOPPED:
             lines += [f"stopped: {detail}", f"  last error (job {job}): {last_error}"]
