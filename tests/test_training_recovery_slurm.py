@@ -7,8 +7,8 @@ the configured timeout); each time ft_launcher restarts both ranks in the same S
 checkpoint, and the job ends at max_steps. No restart replays the data: the samples each step is given, as the
 harness prints them, are never those of steps 1 and 2 again (issue 37.4). ft_launcher starts the ranks with the
 interpreter in its PYTHON_EXEC: the session's NeMo fork server (NeMo imported once, not at each of the six rank
-starts; ft_launcher itself runs in NeMo's real interpreter, whose logging it sets up); the faults are sent to each
-rank's own NeMo process, whose pid the harness prints.
+starts; ft_launcher itself runs in NeMo's real interpreter, whose logging it sets up); the kill goes to the process
+ft_launcher started, the stop to the rank's own NeMo process, whose pid the harness prints.
 
 EMA is off here: on CPU only, NeMo's EMA callback fails at the first checkpoint after an in-job resume
 (`EMAOptimizer.load_state_dict`'s `param.to(device)` copies on GPU but not on CPU; shared/notes
@@ -29,7 +29,7 @@ import pytest
 from conftest import compose_config
 from fixtures.launches import TRAINING_ALONE_ON_SLURM
 from fixtures.nemo import nemo_python_path
-from fixtures.ranks import logged_at, saved
+from fixtures.ranks import logged_at, rank_pid, saved
 from nemo_cpu.harness import SD_TRAIN_CPU, batches_drawn
 from nemo_cpu.tiny import TINY_OVERRIDES
 
@@ -92,15 +92,21 @@ def _wait(what: str, found: object, timeout: float, log: Path) -> None:
         time.sleep(0.5)
 
 
-def _signal_rank_1(log: Path, sig: signal.Signals, previous: int | None = None) -> int:
-    """Send `sig` to rank 1's NeMo process, as the harness printed its pid (a new process after a restart:
-    not `previous`); its pid. Through the fork server the process ft_launcher started forwards to that
-    one, and dies with its status."""
-    pids = re.findall(r"sd_train_cpu: rank=1 pid=(\d+)", log.read_text(errors="replace"))
-    pid = int(pids[-1]) if pids else None
-    assert pid is not None and pid != previous, f"rank 1 in {log}: {pid} (before: {previous})"
-    os.kill(pid, sig)
+def _kill_rank_1(job_id: str) -> int:
+    """SIGKILL the process ft_launcher started as rank 1 (through the fork server it forwards to the rank's
+    NeMo process, which the server then kills too); its pid."""
+    pid = rank_pid(job_id, 1)
+    assert pid is not None, f"rank 1 of job {job_id} not found"
+    os.kill(pid, signal.SIGKILL)
     return pid
+
+
+def _stop_restarted_rank_1(log: Path) -> None:
+    """SIGSTOP rank 1's own NeMo process (a stopped client would not stop it), as the harness printed its pid:
+    the newest of its starts, after at least one restart."""
+    pids = re.findall(r"sd_train_cpu: rank=1 pid=(\d+)", log.read_text(errors="replace"))
+    assert len(pids) >= 2, f"rank 1 in {log} was not restarted: {pids}"
+    os.kill(int(pids[-1]), signal.SIGSTOP)
 
 
 def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_max_steps(
@@ -114,10 +120,10 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     checkpoints = run / "training/results/checkpoints"
 
     _wait("the step-2 checkpoint", lambda: saved(checkpoints, 2), 600, log)
-    killed = _signal_rank_1(log, signal.SIGKILL)
+    killed = _kill_rank_1(job_id)
     _wait("the step-4 checkpoint", lambda: saved(checkpoints, 4), 600, log)
     stopped_at = datetime.now()
-    _signal_rank_1(log, signal.SIGSTOP, previous=killed)
+    _stop_restarted_rank_1(log)
 
     job = slurm_cluster.wait_job(job_id, timeout=600)
     text = log.read_text(errors="replace")
@@ -128,7 +134,7 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     assert [r.job_id for r in manifest.load(run) if r.job_id] == [job_id]
     lines = text.splitlines()
     # The kill: ft_launcher saw rank 1 die and restarted the group.
-    assert any("failed (exitcode: -9) local_rank: 1 (pid: " in line for line in lines), text[-4000:]
+    assert any(f"failed (exitcode: -9) local_rank: 1 (pid: {killed})" in line for line in lines), text[-4000:]
     restarts = [line for line in lines if "attempts left; will restart worker group" in line]
     assert [re.search(r"(\d+/\d+) attempts left", r)[1] for r in restarts] == ["2/2", "1/2"], restarts
     # The hang: detected when no heartbeat came for the configured timeout (rank 0's monitor too: it waits for
