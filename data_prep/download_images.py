@@ -44,6 +44,7 @@ import os
 import sys
 import tempfile
 import time
+import types
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
@@ -114,13 +115,17 @@ def shard_stats(folder: Path, num_shards: int) -> tuple[dict[str, dict[str, Any]
 def forked_workers() -> Iterator[None]:
     """img2dataset 1.47.0 starts its logger process and its download pool with `spawn`: each child imports
     img2dataset again (wandb, albumentations, pandas: about 4 s of CPU) before it downloads anything, two
-    such starts per task. Forked, they share the modules this process has already imported. The children
-    and what they run are img2dataset's own; only how they start changes."""
+    such starts per task. Forked, they share the modules this process has already imported. The logger's
+    queue is made in the fork context too: a spawn-context one starts multiprocessing's resource tracker,
+    which inherits the captured stdout's pipe and holds `captured` for its whole join timeout (5 s a task),
+    then warns of the queue's semaphores as leaked when the step exits at once. The children and what they
+    run are img2dataset's own; only how they start changes."""
     import multiprocessing
     import multiprocessing.popen_fork
 
     main = importlib.import_module("img2dataset.main")  # `img2dataset.main` is the function of that name
     distributor = importlib.import_module("img2dataset.distributor")
+    logger = importlib.import_module("img2dataset.logger")
 
     class ForkedLogger(main.LoggerProcess):  # type: ignore[name-defined,misc]
         _start_method = "fork"
@@ -130,12 +135,17 @@ def forked_workers() -> Iterator[None]:
             return multiprocessing.popen_fork.Popen(process)
 
     fork = multiprocessing.get_context("fork")
-    saved = main.LoggerProcess, distributor.get_context
-    main.LoggerProcess, distributor.get_context = ForkedLogger, lambda _method: fork
+    fork_only = types.SimpleNamespace(get_context=lambda _method: fork)  # what the logger asks of the module
+    saved = main.LoggerProcess, distributor.get_context, logger.multiprocessing
+    main.LoggerProcess, distributor.get_context, logger.multiprocessing = (
+        ForkedLogger,
+        fork_only.get_context,
+        fork_only,
+    )
     try:
         yield
     finally:
-        main.LoggerProcess, distributor.get_context = saved
+        main.LoggerProcess, distributor.get_context, logger.multiprocessing = saved
 
 
 def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: int, threads: int) -> None:
