@@ -20,7 +20,8 @@ Environment switches (tests only):
                                      'encoded') that much faster (the sweep's latents vs images)
   STANDIN_CRASH_ATTEMPTS=1,3         in those attempts (Slurm jobs in the run folder) every rank exits 1 at start
   STANDIN_GPU_MEMORY_DIR             each node's first rank writes 100 x micro batch there (MiB), which
-                                     tests/standin_bin/nvidia-smi (a STAND-IN too) reports
+                                     tests/standin_bin/nvidia-smi (a STAND-IN too) reports, and waits
+                                     until it has
 """
 
 from __future__ import annotations
@@ -62,12 +63,18 @@ def benchmark_steps(cfg: dict[str, Any], rank: str) -> None:
     memory_dir = os.environ.get("STANDIN_GPU_MEMORY_DIR")
     if memory_dir and os.environ.get("SLURM_LOCALID", "0") == "0":
         task = f"{os.environ['SLURM_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
-        (Path(memory_dir) / task).write_text(f"{100 * mbs}\n")
+        used = Path(memory_dir) / task
+        used.write_text(f"{100 * mbs}\n")
+        # Held until the memory sampler beside it has reported it (the nvidia-smi stand-in marks it seen):
+        # on a busy machine one query can outlast the whole made-up run.
+        deadline = time.monotonic() + 120
+        while not used.with_name(f"{task}.seen").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     oom = os.environ.get("STANDIN_OOM") == f"{nodes}x{mbs}" and rank == "0"
     latents = str(cfg["model"].get("first_stage_key", "")).endswith("encoded")
     bar = tqdm(total=steps, desc="Epoch 0", bar_format=BAR_FORMAT, file=sys.stdout, disable=rank != "0")
     for step in range(1, steps + 1):
-        time.sleep(0.1)  # long enough for the memory sampler beside it
+        time.sleep(0.1)
         if oom and step > 3:
             print(f"Traceback (most recent call last):\n{OOM_MESSAGE}", file=sys.stderr, flush=True)
             sys.exit(1)
