@@ -158,6 +158,7 @@ def _libyaml_loads() -> Iterator[None]:
         omegaconf_utils.get_yaml_loader = saved
 
 
+@functools.cache  # Hydra's ConfigStore is the process's: once is enough
 def _store_schema() -> None:
     """conf/config.yaml's `schema/cluster` and `schema/container`: every documented key with its default,
     under whichever preset is chosen, so that any can be set without `+`."""

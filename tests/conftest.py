@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,8 @@ pytest.register_assert_rewrite("fixtures")
 # a small tmpfs (fixtures/disk.py). Plain helpers are imported from fixtures/ by the tests that use them.
 pytest_plugins = ["fixtures.disk", "fixtures.nemo", "fixtures.slurm"]
 
+from fixtures.run_shared import remove_run_folder  # noqa: E402
+
 from launcher.cli import compose_config as _compose  # noqa: E402
 from launcher.context import Facts  # noqa: E402
 from launcher.registry import RootConfig  # noqa: E402
@@ -32,6 +35,18 @@ FIXED_FACTS = Facts(
     cpu_count=8,
     nemo_python="/opt/launcher/.venv-nemo/bin/python",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The xdist controller names the run (as xdist would) so that it can remove the folders its workers
+    built once for the whole run (fixtures/run_shared.py) when it ends."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", None):
+        remove_run_folder(config.option.testrunuid)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -96,9 +111,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     group = next((name for name, fixtures in GROUPS.items() if fixtures & used), None)
     if group == "nemo" and "tiny_training" not in used and not item.path.stem.endswith("_slurm"):
         # The NeMo tests sum to more than the rest of the suite on a worker: those that need no trained
-        # model and no Slurm job go to a second worker, which builds the fork server, demo data and tiny
-        # assets again. The NeMo jobs on the Slurm cluster stay with the tiny training: the two halves then
-        # sum to about the same (docs/development.md), where the second held three quarters.
+        # model and no Slurm job go to a second worker (the fork server, demo data and tiny assets are
+        # built once for both: fixtures/run_shared.py). The NeMo jobs on the Slurm cluster stay with the
+        # tiny training: the two halves then sum to about the same (docs/development.md), where the second
+        # held three quarters.
         group = "nemo_data"
     if group is None and _uses_a_module_fixture(item):
         group = item.path.stem

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from fixtures.nemo import shared_folder
+from fixtures.run_shared import shared_folder
 from toy_pipeline import sleeper_plan
 
 from launcher import local_jobs, manifest
