@@ -148,10 +148,33 @@ def forked_workers() -> Iterator[None]:
         main.LoggerProcess, distributor.get_context, logger.multiprocessing = saved
 
 
+@contextlib.contextmanager
+def wandb_not_imported() -> Iterator[None]:
+    """img2dataset's logger imports wandb at import (about 0.8 s of CPU per task) for the W&B logging that
+    download() runs with enable_wandb=False: while img2dataset is imported, a placeholder module stands in
+    (unless wandb is already loaded), and any use of it raises; sys.modules is left as it was."""
+    if "wandb" in sys.modules:
+        yield
+        return
+    placeholder = types.ModuleType("wandb")
+
+    def missing(name: str) -> Any:
+        raise AttributeError(f"wandb.{name}: download_images runs img2dataset with enable_wandb=False")
+
+    placeholder.__getattr__ = missing  # type: ignore[method-assign]
+    sys.modules["wandb"] = placeholder
+    try:
+        yield
+    finally:
+        if sys.modules.get("wandb") is placeholder:
+            del sys.modules["wandb"]
+
+
 def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: int, threads: int) -> None:
     """img2dataset's Python API; its SIGINT handler calls sys.exit(0), which must not read as success."""
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # else it calls PyPI at import
-    from img2dataset import download  # heavy import, only where used
+    with wandb_not_imported():
+        from img2dataset import download  # heavy import, only where used
 
     try:
         with forked_workers():
