@@ -13,6 +13,10 @@ import pytest
 from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parent.parent
+# One OpenMP thread per process (torch's intra-op pool; inherited by NeMo's fork server, the Slurm jobs and
+# every other child): the suite runs three workers on two cores, where a second thread's spin-waits cost
+# CPU that another worker needed (a tiny NeMo training under the suite's load: about 8 -> 5.5 s of CPU).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The helpers in tests/fixtures/ assert too: their failures show the values, as in a test module.
 pytest.register_assert_rewrite("fixtures")
