@@ -79,50 +79,67 @@ def measure(trees: dict[str, Path], runs: int) -> dict[str, list[tuple[float, fl
     return results
 
 
-def main() -> dict[str, float]:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", type=int, default=11)
-    parser.add_argument(
-        "--baseline-commit",
-        action="append",
-        default=[],
-        help="an older commit to time side by side, e.g. 1559fe4",
-    )
-    args = parser.parse_args()
-    with contextlib.ExitStack() as stack:
-        trees = {"this tree": REPO}
-        for commit in args.baseline_commit:
-            trees[f"baseline {commit}"] = stack.enter_context(checkout(commit))
-        results = measure(trees, args.runs)
+def with_baselines(stack: contextlib.ExitStack, commits: list[str]) -> dict[str, Path]:
+    """This tree, then each commit's tree (a temporary worktree that `stack` removes), by name."""
+    return {"this tree": REPO} | {
+        f"baseline {commit}": stack.enter_context(checkout(commit)) for commit in commits
+    }
+
+
+def side_by_side(
+    title: str, results: dict[str, list[tuple[float, float]]], commits: list[str], digits: int = 3
+) -> dict[str, float]:
+    """Prints the table (median, min and max wall, median CPU, each against this tree's) and returns this
+    tree's medians and, with a baseline, the first one's and the ratios (this tree / baseline)."""
     wall = {name: statistics.median(w for w, _ in runs) for name, runs in results.items()}
     cpu = {name: statistics.median(c for _, c in runs) for name, runs in results.items()}
-    current = wall["this tree"]
-    mine = cpu["this tree"]
-    print(
-        f"{'dry run (aws_p5, 2 stages)':<28}{'median s':>9}{'min s':>7}{'max s':>7}{'x this':>7}"
-        f"{'CPU s':>7}{'CPU x':>7}"
-    )
+    mine, mine_cpu = wall["this tree"], cpu["this tree"]
+    print(f"{title:<28}{'median s':>9}{'min s':>7}{'max s':>7}{'x this':>7}{'CPU s':>7}{'CPU x':>7}")
     for name, runs in results.items():
         walls = [w for w, _ in runs]
         print(
-            f"{name:<28}{wall[name]:>9.3f}{min(walls):>7.3f}{max(walls):>7.3f}{wall[name] / current:>7.2f}"
-            f"{cpu[name]:>7.3f}{cpu[name] / mine:>7.2f}"
+            f"{name:<28}{wall[name]:>9.{digits}f}{min(walls):>7.{digits}f}{max(walls):>7.{digits}f}"
+            f"{wall[name] / mine:>7.2f}{cpu[name]:>7.{digits}f}{cpu[name] / mine_cpu:>7.2f}"
         )
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"peak RSS of a run: {peak_mb:.0f} MB; NVIDIA's launcher, same work: 3.2 s median, 111 MB (notes)")
-    result = {"dry_run_median_s": current, "python_startup_s": wall["python -c pass"]}
-    if args.baseline_commit:
-        baseline = wall[f"baseline {args.baseline_commit[0]}"]
-        cpu_baseline = cpu[f"baseline {args.baseline_commit[0]}"]
+    result = {"median_s": mine, "cpu_s": mine_cpu, "python_median_s": wall.get("python -c pass", 0.0)}
+    if commits:
+        baseline = f"baseline {commits[0]}"
         result |= {
-            "baseline_median_s": baseline,
-            "ratio": current / baseline,
-            "cpu_ratio": mine / cpu_baseline,
+            "baseline_median_s": wall[baseline],
+            "ratio": mine / wall[baseline],
+            "cpu_ratio": mine_cpu / cpu[baseline],
         }
+    return result
+
+
+def print_result(first: dict[str, float], found: dict[str, float]) -> dict[str, float]:
+    """The `RESULT` line: `first`, then the first baseline's figures if there is one; returns them."""
+    result = first | {key: found[key] for key in ("baseline_median_s", "ratio", "cpu_ratio") if key in found}
     print("RESULT " + " ".join(f"{key}={value:.3f}" for key, value in result.items()))
     return result
+
+
+def parse_args(default_runs: int) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=sys.modules["__main__"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=default_runs)
+    parser.add_argument(
+        "--baseline-commit", action="append", default=[], help="an older commit to time side by side"
+    )
+    return parser.parse_args()
+
+
+def main() -> dict[str, float]:
+    args = parse_args(default_runs=11)
+    with contextlib.ExitStack() as stack:
+        results = measure(with_baselines(stack, args.baseline_commit), args.runs)
+    found = side_by_side("dry run (aws_p5, 2 stages)", results, args.baseline_commit)
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"peak RSS of a run: {peak_mb:.0f} MB; NVIDIA's launcher, same work: 3.2 s median, 111 MB (notes)")
+    return print_result(
+        {"dry_run_median_s": found["median_s"], "python_startup_s": found["python_median_s"]}, found
+    )
 
 
 if __name__ == "__main__":

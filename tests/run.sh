@@ -21,9 +21,10 @@ export NEMO_PYTHON="$PWD/.venv-nemo/bin/python"
 .venv/bin/ruff format --check .
 # The import contracts in pyproject.toml (layers, job programs off the planner, no cycles).
 .venv/bin/lint-imports
-# Three workers on the 2-core machine (pytest-xdist; each builds its own session fixtures): with two,
-# a sixth of the CPU sat idle while tests waited on Slurm, servers and jobs (docs/development.md has the
-# figures). Then the 25 slowest set-ups, calls and teardowns, and the total: the suite's budget is 15
+# Three workers on the 2-core machine (pytest-xdist; each builds its own session fixtures, but NeMo's
+# fork server, the demo data and the tiny assets are built once per run: tests/fixtures/run_shared.py):
+# with two, a sixth of the CPU sat idle while tests waited on Slurm, servers and jobs (docs/development.md
+# has the figures). Then the 25 slowest set-ups, calls and teardowns, and the total: the suite's budget is 15
 # minutes of pytest on a 2-core machine. A fixed order here; a bare `pytest` shuffles it
 # (pytest-randomly), which the suite must pass too.
 status=0
