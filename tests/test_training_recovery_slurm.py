@@ -5,10 +5,13 @@ container. Both faults in one job, to keep the suite short: rank 1 is SIGKILLed 
 (ft_launcher sees it die), then SIGSTOPped after the step-4 one (a hang: its monitor misses its heartbeats for
 the configured timeout); each time ft_launcher restarts both ranks in the same Slurm job, NeMo resumes from that
 checkpoint, and the job ends at max_steps. No restart replays the data: the samples each step is given, as the
-harness prints them, are never those of steps 1 and 2 again (issue 37.4). ft_launcher starts the ranks with the
-interpreter in its PYTHON_EXEC: the session's NeMo fork server (NeMo imported once, not at each of the six rank
-starts; ft_launcher itself runs in NeMo's real interpreter, whose logging it sets up); the kill goes to the process
-ft_launcher started, the stop to the rank's own NeMo process, whose pid the harness prints.
+harness prints them, are never those of steps 1 and 2 again (issue 37.4). The kill is a rank that died on its
+node alone: the part names that node, and with exclude_after_rank_deaths=1 leaves it out of the pending second
+part (which finds max_steps reached and ends at once, on the other node); the hang names none (issue 37.3).
+ft_launcher starts the ranks with the interpreter in its PYTHON_EXEC: the session's NeMo fork server (NeMo imported
+once, not at each of the six rank starts; ft_launcher itself runs in NeMo's real interpreter, whose logging it sets
+up); the kill goes to the process ft_launcher started, the stop to the rank's own NeMo process, whose pid the
+harness prints.
 
 EMA is off here: on CPU only, NeMo's EMA callback fails at the first checkpoint after an in-job resume
 (`EMAOptimizer.load_state_dict`'s `param.to(device)` copies on GPU but not on CPU; shared/notes
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from fixtures.launches import TRAINING_ALONE_ON_SLURM
+from fixtures.launches import TRAINING_ALONE_ON_SLURM, run_status
 from fixtures.nemo import nemo_python_path
 from fixtures.ranks import logged_at, rank_pid, saved
 from nemo_cpu.harness import SD_TRAIN_CPU, batches_drawn
@@ -35,6 +38,7 @@ from nemo_cpu.tiny import TINY_OVERRIDES
 
 from launcher import manifest
 from launcher.cli import launch
+from launcher.outputs import TrainingOutputs
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +46,9 @@ RUN = "sd_860m_res_256"
 HANG_TIMEOUT = 30
 
 
-def _launch(shared: Path, ranks_python: str) -> str:
-    """The training job on the test cluster (2 ranks on 1 node, 6 steps, a checkpoint every 2): its id.
+def _launch(shared: Path, ranks_python: str) -> tuple[str, str]:
+    """The training job on the test cluster (2 ranks on 1 node, 6 steps, a checkpoint every 2) and the part
+    chained after it: their ids.
     ft_launcher runs in NeMo's real interpreter and starts the ranks with `ranks_python` (its PYTHON_EXEC)."""
     (shared / "nemo.sqsh").write_bytes(b"hsqs")  # preflight checks that the image exists
     tiny = [o for o in TINY_OVERRIDES if "_batch_size=" not in o]
@@ -62,6 +67,8 @@ def _launch(shared: Path, ranks_python: str) -> str:
                 f"training.run.python={nemo_python_path()}",
                 f"+env.PYTHON_EXEC={ranks_python}",
                 "training.trainer.num_nodes=1",
+                "training.run.chain=2",
+                "training.fault_tolerance.node_check.exclude_after_rank_deaths=1",
                 "training.trainer.max_steps=6",
                 "training.model.micro_batch_size=1",
                 "training.model.global_batch_size=2",
@@ -79,8 +86,8 @@ def _launch(shared: Path, ranks_python: str) -> str:
             ]
         )
     )
-    (record,) = [r for r in manifest.load(shared / "results" / RUN) if r.job_id]
-    return record.job_id
+    first, second = [r.job_id for r in manifest.load(shared / "results" / RUN) if r.job_id]
+    return first, second
 
 
 def _wait(what: str, found: object, timeout: float, log: Path) -> None:
@@ -114,9 +121,9 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
 ) -> None:
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
-    job_id = _launch(nemo_shared, nemo_python)
+    job_id, second = _launch(nemo_shared, nemo_python)
     run = nemo_shared / "results" / RUN
-    log = run / f"training/logs/{RUN}_{job_id}.out"
+    log = run / f"training/logs/{RUN}_part0_{job_id}.out"
     checkpoints = run / "training/results/checkpoints"
 
     _wait("the step-2 checkpoint", lambda: saved(checkpoints, 2), 600, log)
@@ -131,7 +138,7 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     # The same Slurm job, never requeued: both restarts happened inside it.
     shown = slurm_cluster.run_command(["scontrol", "show", "job", "-o", job_id]).stdout
     assert "Restarts=0" in shown, shown
-    assert [r.job_id for r in manifest.load(run) if r.job_id] == [job_id]
+    assert [r.job_id for r in manifest.load(run) if r.job_id] == [job_id, second]
     lines = text.splitlines()
     # The kill: ft_launcher saw rank 1 die and restarted the group.
     assert any(f"failed (exitcode: -9) local_rank: 1 (pid: {killed})" in line for line in lines), text[-4000:]
@@ -158,3 +165,25 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     first = {sample for step, _, samples in drawn if step < 2 for sample in samples}
     resumed = {sample for step, _, samples in drawn if step >= 2 for sample in samples}
     assert len(first) == 4 and len(resumed) >= 8 and not first & resumed, drawn
+
+    # The node rank 1 was killed on (ft_launcher's host, the node check's map to Slurm's name), left out of the
+    # pending part; the hang's round names no node (its monitors killed the ranks).
+    rows = [line.split("\t") for line in TrainingOutputs(run).attempts.read_text().splitlines()]
+    events = [(job, event, detail) for _, job, event, detail in rows]
+    host = os.uname().nodename
+    assert events[:4] == [
+        ("-", "launch", "launched"),
+        (job_id, "progress", events[1][2]),
+        (job_id, "rank-died", f"{job.nodes} local rank 1 killed by SIGKILL on host {host}, round 0"),
+        (job_id, "excluded", f"{job.nodes} ranks killed on it alone in 1 round(s) of in-job recovery"),
+    ], events
+    after = slurm_cluster.wait_job(second, timeout=120)
+    assert after.state == "COMPLETED" and after.nodes != job.nodes, after
+    assert f"ExcNodeList={job.nodes}" in slurm_cluster.run_command(["scontrol", "show", "job", second]).stdout
+    status = run_status(str(run), cwd=REPO)
+    shown = " ".join(status.stdout.split())
+    assert (
+        f"rank died on {job.nodes}: local rank 1 killed by SIGKILL on host {host}, round 0 (job {job_id})"
+        in shown
+    )
+    assert f"node left out: {job.nodes} (ranks killed on it alone in 1 round(s)" in shown, shown

@@ -325,3 +325,38 @@ def test_a_node_failing_its_check_is_left_out_of_the_next_parts(slurm_cluster, s
     assert f"node left out: n1 (nvidia-smi: 3, 00000000:19:00.0, 12; found by job {first})" in status
     assert f"job {first} resubmitted as {again} without n1" in status
     assert "attempts: 3, 2 with a new checkpoint" in status
+
+
+def test_a_failing_node_the_part_cannot_run_without_is_kept_and_the_chain_stops(
+    slurm_cluster, shared: Path
+) -> None:
+    """Two-node parts on the two-node cluster: without n1 no part could ever start, so the pending parts keep
+    it (`sbatch --test-only` says why) rather than wait forever; each fails the node check, and the chain
+    stops after max_attempts_without_progress."""
+    ids = _launch(
+        shared,
+        "training.run.chain=3",
+        "training.fault_tolerance.max_attempts_without_progress=2",
+        "+env.STANDIN_NVIDIA_SMI_FAILING_NODE=n1",
+        SMALL_DISK,
+    )
+    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(3)]
+    states = [slurm_cluster.wait_job(job, timeout=120).state for job in parts]
+    assert states == ["FAILED", "FAILED", "CANCELLED"], _log(shared, "sd_860m_res_256_part0", parts[0])
+    events = [(job, event) for _, job, event, _ in _rows(shared)]
+    assert events == [
+        ("-", "launch"),
+        (parts[0], "excluded"),
+        (parts[0], "no-progress"),
+        (parts[0], "not-excluded"),
+        (parts[1], "excluded"),
+        (parts[1], "no-progress"),
+        (parts[1], "stopped"),
+    ]
+    assert "ExcNodeList=(null)" in slurm_cluster.run_command(["scontrol", "show", "job", parts[1]]).stdout
+    status = _status(shared)
+    assert (
+        "not left out after all: n1 (Slurm would not run the part without them: allocation failure: "
+        f"Requested node configuration is not available; job {parts[0]})"
+    ) in status
+    assert f"stopped: 2 attempts without progress; cancelled: {parts[2]}" in status

@@ -12,7 +12,12 @@ afresh. The events:
   row, the run's parts still pending were cancelled;
 - `excluded`: a node failed the node check (its name and what the check read); the attempt ends without
   training and is resubmitted without every node excluded since the launch (`resubmitted`), and the
-  pending parts are updated to leave them out too.
+  pending parts are updated to leave them out too;
+- `rank-died`: under ft_launcher, a round of the ranks in which a signal killed ranks on one node alone, not
+  a hang (its monitors kill the ranks themselves); a node with node_check.exclude_after_rank_deaths such rows
+  since the launch is `excluded` from the pending parts (the attempt itself trained);
+- `not-excluded`: Slurm would not run the part without those nodes (`sbatch --test-only`: too few left), so
+  the pending parts keep them: their node check still refuses a node that fails it.
 
 All of it is shell in the rendered script, where a person reads it; it runs in the batch step on the host
 (squeue, scontrol, sbatch are Slurm's own), the node check on every node through srun.
@@ -35,6 +40,7 @@ from launcher.stages import training_recovery
 CHECKS = ("gpus", "efa", "filesystem")
 LAUNCH, PROGRESS, NO_PROGRESS, RESTART, STOPPED = "launch", "progress", "no-progress", "restart", "stopped"
 EXCLUDED, RESUBMITTED, NOT_RESUBMITTED = "excluded", "resubmitted", "not-resubmitted"
+RANK_DIED, NOT_EXCLUDED = "rank-died", "not-excluded"
 
 
 @dataclass
@@ -59,6 +65,14 @@ class NodeCheckConfig:
     )
     timeout_s: int = ruled(
         Range(1), 30, help="Each probe of the node check (nvidia-smi, df, touch) stops after this."
+    )
+    exclude_after_rank_deaths: int = ruled(
+        Range(0),
+        2,
+        help="Under in-job recovery, a node is also left out of the pending parts once ranks were killed by a "
+        "signal on it alone (no other node's, no hang) in this many of ft_launcher's rounds since the launch; "
+        "after fewer, each part's node check looks at it again. A Python error is not counted (it ends every "
+        "rank, wherever it runs). 0 = never.",
     )
 
 
@@ -120,6 +134,8 @@ def _node_check_function(ctx: Context, checkpoints: str) -> list[str]:
         ]
     return [
         *lines,
+        "  # The host name ft_launcher logs for this node (cloud clusters name their Slurm nodes otherwise)",
+        '  echo "hostname $(hostname) $node"',
         '  if [ -z "$problems" ]; then echo "$node ok"; else echo "$node FAIL ${problems%; }"; fi',
         "}",
     ]
@@ -136,6 +152,7 @@ def _run_node_check(ctx: Context, checkpoints: str) -> list[str]:
         f'checked=$(timeout {4 * limit_s + 60} srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \\',
         '  --ntasks-per-node=1 --cpus-per-task=1 bash -c "$(declare -f node_check); node_check" 2>&1) || true',
         'echo "node check:"; echo "$checked"',
+        'node_hosts=$(awk \'$1 == "hostname" { print $2, $3 }\' <<<"$checked")',
         'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
         '  found=$(grep "^$node " <<<"$checked" || echo "$node FAIL no answer from the node check")',
         '  if [ "$found" != "$node ok" ]; then',
@@ -162,10 +179,86 @@ IN_JOB_RESTARTS = [
 ]
 
 
-def _end_of_attempt(limit: int, script: str, in_job: bool) -> list[str]:
+# ft_launcher's lines (nvidia-resiliency-ext 0.4.1), made '<date> <time> <host> <event> ...': a round of the
+# rendezvous joined, a rank ended by a signal, a rank monitor that found a hang (it then kills ranks itself).
+STAMP = r"^\[([0-9-]+ [0-9:]+),[0-9]+\] \[[A-Z]+\] "
+FT_EVENTS = (
+    STAMP + r"\[ft_launcher[0-9]+@([^]]+)\] The node .* has joined round ([0-9]+) .*/\1 \2 round \3",
+    STAMP
+    + r"\[ft_launcher[0-9]+@([^]]+)\] failed \(exitcode: -([0-9]+)\) local_rank: ([0-9]+) .*/\1 \2 signal \3 \4",
+    STAMP + r"\[RankMonServer[0-9]+@([^]:]+):[^]]*\] FT timeout elapsed.*/\1 \2 hang",
+)
+# POSIX awk (hosts may run mawk, which creates an array element before it evaluates the right-hand side).
+DEAD_RANKS_AWK = """
+    BEGIN {
+      split("HUP INT QUIT ILL TRAP ABRT BUS FPE KILL USR1 SEGV USR2 PIPE ALRM TERM", name, " ")
+      n = split(hosts, h, " ")
+      for (i = 1; i < n; i += 2) {
+        if (h[i] in node) node[h[i]] = "-"  # one host name, two nodes of the job: neither is known
+        else node[h[i]] = h[i + 1]
+      }
+    }
+    $4 == "round" { round[$3] = $5; next }
+    ($1 " " $2) < since { next }
+    { r = ($3 in round) ? round[$3] : 0 }
+    $4 == "hang" { hang[r] = 1; next }
+    $5 == 1 || $5 == 2 || $5 == 15 { next }
+    {
+      if (!(r in on)) on[r] = $3
+      else if (on[r] != $3) on[r] = ""
+      sig = ($5 in name) ? "SIG" name[$5] : "signal " $5
+      what[r] = "local rank " $6 " killed by " sig " on host " $3 ", round " r
+    }
+    END {
+      for (r in on) {
+        if ((r in hang) || on[r] == "") continue
+        print r, ((on[r] in node) ? node[on[r]] : "-"), what[r]
+      }
+    }"""
+
+
+def _dead_ranks(exclude_after: int) -> list[str]:
+    """The functions that name the nodes ranks died on, and those to leave out after `exclude_after` deaths."""
+    return [
+        "# Per round of the ranks: the one host whose ranks a signal killed, unless a monitor found a hang there",
+        "# (it kills ranks itself); SIGHUP, SIGINT, SIGTERM are the job being stopped. Host names become node names",
+        "# by the node check's map ('-': not one node of this job).",
+        "dead_ranks() {  # '<node> <what>' for each round of the ranks since $1 in which ranks died on one node alone",
+        "  sed -nE \\",
+        *(f"    -e 's/{event}/p' \\" for event in FT_EVENTS),
+        '    "$log" 2>/dev/null |',
+        f"    awk -v since=\"$1\" -v hosts=\"$node_hosts\" '{DEAD_RANKS_AWK}' | sort -n | cut -d ' ' -f 2-",
+        "}",
+        f"struck_nodes() {{  # '<node> <deaths>': {exclude_after} or more since the launch, the node not yet left out",
+        "  awk -F '\\t' -v k=" + str(exclude_after) + " '",
+        f'    $3 == "{LAUNCH}" {{ split("", deaths); split("", out) }}',
+        f'    $3 == "{EXCLUDED}" {{ split($4, w, " "); out[w[1]] = 1 }}',
+        f'    $3 == "{RANK_DIED}" {{ split($4, w, " "); if (w[1] != "-") deaths[w[1]]++ }}',
+        '    END { for (n in deaths) if (deaths[n] >= k && !(n in out)) print n, deaths[n] }\' "$attempts"',
+        "}",
+    ]
+
+
+def _end_of_attempt(limit: int, script: str, in_job: bool, exclude_after: int) -> list[str]:
     """The EXIT trap: progress or not (in-job restarts counted when the ranks run under ft_launcher); the
-    chain stopped, or the part resubmitted without bad nodes."""
+    chain stopped, or bad nodes left out: the part resubmitted without those the node check failed, the
+    pending parts without them and those ranks died on (`exclude_after` > 0)."""
     restarts = IN_JOB_RESTARTS if in_job else []
+    deaths = (
+        [
+            "  # The nodes ranks died on (ft_launcher's lines since the attempt started); those with enough deaths",
+            "  # since the launch are left out of the pending parts.",
+            "  while read -r node what; do",
+            f'    record {RANK_DIED} "$node $what"',
+            '  done < <(dead_ranks "$(date -d "@$start" \'+%F %T\')")',
+            "  while read -r node count; do",
+            '    dead_nodes+="$node "',
+            f'    record {EXCLUDED} "$node ranks killed on it alone in $count round(s) of in-job recovery"',
+            "  done < <(struck_nodes)",
+        ]
+        if exclude_after
+        else []
+    )
     count = (
         f'awk -F \'\\t\' \'$3 == "{LAUNCH}" || $3 == "{PROGRESS}" {{ n = 0 }} '
         f'$3 == "{NO_PROGRESS}" || $3 == "{RESTART}" {{ n++ }} END {{ print n + 0 }}\' "$attempts"'
@@ -187,13 +280,15 @@ def _end_of_attempt(limit: int, script: str, in_job: bool) -> list[str]:
         else []
     )
     return [
+        *(_dead_ranks(exclude_after) if exclude_after else []),
         "end_of_attempt() {  # the EXIT trap: progress or not; then the chain stopped, or bad nodes left out",
-        "  local status=$1 new since at parts id excluded",
+        "  local status=$1 new start since at parts id excluded why node what count dead_nodes=''",
         "  set +e",
         "  # The newest checkpoint written since the attempt started, as '<mtime> <name>'.",
         "  new=$(find \"$checkpoints\" -maxdepth 1 -name '*.ckpt' -newer \"$started\" -printf '%T@ %f\\n' \\",
         "    2>/dev/null | sort -n | tail -n 1)",
-        '  since=$(stat -c %Y "$started")',
+        '  start=$(stat -c %Y "$started")',
+        "  since=$start",
         '  rm -f "$started"',
         '  if [ -n "$new" ]; then',
         f'    record {PROGRESS} "exit $status, wrote ${{new#* }}"',
@@ -201,12 +296,19 @@ def _end_of_attempt(limit: int, script: str, in_job: bool) -> list[str]:
         "  fi",
         *restarts,
         f'  [ -n "$new" ] || record {NO_PROGRESS} "exit $status: $(last_error)"',
+        *deaths,
         *stop,
-        '  [ -n "$bad_nodes" ] || return',
+        '  [ -n "$bad_nodes$dead_nodes" ] || return',
         f"  excluded=$({excluded})",
+        "  # Only if Slurm can run the part without them (a cluster without spare nodes cannot).",
+        f'  if ! why=$(sbatch --test-only --exclude="$excluded" {q(script)} 2>&1); then',
+        f'    record {NOT_EXCLUDED} "$excluded $(tail -n 1 <<<"$why")"',
+        "    return",
+        "  fi",
         "  for id in $(pending_parts); do",
         '    scontrol update JobId="$id" ExcNodeList="$excluded"',
         "  done",
+        '  [ -n "$bad_nodes" ] || return  # a part that failed the node check never trained: it runs again',
         '  if id=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB_ID,singleton" \\',
         f"    --kill-on-invalid-dep=yes {q(script)} 2>&1); then",
         f'    record {RESUBMITTED} "$id without $excluded"',
@@ -227,6 +329,9 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
     before, _, after = log.name.partition("%j")
     script = paths.script("training", job_name)
     limit = int(ft.max_attempts_without_progress)
+    in_job = training_recovery.enabled(ctx.cfg)
+    # Ranks' hosts are named by ft_launcher, mapped to Slurm's node names by the node check.
+    exclude_after = int(ft.node_check.exclude_after_rank_deaths) if in_job and ft.node_check.enable else 0
     never = "the chain is never stopped"
     stop = (
         f"after {limit} in a row without a new checkpoint, the run's pending parts are cancelled"
@@ -258,7 +363,7 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
         "  { grep -E '(Error|Exception)(:|$)|error:' \"$log\" | grep -vE '^(srun|slurmstepd)' ||",
         '    grep -E \'^srun: error\' "$log" || echo "no error line in $log"; } 2>/dev/null | tail -n 1 | cut -c 1-300',
         "}",
-        *_end_of_attempt(limit, str(script), training_recovery.enabled(ctx.cfg)),
+        *_end_of_attempt(limit, str(script), in_job, exclude_after),
         "trap 'end_of_attempt $?' EXIT",
     ]
     check = _run_node_check(ctx, str(outputs.checkpoints)) if ft.node_check.enable else []

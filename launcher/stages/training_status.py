@@ -113,6 +113,15 @@ def fault_lines(run_dir: Path) -> list[str]:
         elif event == ft.EXCLUDED:
             node, _, why = detail.partition(" ")
             lines.append(f"node left out: {node} ({why}; found by job {job})")
+        elif event == ft.RANK_DIED:
+            node, _, what = detail.partition(" ")
+            where = "a node not known by that host name" if node == "-" else node
+            lines.append(f"rank died on {where}: {what} (job {job})")
+        elif event == ft.NOT_EXCLUDED:
+            nodes, _, why = detail.partition(" ")
+            lines.append(
+                f"not left out after all: {nodes} (Slurm would not run the part without them: {why}; job {job})"
+            )
         elif event == ft.RESUBMITTED:
             lines.append(f"job {job} resubmitted as {detail}")
         elif event == ft.NOT_RESUBMITTED:
