@@ -348,7 +348,8 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
         f'log={q(str(log.parent / before))}"$SLURM_JOB_ID"{q(after)}',
         'started="$attempts.$SLURM_JOB_ID.started"  # a checkpoint newer than this file is progress',
         'mkdir -p "$checkpoints" && touch "$started"',
-        "bad_nodes=''",
+        # Set before anything can fail: the EXIT trap reads them under `set -u`.
+        "bad_nodes='' node_hosts=''" if exclude_after else "bad_nodes=''",
         "record() {  # one row (tabs, newlines made spaces): the file written whole, then renamed (atomic)",
         "  local tmp=\"$attempts.$SLURM_JOB_ID.tmp\" detail=${2//[$'\\t\\n']/ }",
         '  { cat "$attempts" 2>/dev/null || true',
