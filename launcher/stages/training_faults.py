@@ -89,8 +89,9 @@ class FaultToleranceConfig:
     node_check: NodeCheckConfig = field(default_factory=NodeCheckConfig)
 
 
-def _node_check_function(ctx: Context, checkpoints: str) -> list[str]:
-    """The function srun runs on every node: prints `<node> ok` or `<node> FAIL <what it read>`."""
+def _node_check_function(ctx: Context, checkpoints: str, hosts: bool) -> list[str]:
+    """The function srun runs on every node: prints `<node> ok` or `<node> FAIL <what it read>`; with `hosts`,
+    first `hostname <host name> <node>` (ft_launcher names a node by its host name)."""
     nc = ctx.cfg.training.fault_tolerance.node_check
     gpus, efa = ctx.cfg.cluster.gpus_per_node, ctx.cfg.cluster.efa_devices_per_node
     t = f"timeout {int(nc.timeout_s)}"
@@ -132,27 +133,30 @@ def _node_check_function(ctx: Context, checkpoints: str) -> list[str]:
             f'  free=$({t} df --output=avail -B 1 "$dir" | tail -n 1)',
             '  [ "${free:-0}" -ge "$need" ] || problems+="$dir has ${free:-?} bytes free, $need needed; "',
         ]
-    return [
-        *lines,
+    host = [
         "  # The host name ft_launcher logs for this node (cloud clusters name their Slurm nodes otherwise)",
         '  echo "hostname $(hostname) $node"',
+    ]
+    return [
+        *lines,
+        *(host if hosts else []),
         '  if [ -z "$problems" ]; then echo "$node ok"; else echo "$node FAIL ${problems%; }"; fi',
         "}",
     ]
 
 
-def _run_node_check(ctx: Context, checkpoints: str) -> list[str]:
+def _run_node_check(ctx: Context, checkpoints: str, hosts: bool) -> list[str]:
     limit_s = int(ctx.cfg.training.fault_tolerance.node_check.timeout_s)
     return [
         "",
         "# The node check (training.fault_tolerance.node_check): a node that fails it is left out (--exclude)",
         "# of this part's resubmission and of the parts still pending.",
-        *_node_check_function(ctx, checkpoints),
+        *_node_check_function(ctx, checkpoints, hosts),
         "# Every node at once; a node that does not answer (in the time of its probes, and a minute) fails too.",
         f'checked=$(timeout {4 * limit_s + 60} srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \\',
         '  --ntasks-per-node=1 --cpus-per-task=1 bash -c "$(declare -f node_check); node_check" 2>&1) || true',
         'echo "node check:"; echo "$checked"',
-        'node_hosts=$(awk \'$1 == "hostname" { print $2, $3 }\' <<<"$checked")',
+        *(['node_hosts=$(awk \'$1 == "hostname" { print $2, $3 }\' <<<"$checked")'] if hosts else []),
         'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
         '  found=$(grep "^$node " <<<"$checked" || echo "$node FAIL no answer from the node check")',
         '  if [ "$found" != "$node ok" ]; then',
@@ -367,7 +371,9 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
         *_end_of_attempt(limit, str(script), in_job, exclude_after),
         "trap 'end_of_attempt $?' EXIT",
     ]
-    check = _run_node_check(ctx, str(outputs.checkpoints)) if ft.node_check.enable else []
+    check = (
+        _run_node_check(ctx, str(outputs.checkpoints), bool(exclude_after)) if ft.node_check.enable else []
+    )
     return (*head, *check)
 
 
