@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra._internal.sources_registry import SourcesRegistry
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -158,6 +160,48 @@ def _libyaml_loads() -> Iterator[None]:
         omegaconf_utils.get_yaml_loader = saved
 
 
+# Each config file as Hydra read it (conf/'s and Hydra's own, from its package), pickled: a process that
+# composes many times (status, --help, the tests) parses each once; pickle.loads costs about a fifteenth of
+# OmegaConf.load. A conf/ file is known by its path, mtime and size: one that changed is read again.
+_READ: dict[tuple[str, ...], bytes] = {}
+
+
+def _read_key(scheme: str, source: Any, config_path: str) -> tuple[str, ...] | None:
+    if scheme == "pkg":  # Hydra's installed package: unchanged while the process runs
+        return (scheme, source.provider, source.path, config_path)
+    path = os.path.realpath(os.path.join(source.path, source._normalize_file_name(config_path)))
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None  # Hydra's own error
+    return (scheme, source.provider, path, str(stat.st_mtime_ns), str(stat.st_size))
+
+
+@contextlib.contextmanager
+def _files_read_once() -> Iterator[None]:
+    """Hydra's file and package sources (hydra-core 1.3.2, pinned; their classes as Hydra registered them: its
+    plugin scan may load them apart from the importable ones) answer from _READ while this is held; each
+    answer is a fresh copy (Hydra changes what it loads)."""
+    with contextlib.ExitStack() as stack:
+        for scheme in ("file", "pkg"):
+            source_type = SourcesRegistry.instance().resolve(scheme)
+            stack.callback(setattr, source_type, "load_config", source_type.load_config)
+            source_type.load_config = _reading_once(scheme, source_type.load_config)
+        yield
+
+
+def _reading_once(scheme: str, load: Any) -> Any:
+    def load_config(source: Any, config_path: str) -> Any:
+        key = _read_key(scheme, source, config_path)
+        if key is None:
+            return load(source, config_path)
+        if key not in _READ:
+            _READ[key] = pickle.dumps(load(source, config_path))
+        return pickle.loads(_READ[key])
+
+    return load_config
+
+
 @functools.cache  # Hydra's ConfigStore is the process's: once is enough
 def _store_schema() -> None:
     """conf/config.yaml's `schema/cluster` and `schema/container`: every documented key with its default,
@@ -186,7 +230,11 @@ def compose_config(overrides: list[str], with_hydra: bool = False) -> DictConfig
     """The conf/ tree composed once (hydra.main would compose it twice per start); `with_hydra` adds
     Hydra's own section (hydra.runtime.choices: the preset each group got)."""
     _store_schema()
-    with _libyaml_loads(), initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with (
+        _libyaml_loads(),
+        initialize_config_dir(config_dir=str(CONF), version_base="1.3"),
+        _files_read_once(),  # after initialize: Hydra registers its file source there
+    ):
         switched = [stage_switch(override) for override in overrides]
         return compose(config_name="config", overrides=switched, return_hydra_config=with_hydra)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -15,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from launcher import cli
 from launcher.cli import compose_overrides, hydra_quoted, main
 
 # Printable text with at least one `=`, not starting the way a quoted, list or dict value does.
@@ -109,6 +111,33 @@ def test_conf_is_read_on_libyaml_while_composing_and_omegaconf_is_left_as_it_was
         return load(file)  # type: ignore[arg-type]
 
     monkeypatch.setattr(OmegaConf, "load", staticmethod(spy))
+    monkeypatch.setattr(cli, "_READ", {})  # files this process read before are not read again
     assert compose_config(["stages=[training]"]).stages == ["training"]
     assert parsers and set(parsers) == {yaml.cyaml.CParser}
     assert _utils.get_yaml_loader is original
+
+
+def test_each_config_file_is_parsed_once_per_process_and_each_composition_gets_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from launcher.cli import compose_config
+
+    loads = []
+    load = OmegaConf.load
+    monkeypatch.setattr(OmegaConf, "load", staticmethod(lambda file: loads.append(file) or load(file)))
+    monkeypatch.setattr(cli, "_READ", {})
+    first = compose_config(["cluster=aws_p5"])
+    read = len(loads)
+    assert read > 10  # conf/'s files and Hydra's own
+    first.cluster.gpus_per_node = 1  # a caller's change stays in its own config
+    again = compose_config(["cluster=aws_p5"])
+    assert len(loads) == read and again.cluster.gpus_per_node == 8
+    assert OmegaConf.to_yaml(again) == OmegaConf.to_yaml(compose_config(["cluster=aws_p5"]))
+    # A conf/ file is known by its path, mtime and size: one that changed is read again.
+    file = tmp_path / "preset.yaml"
+    file.write_text("a: 1\n")
+    source = SimpleNamespace(path=str(tmp_path), provider="main", _normalize_file_name=lambda name: name)
+    key = cli._read_key("file", source, "preset.yaml")
+    file.write_text("a: 22\n")
+    assert key is not None and cli._read_key("file", source, "preset.yaml") != key
+    assert cli._read_key("file", source, "absent.yaml") is None  # left to Hydra, which names it

@@ -126,9 +126,9 @@ def test_a_killed_and_a_hung_rank_restart_in_the_same_job_and_training_ends_at_m
     log = run / f"training/logs/{RUN}_part0_{job_id}.out"
     checkpoints = run / "training/results/checkpoints"
 
-    _wait("the step-2 checkpoint", lambda: saved(checkpoints, 2), 600, log)
+    _wait("the step-2 checkpoint", lambda: saved(checkpoints, 2, last=True), 600, log)
     killed = _kill_rank_1(job_id)
-    _wait("the step-4 checkpoint", lambda: saved(checkpoints, 4), 600, log)
+    _wait("the step-4 checkpoint", lambda: saved(checkpoints, 4, last=True), 600, log)
     stopped_at = datetime.now()
     _stop_restarted_rank_1(log)
 
