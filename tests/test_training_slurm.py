@@ -223,6 +223,19 @@ def _rows(shared: Path) -> list[list[str]]:
     return [line.split("\t") for line in text.splitlines()]
 
 
+def _events(shared: Path) -> list[tuple[str, str]]:
+    """(job, event) of each row of the attempts file."""
+    return [(job, event) for _, job, event, _ in _rows(shared)]
+
+
+def _ended_parts(
+    slurm_cluster, ids: dict[str, str], count: int, timeout: float
+) -> tuple[list[str], list[str]]:
+    """The chain's first `count` parts' job ids, and the state each ended in."""
+    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(count)]
+    return parts, [slurm_cluster.wait_job(job, timeout=timeout).state for job in parts]
+
+
 def test_crashes_at_start_stop_the_chain_after_k_and_progress_resets_the_count(
     slurm_cluster, shared: Path
 ) -> None:
@@ -235,13 +248,11 @@ def test_crashes_at_start_stop_the_chain_after_k_and_progress_resets_the_count(
         "+env.STANDIN_CRASH_ATTEMPTS='1,3,4'",  # the second part writes a checkpoint
         SMALL_DISK,
     )
-    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(5)]
-    states = [slurm_cluster.wait_job(job, timeout=120).state for job in parts]
+    parts, states = _ended_parts(slurm_cluster, ids, 5, timeout=120)
     assert states == ["FAILED", "COMPLETED", "FAILED", "FAILED", "CANCELLED"], _log(
         shared, "sd_860m_res_256_part3", parts[3]
     )
-    events = [(job, event) for _, job, event, _ in _rows(shared)]
-    assert events == [
+    assert _events(shared) == [
         ("-", "launch"),
         (parts[0], "no-progress"),
         (parts[1], "progress"),
@@ -276,12 +287,10 @@ def test_in_job_restarts_without_a_checkpoint_count_toward_the_stop(
         "+env.STANDIN_CRASH_ATTEMPTS='1'",  # one Slurm job: every restart inside it crashes too
         SMALL_DISK,
     )
-    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(3)]
-    states = [slurm_cluster.wait_job(job, timeout=180).state for job in parts]
+    parts, states = _ended_parts(slurm_cluster, ids, 3, timeout=180)
     log = _log(shared, "sd_860m_res_256_part0", parts[0])
     assert states == ["FAILED", "CANCELLED", "CANCELLED"], log[-4000:]
-    events = [(job, event) for _, job, event, _ in _rows(shared)]
-    assert events == [
+    assert _events(shared) == [
         ("-", "launch"),
         (parts[0], "restart"),
         (parts[0], "restart"),
@@ -340,11 +349,9 @@ def test_a_failing_node_the_part_cannot_run_without_is_kept_and_the_chain_stops(
         "+env.STANDIN_NVIDIA_SMI_FAILING_NODE=n1",
         SMALL_DISK,
     )
-    parts = [ids[f"sd_860m_res_256_part{k}"] for k in range(3)]
-    states = [slurm_cluster.wait_job(job, timeout=120).state for job in parts]
+    parts, states = _ended_parts(slurm_cluster, ids, 3, timeout=120)
     assert states == ["FAILED", "FAILED", "CANCELLED"], _log(shared, "sd_860m_res_256_part0", parts[0])
-    events = [(job, event) for _, job, event, _ in _rows(shared)]
-    assert events == [
+    assert _events(shared) == [
         ("-", "launch"),
         (parts[0], "excluded"),
         (parts[0], "no-progress"),
