@@ -70,6 +70,12 @@ RUN python3 -m pip install --no-cache-dir --no-deps "nvidia-resiliency-ext==${NV
     && rm -rf /tmp/compat \
     && python3 -c "from nemo.utils.exp_manager import HAVE_FT; assert HAVE_FT, 'NeMo finds no FaultToleranceCallback'" \
     && command -v ft_launcher
+# Released weights in and diffusers out (docs/finetuning.md): data_check compares NeMo's UNet with diffusers' on
+# the staged weights and the export job writes diffusers pipelines, both in NeMo's own python3. diffusers 0.38.0
+# is the newest that takes the image's huggingface_hub (< 1.0, which its transformers needs) and torch;
+# --no-deps keeps the image's packages as validated, and the build fails unless both import.
+RUN python3 -m pip install --no-cache-dir --no-deps "diffusers==0.38.0" \
+    && python3 -c "import diffusers.loaders.single_file_utils, transformers, safetensors"
 COPY data_prep/ /workspace/launcher/data_prep/
 # The jobs' programs (launcher/jobs/, e.g. the benchmark's task and report) and the training plot run in this image.
 COPY launcher/ /workspace/launcher/launcher/

@@ -16,10 +16,14 @@ rerun whose record matches (same repo, revision and file list, files still of th
 does nothing and makes no HTTP request, so a cluster without internet can use a folder copied from
 elsewhere, record included.
 
-`--nemo-vae NAME SOURCE FILE` also writes LOCAL_DIR/FILE, the VAE file SOURCE with its attention keys
-renamed as NeMo 2.4's AutoencoderKL reads them (data_prep/vae_names.py), after the download and its
-checks and before the record, which names it (source, size, keys renamed): a rerun whose record matches
-converts nothing again. The downloaded file stays as the Hub has it.
+`--local NAME SOURCE_DIR LOCAL_DIR FILE...` stages a model already on shared storage (a diffusers folder):
+nothing is downloaded, the FILEs must be in SOURCE_DIR, and LOCAL_DIR gets the files written for NeMo and
+the record.
+
+`--nemo-vae NAME SOURCE FILE`, `--nemo-unet NAME SOURCE CONFIG FILE` and `--text-folder NAME TEXT TOKENIZER
+FOLDER` also write LOCAL_DIR/FILE (or FOLDER) from the asset's files, as NeMo reads them
+(data_prep/staged_files.py), after the download and its checks and before the record, which names each:
+a rerun whose record matches writes nothing again. The downloaded files stay as the Hub has them.
 
 Design:
 - huggingface_hub's `hf_hub_download(local_dir=...)` does the transfer: it writes under
@@ -50,7 +54,7 @@ from data_prep.atomic import write_json_atomic
 from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
 from data_prep.faults import step_main
 from data_prep.progress import log, read_json
-from data_prep.vae_names import VaeFileError, convert
+from data_prep.staged_files import ARGUMENTS, StagedFileError, Written
 
 STEP = "download_assets"
 RECORD = ".complete.json"
@@ -67,12 +71,20 @@ class Asset:
     revision: str
     local_dir: Path
     files: tuple[str, ...]
-    # (SOURCE, FILE): FILE is SOURCE under the key names NeMo's VAE loader reads (--nemo-vae).
-    nemo_vae: tuple[str, str] | None = None
+    # What is written beside the files for NeMo (--nemo-vae, --nemo-unet, --text-folder), in that order.
+    written: tuple[Written, ...] = ()
+    # A model already on shared storage (--local): its files are read there, none downloaded.
+    origin: Path | None = None
 
     @property
     def label(self) -> str:
+        if self.origin is not None:
+            return f"{self.name} ({self.origin})"
         return f"{self.name} ({self.repo_id}@{self.revision[:12]})"
+
+    @property
+    def files_dir(self) -> Path:
+        return self.origin if self.origin is not None else self.local_dir
 
 
 @dataclass(frozen=True)
@@ -96,31 +108,34 @@ def record_matches(asset: Asset) -> bool:
     if not isinstance(files, dict) or sorted(files) != sorted(asset.files):
         return False
     for name, info in files.items():
-        path = asset.local_dir / name
+        path = asset.files_dir / name
         if not path.is_file() or path.stat().st_size != info.get("size"):
             return False
-    return _nemo_vae_matches(asset, record.get("nemo_vae"))
+    written = record.get("written") or []
+    return len(written) == len(asset.written) and all(
+        step.done(asset.local_dir, done) for step, done in zip(asset.written, written, strict=True)
+    )
 
 
-def _nemo_vae_matches(asset: Asset, done: Any) -> bool:
-    if asset.nemo_vae is None:
-        return done is None
-    source, file = asset.nemo_vae
-    if not isinstance(done, dict) or (done.get("source"), done.get("file")) != (source, file):
-        return False
-    path = asset.local_dir / file
-    return path.is_file() and path.stat().st_size == done.get("size")
+def _write(asset: Asset) -> list[dict[str, Any]]:
+    """What is written for NeMo beside the files, and what the record says of it."""
+    records = []
+    for step in asset.written:
+        try:
+            line = step.write(asset.files_dir, asset.local_dir)
+        except StagedFileError as exc:
+            raise AssetError(f"{asset.label}: --{exc}") from None
+        log(STEP, f"{asset.name}: {line}")
+        records.append(step.record(asset.local_dir))
+    return records
 
 
-def _write_nemo_vae(asset: Asset, source: str, file: str) -> dict[str, Any]:
-    """The converted VAE beside the downloaded one, and what the record says of it."""
-    try:
-        renamed = convert(asset.local_dir / source, asset.local_dir / file)
-    except VaeFileError as exc:
-        raise AssetError(f"{asset.label}: --nemo-vae: {exc}") from None
-    size = (asset.local_dir / file).stat().st_size
-    log(STEP, f"{asset.name}: {file} written from {source} for NeMo's VAE loader, {renamed} key(s) renamed")
-    return {"source": source, "file": file, "size": size, "renamed": renamed}
+def _local_files(asset: Asset) -> dict[str, Any]:
+    """A model on shared storage: every file there (nothing is fetched), with its size."""
+    missing = [name for name in asset.files if not (asset.files_dir / name).is_file()]
+    if missing:
+        raise AssetError(f"{asset.label}: no {', '.join(missing)} in {asset.files_dir}")
+    return {name: {"size": (asset.files_dir / name).stat().st_size} for name in asset.files}
 
 
 def _remote_files(asset: Asset, endpoint: str | None) -> dict[str, Remote]:
@@ -197,32 +212,47 @@ def stage(asset: Asset) -> bool:
     if record_matches(asset):
         log(STEP, f"{asset.label}: complete in {asset.local_dir} ({RECORD} matches): nothing to do")
         return False
-    endpoint = os.environ.get("HF_ENDPOINT") or None  # huggingface_hub itself reads it only at import
-    remote = _remote_files(asset, endpoint)
     asset.local_dir.mkdir(parents=True, exist_ok=True)
     # A record that no longer matches must not outlive the files it vouched for.
     (asset.local_dir / RECORD).unlink(missing_ok=True)
-    total = sum(r.size for r in remote.values())
-    log(STEP, f"{asset.label}: {len(asset.files)} files, {total:,} bytes into {asset.local_dir}")
-    files = {name: _fetch_file(asset, name, remote[name], endpoint) for name in asset.files}
+    if asset.origin is not None:
+        files = _local_files(asset)
+    else:
+        endpoint = os.environ.get("HF_ENDPOINT") or None  # huggingface_hub itself reads it only at import
+        remote = _remote_files(asset, endpoint)
+        total = sum(r.size for r in remote.values())
+        log(STEP, f"{asset.label}: {len(asset.files)} files, {total:,} bytes into {asset.local_dir}")
+        files = {name: _fetch_file(asset, name, remote[name], endpoint) for name in asset.files}
     record: dict[str, Any] = {"repo_id": asset.repo_id, "revision": asset.revision, "files": files}
-    if asset.nemo_vae:
-        record["nemo_vae"] = _write_nemo_vae(asset, *asset.nemo_vae)
+    if asset.written:
+        record["written"] = _write(asset)
     write_json_atomic(asset.local_dir / RECORD, record)
     log(STEP, f"{asset.label}: complete, {RECORD} written")
     return True
 
 
-def parse_asset(words: Sequence[str], nemo_vaes: dict[str, tuple[str, str]]) -> Asset:
-    if len(words) < 5:
-        raise AssetError(f"--asset {' '.join(words)}: expected NAME REPO_ID REVISION LOCAL_DIR FILE...")
-    name, repo_id, revision, local_dir, *files = words
-    nemo_vae = nemo_vaes.get(name)
-    if nemo_vae and (nemo_vae[0] not in files or nemo_vae[1] in files):
-        raise AssetError(
-            f"--nemo-vae {name} {' '.join(nemo_vae)}: SOURCE must be one of the asset's files and FILE none of them"
-        )
-    return Asset(name, repo_id, revision, Path(local_dir), tuple(files), nemo_vae)
+def parse_asset(words: Sequence[str], written: dict[str, list[Written]], local: bool = False) -> Asset:
+    """One --asset (NAME REPO_ID REVISION LOCAL_DIR FILE...) or --local (NAME SOURCE_DIR LOCAL_DIR FILE...)."""
+    option, head = ("--local", 4) if local else ("--asset", 5)
+    if len(words) < head:
+        shape = "SOURCE_DIR" if local else "REPO_ID REVISION"
+        raise AssetError(f"{option} {' '.join(words)}: expected NAME {shape} LOCAL_DIR FILE...")
+    if local:
+        name, origin, local_dir, *files = words
+        repo_id, revision = "", ""
+    else:
+        name, repo_id, revision, local_dir, *files = words
+    steps = tuple(written.get(name, ()))
+    for step in steps:
+        reads = step.args[:-1] if step.kind != "text-folder" else ()
+        if any(path not in files for path in reads) or step.target in files:
+            raise AssetError(
+                f"--{step.kind} {name} {' '.join(step.args)}: {'/'.join(ARGUMENTS[step.kind][:-1])} must be the "
+                f"asset's files and {ARGUMENTS[step.kind][-1]} none of them"
+            )
+    return Asset(
+        name, repo_id, revision, Path(local_dir), tuple(files), steps, Path(origin) if local else None
+    )
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -255,27 +285,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="one file from a URL, pinned by its sha256 (data_prep/download_file.py)",
     )
     parser.add_argument(
-        "--nemo-vae",
-        nargs=3,
+        "--local",
+        nargs="+",
         action="append",
         default=[],
-        metavar=("NAME", "SOURCE", "FILE"),
-        help="after asset NAME is staged, write LOCAL_DIR/FILE: its VAE file SOURCE with the attention keys "
-        "renamed as NeMo's AutoencoderKL reads them (current diffusers' to_q/to_k/to_v/to_out.0)",
+        metavar="NAME SOURCE_DIR LOCAL_DIR FILE",
+        help="one model already on shared storage: its files are read in SOURCE_DIR (none downloaded); "
+        "what is written for NeMo, and the record, go to LOCAL_DIR",
     )
+    helps = {
+        "nemo-vae": "its VAE file SOURCE with the attention keys renamed as NeMo's AutoencoderKL reads them "
+        "(current diffusers' to_q/to_k/to_v/to_out.0)",
+        "nemo-unet": "its diffusers UNet file SOURCE under NeMo's UNet names (its config.json CONFIG gives "
+        "the layout)",
+        "text-folder": "one folder of links to its text model's folder TEXT and tokenizer's folder TOKENIZER, "
+        "which NeMo's CLIP text encoder reads as one",
+    }
+    for kind, words in ARGUMENTS.items():
+        parser.add_argument(
+            f"--{kind}",
+            nargs=len(words) + 1,
+            action="append",
+            default=[],
+            metavar=("NAME", *words),
+            help=f"after asset NAME is staged, write LOCAL_DIR/{words[-1]}: {helps[kind]}",
+        )
     args = parser.parse_args(argv)
-    if not args.asset and not args.file:
-        parser.error("give at least one --asset or --file")
-    nemo_vaes = {name: (source, file) for name, source, file in args.nemo_vae}
-    unknown = sorted(set(nemo_vaes) - {words[0] for words in args.asset})
+    if not args.asset and not args.local and not args.file:
+        parser.error("give at least one --asset, --local or --file")
+    written: dict[str, list[Written]] = {}
+    for kind in ARGUMENTS:
+        for name, *step in getattr(args, kind.replace("-", "_")):
+            written.setdefault(name, []).append(Written(kind, tuple(step)))
+    unknown = sorted(set(written) - {words[0] for words in (*args.asset, *args.local)})
     if unknown:
-        parser.error(f"--nemo-vae names no --asset: {', '.join(unknown)}")
+        parser.error(f"--nemo-vae/--nemo-unet/--text-folder name no --asset or --local: {', '.join(unknown)}")
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # a Slurm log gets one line per file, not a redrawn bar
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     log(STEP, "token: " + ("HF_TOKEN is set" if os.environ.get("HF_TOKEN") else "none (public repos only)"))
-    for asset in [parse_asset(words, nemo_vaes) for words in args.asset]:
+    staged = [parse_asset(words, written) for words in args.asset]
+    staged += [parse_asset(words, written, local=True) for words in args.local]
+    for asset in staged:
         stage(asset)
     for name, url, sha256, path in args.file:
         stage_file(FileAsset(name, url, sha256, Path(path)))

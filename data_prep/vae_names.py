@@ -9,21 +9,17 @@ attention random and only prints it. Here those names become the old ones, and t
 [C, C] NeMo's 1x1-conv shape [C, C, 1, 1] (NeMo reshapes them itself only when C is 512, the real width,
 so the tiny test VAEs need it too; the bytes are the same). Every other key is left to NeMo's mapping.
 
-Works on the safetensors bytes (an 8-byte header length, a JSON header, the tensors' data): the header is
-rewritten and the data copied unchanged, so no torch is needed and any dtype passes. Stdlib only: the
-assets job runs in the data-prep venv.
+Works on the safetensors header alone (data_prep/safetensors_file.py): no torch, any dtype. Stdlib only:
+the assets job runs in the data-prep venv.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import struct
 from pathlib import Path
 from typing import Any
 
-from data_prep.atomic import atomic_path
+from data_prep.safetensors_file import rewrite
 
 # Current diffusers' attention names -> the pre-0.15 ones NeMo's mapping reads, in the VAE's mid block.
 _ATTENTION = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
@@ -31,29 +27,6 @@ _CURRENT = re.compile(
     r"^(?P<head>(?:encoder|decoder)\.mid_block\.attentions\.\d+\.)(?P<name>to_q|to_k|to_v|to_out\.0)"
     r"\.(?P<kind>weight|bias)$"
 )
-_LENGTH = struct.Struct("<Q")
-_ALIGN = 8  # safetensors pads its header to 8 bytes (with spaces)
-_HEADER_MAX = 100 << 20
-
-
-class VaeFileError(Exception):
-    """The file is not a safetensors file: the message names it."""
-
-
-def read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """(the JSON header, the offset where the tensors' data starts)."""
-    with path.open("rb") as f:
-        raw = f.read(_LENGTH.size)
-        (length,) = _LENGTH.unpack(raw) if len(raw) == _LENGTH.size else (0,)
-        if not 0 < length <= _HEADER_MAX:
-            raise VaeFileError(f"{path}: not a safetensors file (header length {length})")
-        try:
-            header = json.loads(f.read(length))
-        except ValueError as exc:
-            raise VaeFileError(f"{path}: not a safetensors file ({exc})") from None
-    if not isinstance(header, dict):
-        raise VaeFileError(f"{path}: not a safetensors file (the header is not a mapping)")
-    return header, _LENGTH.size + length
 
 
 def nemo_readable(key: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -75,17 +48,4 @@ def nemo_readable(key: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def convert(source: Path, target: Path) -> int:
     """Write `target` (atomically): `source` with its keys as NeMo reads them; returns how many were renamed."""
-    header, data_start = read_header(source)
-    converted: dict[str, Any] = {}
-    renamed = 0
-    for key, info in header.items():
-        new_key, new_info = (key, info) if key == "__metadata__" else nemo_readable(key, info)
-        renamed += new_key != key
-        converted[new_key] = new_info
-    text = json.dumps(converted, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % _ALIGN)
-    with atomic_path(target) as tmp, source.open("rb") as src, tmp.open("wb") as out:
-        out.write(_LENGTH.pack(len(text)) + text)
-        src.seek(data_start)
-        shutil.copyfileobj(src, out, 16 << 20)
-    return renamed
+    return rewrite(source, target, nemo_readable)

@@ -15,7 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
-from launcher import fsdp, latents
+from launcher import fsdp, latents, weights
 from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
@@ -183,6 +183,7 @@ def _check_resume_position(cfg: Any) -> None:
 def check(cfg: Any) -> None:
     """Everything that would keep `build` from writing a config NeMo runs; the batch arithmetic only
     where there are GPUs (without them the config is written for data_check, as a world of one)."""
+    weights.check(cfg)
     _check_pretrained(cfg)
     _check_resume_position(cfg)
     latents.check(cfg)
@@ -261,7 +262,10 @@ def build(ctx: Context, cached_inputs: bool = True) -> dict[str, Any]:
     )
     # The latents switch sets the keys and paths last: training then reads the latent tars.
     latent = {"model": latents.training_overrides(ctx.cfg, layout) if cached_inputs else {}}
-    merged = OmegaConf.merge(base, derived, _init_from(ctx), latent)
+    merged = OmegaConf.merge(base, derived, _init_from(ctx))
+    for key, value in weights.nemo_overrides(ctx.cfg).items():  # released weights, staged by the assets job
+        OmegaConf.update(merged, f"model.{key}", value)
+    merged = OmegaConf.merge(merged, latent)
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
 

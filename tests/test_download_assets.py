@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO
 from hf_fake_hub import FakeHub
 
-from data_prep.vae_names import read_header
+from data_prep.safetensors_file import read_header
 from launcher.context import Facts
 from launcher.pipeline import build_plan
 from launcher.registry import RootConfig
@@ -294,7 +294,7 @@ def test_sdxl_stages_its_encoders_and_a_vae_named_as_nemo_reads_it_once(sdxl_set
     assert "16 key(s) renamed" in first.stdout
     record = json.loads((local / ".complete.json").read_text())
     size = converted.stat().st_size
-    assert record["nemo_vae"] == {"source": source, "file": vae.nemo_vae.file, "size": size, "renamed": 16}
+    assert record["written"] == [{"kind": "nemo-vae", "args": [source, vae.nemo_vae.file], "size": size}]
 
     sdxl_setup.hub.requests.clear()
     again = sdxl_setup.run()  # the record matches: no request, nothing converted again
@@ -318,4 +318,4 @@ def test_a_nemo_vae_must_name_a_downloaded_file(tmp_path: Path) -> None:
         text=True,
         check=False,
     )
-    assert done.returncode == 2 and "SOURCE must be one of the asset's files" in done.stderr
+    assert done.returncode == 2 and "SOURCE must be the asset's files and FILE none of them" in done.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -19,6 +20,12 @@ from typing import Any
 ModelTest = Callable[[Any], bool]
 TextEncoders = Callable[[Any], list[tuple[str, Any]]]
 Size = Callable[[Any], "tuple[int, int] | None"]
+# The released models' diffusers configs as shipped here (Released.configs names a folder of it).
+DIFFUSERS_CONFIGS = Path(__file__).resolve().parent / "diffusers_configs"
+# A diffusers repo's weight files that Released.sha256 pins.
+UNET_FILE = "unet/diffusion_pytorch_model.safetensors"
+VAE_FILE = "vae/diffusion_pytorch_model.safetensors"
+TEXT_FILE = "text_encoder/model.safetensors"
 # The switch of cached latents, named in the families' refusals (launcher.latents reads it).
 CACHE_SWITCH = "data_preparation.precache.enable"
 
@@ -113,6 +120,50 @@ class Rehearsal:
 
 
 @dataclass(frozen=True)
+class Released:
+    """A model its authors released in diffusers' layout on the Hugging Face Hub, pinned, that a training can
+    start from (training.init_from=hf://<repo_id>): the assets job stages it, data_check loads it into NeMo."""
+
+    repo_id: str
+    # The commit every file is read at: a branch would let the weights change under a running project.
+    revision: str
+    title: str
+    licence: str
+    # Its diffusers configs as shipped here (DIFFUSERS_CONFIGS/<configs>/): unet_config.json, vae_config.json.
+    configs: str
+    # The side it was trained at, and what its UNet predicts (NeMo's model.parameterization).
+    resolution: int
+    parameterization: str = "eps"
+    # The Hub asks for a token (assets.hf_token_file) before it serves the files.
+    gated: bool = False
+    # The repo it replaces, which its authors withdrew from the Hub (named in the refusal of that name).
+    withdrawn: str | None = None
+    # {repo file: sha256} where a public source gave it; every file is checked against the Hub's own listing
+    # at the pinned revision when it is downloaded either way.
+    sha256: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Diffusers:
+    """The family's models as diffusers reads and writes them: what a training started from released weights
+    reads of them (launcher/weights.py) and what the export writes (launcher/jobs/export.py)."""
+
+    # The pipeline class of model_index.json.
+    pipeline: str
+    released: tuple[Released, ...]
+    # A diffusers UNet config (unet/config.json) is this family's (the family of a weights source is read
+    # from its own config, and checked against the preset's).
+    matches: Callable[[Mapping[str, Any]], bool]
+    # True: the UNet is staged under NeMo's names by the launcher's mapping (data_prep.unet_names) and loaded
+    # with from_NeMo; False: NeMo's own diffusers mapping reads the file as released (exact for this family).
+    stages_unet: bool
+    # The text encoders NeMo reads from the source's own folders: (key under `model` of the embedder, the
+    # text model's folder, the tokenizer's folder). The others keep the family's assets (NeMo's OpenCLIP
+    # embedders read open_clip's own format, which a diffusers repo does not hold).
+    text_encoders: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family: NeMo's programs, samplers, assets, cached inputs, checks and costs for it."""
 
@@ -146,3 +197,5 @@ class Family:
     rehearsal_refusal: str | None = None
     # Keys earlier versions of the launcher had for this family alone: old key -> the key that replaced it.
     renamed_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Its released models and its models in diffusers' layout; None: none that training can start from.
+    diffusers: Diffusers | None = None

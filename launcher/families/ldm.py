@@ -7,11 +7,14 @@ of another NeMo model class has its own module.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from data_prep import latent_format as fmt
 from launcher.errors import ConfigError
 from launcher.families.family import Cache, Inference, Loader, Rehearsal
+
+PIPELINE = "StableDiffusionPipeline"  # model_index.json's class of SD 1.x and 2.x releases
 
 EXAMPLES = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion"
 AUG = "training.model.data.train.augmentations"
@@ -195,3 +198,16 @@ REHEARSAL = Rehearsal(
     sampler="launcher.jobs.rehearsal_sample:latent_diffusion",
     sampler_patches=("patch_sampler_for_cpu",),
 )
+
+
+def diffusers_unet(linear_projection: bool) -> Callable[[Mapping[str, Any]], bool]:
+    """A diffusers UNet config of MegatronLatentDiffusion's UNet: no SDXL vector conditioning; SD 2.x's
+    transformers project linearly, SD 1.x's with 1x1 convolutions."""
+
+    def matches(config: Mapping[str, Any]) -> bool:
+        return (
+            config.get("addition_embed_type") is None
+            and bool(config.get("use_linear_projection", False)) == linear_projection
+        )
+
+    return matches

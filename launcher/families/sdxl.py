@@ -17,9 +17,21 @@ from typing import Any
 from data_prep import latent_format as fmt
 from data_prep import text_cache
 from launcher.families import sdxl_checks
-from launcher.families.family import Cache, Family, Inference, Loader, Rehearsal
+from launcher.families.family import (
+    TEXT_FILE,
+    UNET_FILE,
+    VAE_FILE,
+    Cache,
+    Diffusers,
+    Family,
+    Inference,
+    Loader,
+    Rehearsal,
+    Released,
+)
 
 EXAMPLES = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion"
+CONDITIONER = "conditioner_config.emb_models"
 
 # get_sampler_config in NeMo v2.4.0's parts/stable_diffusion/sdxl_pipeline.py; the first is the default.
 INFERENCE = Inference(
@@ -141,6 +153,27 @@ CACHE = Cache(
     encodes_from_unswitched_config=True,
 )
 
+# SDXL base 1.0, at the commit the sdxl_vae asset is pinned to. NeMo's own diffusers mapping renames
+# `transformer_blocks.0.*` only and would leave 590 of its 1,680 UNet tensors random (up to 10 blocks a level):
+# its UNet is staged under NeMo's names by the launcher's mapping (data_prep/unet_names.py). Its first text
+# encoder (CLIP ViT-L/14, hidden layer 11) is read from the repo; the second, OpenCLIP ViT-bigG-14, only in
+# open_clip's format: the `open_clip_bigg` asset (laion2b_s39b_b160k, the encoder SDXL was trained with).
+SDXL_BASE = Released(
+    repo_id="stabilityai/stable-diffusion-xl-base-1.0",
+    revision="462165984030d82259a11f4367a4eed129e94a7b",
+    title="SDXL base 1.0",
+    licence="CreativeML OpenRAIL++-M",
+    configs="sdxl_base",
+    resolution=1024,
+    sha256=MappingProxyType(
+        {
+            UNET_FILE: "357650fbfb3c7b4d94c1f5fd7664da819ad1ff5a839430484b4ec422d03f710a",
+            VAE_FILE: "1598f3d24932bcfe6634e8b618ea1e30ab1d57f5aad13a6d2de446d2199f2341",
+            TEXT_FILE: "5c3d6454dd2d23414b56aa1b5858a72487a656937847b6fea8d0606d7a42cdbc",
+        }
+    ),
+)
+
 FAMILY = Family(
     name="sdxl",
     title="SDXL",
@@ -165,5 +198,12 @@ FAMILY = Family(
             "evaluation.sdxl_sampler": "evaluation.sampler",
             "evaluation.sdxl_generate_script": "evaluation.generate_script",
         }
+    ),
+    diffusers=Diffusers(
+        pipeline="StableDiffusionXLPipeline",
+        released=(SDXL_BASE,),
+        matches=lambda config: config.get("addition_embed_type") == "text_time",
+        stages_unet=True,
+        text_encoders=((f"{CONDITIONER}.0.emb_model", "text_encoder", "tokenizer"),),
     ),
 )

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from launcher import families
+from launcher import families, weights
 from launcher.config import JobResources, Runtime
 from launcher.context import Context
 from launcher.errors import ConfigError
@@ -22,6 +22,7 @@ from launcher.stages.common import cpu_resources, make_job, require_mounted
 
 NAME = "assets"
 JOB_NAME = "pretrained_assets"
+WEIGHTS = "weights"  # training.weights' name in the job's arguments and log
 
 HUB_REPO_ID = Pattern(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", "a Hub repo id: owner/name")
 COMMIT_SHA = Pattern(r"[0-9a-f]{40}", "a 40-hex commit sha (the repo's History on the Hub): pin one")
@@ -110,8 +111,30 @@ AssetsConfig.__doc__ = AssetsCore.__doc__
 
 
 def by_name(cfg: Any) -> dict[str, AssetConfig]:
-    """Every asset the trained family stages, under the name its config key has (and the job's log uses)."""
-    return {name: getattr(cfg.assets, name) for name in families.family_of(cfg.training.model).assets}
+    """Every asset the trained family stages, under the name its config key has (and the job's log uses);
+    training.weights brings its own VAE, so the family's is not staged then."""
+    family = families.family_of(cfg.training.model)
+    skipped = {family.vae_asset} if weights.given(cfg) else set()
+    return {name: getattr(cfg.assets, name) for name in family.assets if name not in skipped}
+
+
+def _weights_args(cfg: Any) -> tuple[str, ...]:
+    """training.weights: the repo's files downloaded (a Hub repo) or found (a folder), then what NeMo reads
+    of them written beside them (launcher/weights.py)."""
+    found = weights.of(cfg)
+    if found is None:
+        return ()
+    staged = str(weights.staged_dir(cfg, found))
+    if found.folder is None:
+        args: tuple[str, ...] = ("--asset", WEIGHTS, str(found.repo_id), str(found.revision), staged)
+    else:
+        args = ("--local", WEIGHTS, str(found.folder), staged)
+    args += (*found.files(), "--nemo-vae", WEIGHTS, weights.VAE_FILE, weights.NEMO_VAE)
+    if found.diffusers.stages_unet:
+        args += ("--nemo-unet", WEIGHTS, weights.UNET_FILE, weights.UNET_CONFIG, weights.NEMO_UNET)
+    for _, text, tokenizer in found.diffusers.text_encoders:
+        args += ("--text-folder", WEIGHTS, text, tokenizer, f"{weights.NEMO}/{text}")
+    return args
 
 
 def _asset_args(name: str, asset: AssetConfig, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -140,6 +163,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     args: list[str] = []
     for name, asset in by_name(ctx.cfg).items():
         args += _asset_args(name, asset, extra.get(name, ()))
+    args += _weights_args(ctx.cfg)
     for name in wanted.files:
         f = getattr(assets, name)
         args += ["--file", name, f.url, f.sha256, f.path]

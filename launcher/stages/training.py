@@ -109,6 +109,12 @@ INIT_FROM = Pattern(
     f"{ABS_PATH.allowed}: an earlier run folder or a NeMo .ckpt; or {training_init.FROM_SCRATCH}: "
     "random weights on purpose",
 )
+# training.weights: a Hub repo (a pinned commit unless its family declares one) or a diffusers folder.
+WEIGHTS = Pattern(
+    rf"hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[0-9a-f]{{40}})?|{ABS_PATH.regex}",
+    "hf://<owner>/<name>[@<40-hex commit>] (a diffusers repo on the Hub), or an absolute path to a diffusers "
+    "folder (model_index.json, unet/, vae/ ...)",
+)
 # A training preset as `training=<preset>` names it: its path under conf/training/ less `.yaml`.
 PRESET = Pattern(
     r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*",
@@ -136,6 +142,16 @@ class TrainingConfig:
             "its final one when it still trains) or a NeMo .ckpt; optimizer, step and schedule start fresh. "
             "null = from scratch (or training.model.unet_config.from_pretrained), refused for a preset that "
             "continues another (training.continues): none = from scratch on purpose."
+        ),
+    )
+    weights: str | None = ruled(
+        WEIGHTS,
+        None,
+        help=(
+            "Start the whole model from released weights in diffusers' layout (docs/finetuning.md): the UNet, "
+            "the VAE and the text encoders NeMo reads in that layout, staged by the assets job. "
+            "hf://<owner>/<name>: a release the trained family declares, at its pinned commit (@<commit> for "
+            "another); or a diffusers folder on shared storage. null = training.init_from or random weights."
         ),
     )
     init_resources: JobResources = field(
