@@ -43,6 +43,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also build NeMo's UNet, VAE (staged weights) and text encoder on CPU",
     )
+    parser.add_argument(
+        "--release",
+        type=Path,
+        help="with --model-check: the diffusers folder of training.weights, which NeMo's UNet is loaded from "
+        "(every tensor counted) and compared with diffusers' own",
+    )
     parser.add_argument("--report", type=Path, help="write the JSON report here")
     args = parser.parse_args(argv)
     minimum = {"batches": 1, "world_size": 1, "micro_batch_size": 1, "num_workers": 0, "scan_tars": 0}
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.model_check and not report["errors"] and not args.precheck_only:
             from data_prep.model_check import check_models
 
-            report["models"], model_errors = check_models(model)
+            report["models"], model_errors = check_models(model, args.release)
             report["errors"].extend(model_errors)
         if not report["errors"] and not args.precheck_only:
             workers = int(model.data.num_workers) if args.num_workers is None else args.num_workers

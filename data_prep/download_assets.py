@@ -41,12 +41,13 @@ Design:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,8 @@ class Asset:
     written: tuple[Written, ...] = ()
     # A model already on shared storage (--local): its files are read there, none downloaded.
     origin: Path | None = None
+    # {file: sha256} published for the pinned revision (--expect): the Hub's listing must agree.
+    expected: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -162,6 +165,11 @@ def _remote_files(asset: Asset, endpoint: str | None) -> dict[str, Remote]:
     for name in asset.files:
         s = siblings[name]
         lfs_sha = s.lfs["sha256"] if s.lfs else None
+        if name in asset.expected and lfs_sha != asset.expected[name]:
+            raise AssetError(
+                f"{asset.label}: the Hub lists {name} with sha256 {lfs_sha}, not the {asset.expected[name]} "
+                "published for this revision: not the file the launcher pins; nothing downloaded"
+            )
         remote[name] = Remote(
             size=int(s.lfs["size"] if s.lfs else s.size or 0),
             sha256=lfs_sha,
@@ -285,6 +293,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="one file from a URL, pinned by its sha256 (data_prep/download_file.py)",
     )
     parser.add_argument(
+        "--expect",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("NAME", "FILE", "SHA256"),
+        help="the sha256 published for FILE of asset NAME at its revision: the Hub's listing must agree",
+    )
+    parser.add_argument(
         "--local",
         nargs="+",
         action="append",
@@ -325,7 +341,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     disable_progress_bars()  # a Slurm log gets one line per file, not a redrawn bar
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     log(STEP, "token: " + ("HF_TOKEN is set" if os.environ.get("HF_TOKEN") else "none (public repos only)"))
-    staged = [parse_asset(words, written) for words in args.asset]
+    expected: dict[str, dict[str, str]] = {}
+    for name, file, sha256 in args.expect:
+        expected.setdefault(name, {})[file] = sha256
+    staged = [
+        dataclasses.replace(parse_asset(words, written), expected=expected.get(words[0], {}))
+        for words in args.asset
+    ]
     staged += [parse_asset(words, written, local=True) for words in args.local]
     for asset in staged:
         stage(asset)

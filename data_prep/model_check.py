@@ -35,7 +35,16 @@ def _instantiate(section: DictConfig, key: str, **overrides: Any) -> Any:
         raise ModelCheckError(f"model.{key}: NeMo cannot build it: {exc}".replace("\n", " ")) from None
 
 
-def check_unet(model: DictConfig) -> dict[str, Any]:
+def check_unet(model: DictConfig, release: Path | None = None) -> dict[str, Any]:
+    """NeMo's UNet from the config; with `release` (training.weights' diffusers folder) loaded from it through
+    NeMo's own path, every tensor counted and its output compared with diffusers' (data_prep.weights_check)."""
+    if release is not None:
+        from data_prep.weights_check import WeightsCheckError, check_released
+
+        try:
+            return check_released(model, release)
+        except WeightsCheckError as exc:
+            raise ModelCheckError(str(exc)) from None
     section = OmegaConf.create(OmegaConf.to_container(model.unet_config, resolve=True))
     notes = []
     if section.get("from_pretrained"):  # training.init_from's file is written just before training
@@ -149,15 +158,21 @@ def check_text_encoder(model: DictConfig) -> dict[str, Any]:
     return next(iter(reports.values())) if len(reports) == 1 else reports
 
 
-def check_models(model: DictConfig) -> tuple[dict[str, Any], list[str]]:
-    """Each module checked on its own, so one report names every problem."""
+def check_models(model: DictConfig, release: Path | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Each module checked on its own, so one report names every problem; `release`: training.weights'
+    diffusers folder, which the UNet is loaded from and compared with."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as the training job runs: nothing from the Hub
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm absent off NVIDIA's container)
 
     report: dict[str, Any] = {}
     errors: list[str] = []
-    for name, check in (("unet", check_unet), ("vae", check_vae), ("text_encoder", check_text_encoder)):
+    checks = (
+        ("unet", lambda m: check_unet(m, release)),
+        ("vae", check_vae),
+        ("text_encoder", check_text_encoder),
+    )
+    for name, check in checks:
         try:
             report[name] = check(model)
         except ModelCheckError as exc:

@@ -211,3 +211,66 @@ def nemo_args(config: Mapping[str, Any]) -> dict[str, Any]:
         "adm_in_channels": config.get("projection_class_embeddings_input_dim"),
         "heads": [h if on else None for h, on in zip(per_level(heads), attention, strict=True)],
     }
+
+
+# NeMo's UNetModel defaults (openaimodel.py, v2.0.0) of the arguments preset_args reads.
+_NEMO_DEFAULTS: dict[str, Any] = {
+    "in_channels": None,
+    "out_channels": None,
+    "model_channels": None,
+    "num_res_blocks": None,
+    "attention_resolutions": [],
+    "channel_mult": [1, 2, 4, 8],
+    "num_heads": -1,
+    "num_head_channels": -1,
+    "transformer_depth": 1,
+    "context_dim": None,
+    "use_linear_in_transformer": False,
+    "adm_in_channels": None,
+}
+
+
+def preset_args(unet: Mapping[str, Any]) -> dict[str, Any]:
+    """A NeMo unet_config in nemo_args's form (NeMo's defaults filled in).
+
+    >>> preset_args({"model_channels": 32, "channel_mult": [1, 2], "num_res_blocks": 2, "attention_resolutions": [1],
+    ...              "num_heads": 2, "context_dim": 32, "in_channels": 4, "out_channels": 4})["heads"]
+    [2, None]
+    """
+    given = {key: unet.get(key, default) for key, default in _NEMO_DEFAULTS.items()}
+    mult = [int(m) for m in given["channel_mult"]]
+    resolutions = sorted(int(r) for r in given["attention_resolutions"])
+    attention = [2**level in resolutions for level in range(len(mult))]
+    depth = given["transformer_depth"]
+    depths = list(depth) if isinstance(depth, (list, tuple)) else [depth] * len(mult)
+    channels = [int(given["model_channels"] or 0) * m for m in mult]
+    head_channels, heads = int(given["num_head_channels"]), int(given["num_heads"])
+    per_level = [c // head_channels if head_channels > 0 else heads for c in channels]
+    context = given["context_dim"]
+    return {
+        "in_channels": given["in_channels"],
+        "out_channels": given["out_channels"],
+        "model_channels": given["model_channels"],
+        "channel_mult": mult,
+        "num_res_blocks": given["num_res_blocks"],
+        "attention_resolutions": resolutions,
+        "context_dim": context[0] if isinstance(context, (list, tuple)) else context,
+        "use_linear_in_transformer": bool(given["use_linear_in_transformer"]),
+        "transformer_depth": [d if on else None for d, on in zip(depths, attention, strict=True)],
+        "adm_in_channels": given["adm_in_channels"],
+        "heads": [h if on else None for h, on in zip(per_level, attention, strict=True)],
+    }
+
+
+def unet_differences(theirs: Mapping[str, Any], unet: Mapping[str, Any]) -> list[str]:
+    """Where a UNet described by nemo_args (a release's config) and a NeMo unet_config differ, as
+    `key <theirs> there, <ours> here` (`heads`: NeMo's num_heads, or the width over num_head_channels).
+
+    >>> sd15 = {"block_out_channels": [32, 64], "layers_per_block": 2, "cross_attention_dim": 32,
+    ...         "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"], "attention_head_dim": 2}
+    >>> unet_differences(nemo_args(sd15), {"model_channels": 32, "channel_mult": [1, 2], "num_res_blocks": 1,
+    ...     "attention_resolutions": [1], "num_heads": 2, "context_dim": 32, "in_channels": 4, "out_channels": 4})
+    ['num_res_blocks 2 there, 1 here']
+    """
+    ours = preset_args(unet)
+    return [f"{key} {theirs[key]} there, {ours[key]} here" for key in theirs if theirs[key] != ours[key]]

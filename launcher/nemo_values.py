@@ -86,6 +86,9 @@ NEMO_SCHEDULERS: tuple[str, ...] = (
 # conditioning key; make_beta_schedule (modules/stable_diffusion/diffusionmodules/util.py) raises
 # ValueError for other schedules.
 SD_PARAMETERIZATIONS: tuple[str, ...] = ("eps", "x0", "v")
+# PEFT_CONFIG_MAP's scheme for Stable Diffusion (SDLoraPEFTConfig: LoRA on the UNet's attention projections);
+# its other schemes are Megatron GPT's.
+SD_PEFT_SCHEMES: tuple[str, ...] = ("sdlora",)
 SD_LOSS_TYPES: tuple[str, ...] = ("l1", "l2")
 SD_CONDITIONING_KEYS: tuple[object, ...] = (None, "concat", "crossattn", "hybrid", "adm")
 SD_BETA_SCHEDULES: tuple[str, ...] = ("linear", "cosine", "sqrt_linear", "sqrt")
@@ -152,5 +155,10 @@ MODEL_RULES = {
     "optim.sched.warmup_steps": Range(0),
     # NeMo's SD loader uses persistent workers: 0 fails there.
     "data.num_workers": Range(1),
+    # LoRA (sd_train.py / sd_xl_train.py: PEFT_CONFIG_MAP[peft_scheme], v2.0.0 nlp/parts/peft_config.py): the
+    # scheme made for SD's attention projections, of a rank of at least 1.
+    "peft.peft_scheme": Choice(SD_PEFT_SCHEMES),
+    "peft.lora_tuning.adapter_dim": Range(1),
+    "peft.lora_tuning.adapter_dropout": Range(0, 1, integer=False),
     "data.synthetic_data_length": Range(1),
 }

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.unet_names import nemo_args
+from data_prep.unet_names import nemo_args, unet_differences
 from launcher.errors import ConfigError
 from launcher.families import family_of, names
 from launcher.families.family import DIFFUSERS_CONFIGS, UNET_FILE, VAE_FILE, Family, Released
-from launcher.unet_shape import unet_shape
 
 KEY = "training.weights"
 HUB = "hf://"
@@ -234,31 +233,92 @@ def check_unet(cfg: Any, config: dict[str, Any], where: str) -> None:
         )
 
 
-def preset_args(unet: dict[str, Any]) -> dict[str, Any]:
-    """A preset's unet_config in data_prep.unet_names.nemo_args's form (NeMo's defaults filled in)."""
-    shape = unet_shape({"unet_config": unet})
-    mult = [int(m) for m in shape["channel_mult"]]
-    attention = [2**level in shape["attention_resolutions"] for level in range(len(mult))]
-    depth = shape["transformer_depth"]
-    depths = list(depth) if isinstance(depth, list) else [depth] * len(mult)
-    head_channels, heads = int(unet.get("num_head_channels", -1)), int(unet.get("num_heads", -1))
-    channels = [int(shape["model_channels"]) * m for m in mult]
-    per_level = [c // head_channels if head_channels > 0 else heads for c in channels]
-    context = shape["context_dim"]
-    return {
-        **{key: shape[key] for key in ("in_channels", "out_channels", "model_channels", "num_res_blocks")},
-        "channel_mult": mult,
-        "attention_resolutions": sorted(shape["attention_resolutions"]),
-        "context_dim": context[0] if isinstance(context, list) else context,
-        "use_linear_in_transformer": bool(shape["use_linear_in_transformer"]),
-        "transformer_depth": [d if on else None for d, on in zip(depths, attention, strict=True)],
-        "adm_in_channels": shape["adm_in_channels"],
-        "heads": [h if on else None for h, on in zip(per_level, attention, strict=True)],
-    }
+def host_check(cfg: Any) -> None:
+    """What the submitting host can tell before anything is submitted: a folder holds a diffusers UNet of
+    this preset's; a Hub repo and commit exist and serve their files to this token (when the Hub answers)."""
+    weights = of(cfg)
+    if weights is None:
+        return
+    if weights.folder is not None:
+        _check_folder(cfg, weights.folder)
+    elif not cfg.dry_run:  # a dry run stays offline; a real launch asks the Hub once
+        _check_hub(cfg, weights)
 
 
-def unet_differences(theirs: dict[str, Any], unet: dict[str, Any]) -> list[str]:
-    """Where a source's UNet (nemo_args of its diffusers config) and a preset's unet_config differ, as
-    `key <theirs> there, <ours> here` (`heads`: num_heads or num_head_channels)."""
-    ours = preset_args(unet)
-    return [f"{key} {theirs[key]} there, {ours[key]} here" for key in theirs if theirs[key] != ours[key]]
+def _check_folder(cfg: Any, folder: Path) -> None:
+    from data_prep.safetensors_file import SafetensorsError, read_header
+
+    missing = [name for name in (UNET_CONFIG, UNET_FILE, VAE_FILE) if not (folder / name).is_file()]
+    if missing:
+        raise ConfigError(
+            KEY,
+            f"{folder} holds no {', '.join(missing)}: not a diffusers folder; allowed: a folder as "
+            "DiffusionPipeline.save_pretrained writes it (model_index.json, unet/, vae/, ...) or hf://<owner>/<name>",
+        )
+    for name in (UNET_FILE, VAE_FILE):
+        try:
+            read_header(folder / name)
+        except SafetensorsError as exc:
+            raise ConfigError(KEY, f"{exc}; allowed: safetensors weights, as diffusers saves them") from None
+    check_unet(cfg, json.loads((folder / UNET_CONFIG).read_text()), str(folder / UNET_CONFIG))
+
+
+def _token(cfg: Any) -> str | None:
+    path = cfg.assets.hf_token_file
+    if path and Path(path).is_file():
+        return Path(path).read_text().strip() or None
+    return None
+
+
+def _check_hub(cfg: Any, weights: Weights) -> None:
+    """One listing call to the Hub (HF_ENDPOINT honoured): a missing repo or commit, or a gated repo this
+    token may not read, is refused; a Hub that does not answer is left to the assets job, which names it."""
+    import os
+
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).model_info(
+            str(weights.repo_id), revision=weights.revision, token=_token(cfg) or False, timeout=10
+        )
+    except GatedRepoError:
+        raise ConfigError(
+            KEY,
+            f"{weights.repo_id} is gated: the Hub serves it only with a token of an account that accepted its "
+            "licence; allowed: assets.hf_token_file=<a file holding that token>",
+        ) from None
+    except RevisionNotFoundError:
+        raise ConfigError(
+            KEY,
+            f"{weights.repo_id} has no commit {weights.revision}; allowed: a commit of its History on the Hub",
+        ) from None
+    except RepositoryNotFoundError:
+        raise ConfigError(
+            KEY,
+            f"{weights.repo_id}: no such model repo on the Hub (or it is private and assets.hf_token_file gives "
+            "no token that may read it); allowed: an existing repo id",
+        ) from None
+    except Exception:  # any other client or network error (no route, DNS, TLS, 5xx): not a refusal
+        return  # the Hub does not answer here: the assets job asks again and names what it got
+
+
+def notes(cfg: Any) -> tuple[str, ...]:
+    """The line the plan prints: what the training starts from, under which licence, staged where."""
+    weights = of(cfg)
+    if weights is None:
+        return ()
+    read = "UNet, VAE and text encoder" if weights.diffusers.text_encoders else "UNet and VAE"
+    if weights.released is not None:
+        what = f"{weights.released.title} ({HUB}{weights.repo_id}@{str(weights.revision)[:12]})"
+        licence = f"licence {weights.released.licence}"
+    else:
+        what, licence = weights.label, "its licence is on its model card"
+    return (
+        f"training: starts from {what}, its {read} staged by the assets job in {staged_dir(cfg, weights)}; "
+        f"{licence}: read it before you ship what this trains",
+    )

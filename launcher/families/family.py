@@ -161,6 +161,9 @@ class Diffusers:
     # text model's folder, the tokenizer's folder). The others keep the family's assets (NeMo's OpenCLIP
     # embedders read open_clip's own format, which a diffusers repo does not hold).
     text_encoders: tuple[tuple[str, str, str], ...] = ()
+    # Memory data_check needs to load the released UNet into NeMo's and diffusers' (one after the other,
+    # fp32) beside the VAE and text encoders: its job asks for at least this (a Slurm size).
+    check_mem: str = "32G"
 
 
 @dataclass(frozen=True)

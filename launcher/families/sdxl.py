@@ -205,5 +205,7 @@ FAMILY = Family(
         matches=lambda config: config.get("addition_embed_type") == "text_time",
         stages_unet=True,
         text_encoders=((f"{CONDITIONER}.0.emb_model", "text_encoder", "tokenizer"),),
+        # The UNet is 10.3 GB in fp32 (2.57 billion parameters), read once as released and once by NeMo.
+        check_mem="64G",
     ),
 )

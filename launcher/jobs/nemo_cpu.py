@@ -127,6 +127,17 @@ def patch_for_cpu() -> list[str]:
 
     EMAOptimizer.load_state_dict = load_state_dict
     done.append("EMAOptimizer.load_state_dict: restored EMA tensors detached, as .to('cuda') gives on a GPU")
+
+    # LoRA (model.peft): NeMo's ParallelLinearAdapter initialises its megatron-core layers inside
+    # get_cuda_rng_tracker().fork(), which swaps in the CUDA generator's "model-parallel-rng" state that
+    # model_parallel_cuda_manual_seed adds on a GPU (not here: no CUDA). On CPU the init draws from torch's CPU
+    # generator, seeded by the run's seed, as one tensor-parallel rank's does.
+    import contextlib
+
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tp_random.CudaRNGStatesTracker.fork = lambda self, name="model-parallel-rng": contextlib.nullcontext()
+    done.append("megatron.core CudaRNGStatesTracker.fork (the CUDA generator) -> torch's CPU generator")
     return done
 
 

@@ -13,7 +13,7 @@ from omegaconf import MISSING
 
 from launcher import families, weights
 from launcher.config import JobResources, Runtime
-from launcher.context import Context
+from launcher.context import Context, Facts
 from launcher.errors import ConfigError
 from launcher.rules import ABS_PATH, FOLDER, Each, Pattern, described, ruled
 from launcher.spec import JobSpec
@@ -129,7 +129,12 @@ def _weights_args(cfg: Any) -> tuple[str, ...]:
         args: tuple[str, ...] = ("--asset", WEIGHTS, str(found.repo_id), str(found.revision), staged)
     else:
         args = ("--local", WEIGHTS, str(found.folder), staged)
-    args += (*found.files(), "--nemo-vae", WEIGHTS, weights.VAE_FILE, weights.NEMO_VAE)
+    pinned = found.released.sha256 if found.released else {}
+    args += (
+        *found.files(),
+        *(word for file, sha in pinned.items() for word in ("--expect", WEIGHTS, file, sha)),
+    )
+    args += ("--nemo-vae", WEIGHTS, weights.VAE_FILE, weights.NEMO_VAE)
     if found.diffusers.stages_unet:
         args += ("--nemo-unet", WEIGHTS, weights.UNET_FILE, weights.UNET_CONFIG, weights.NEMO_UNET)
     for _, text, tokenizer in found.diffusers.text_encoders:
@@ -187,6 +192,13 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
         _check_nemo_vae(name, asset)
         if cfg.container.runtime is Runtime.pyxis:
             require_mounted(f"assets.{name}.local_dir", asset.local_dir, cfg.container.mounts)
+    found = weights.of(cfg)
+    if found is not None and cfg.container.runtime is Runtime.pyxis:
+        require_mounted(weights.KEY, str(weights.origin_dir(cfg, found)), cfg.container.mounts)
+
+
+def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
+    weights.host_check(cfg)
 
 
 def _check_nemo_vae(name: str, asset: AssetConfig) -> None:
@@ -213,4 +225,5 @@ STAGE = StageSpec(
     plan=plan,
     auto=lambda cfg: cfg.assets.enable,
     check=_check,
+    host_check=_host_check,
 )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher import nemo_config, nemo_python
+from launcher import nemo_config, nemo_python, weights
 from launcher.config import JobResources
 from launcher.context import Context
 from launcher.nemo_python import NemoJob
@@ -66,12 +67,34 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         "--report",
         str(DataCheckOutputs(ctx.run_dir).report),
         *(("--model-check",) if dc.model_check else ()),
+        *_release_args(ctx.cfg),
     )
     resources = cpu_resources(ctx, dc.resources)
+    found = weights.of(ctx.cfg) if dc.model_check else None
+    if found is not None and _megabytes(found.diffusers.check_mem) > _megabytes(resources.mem):
+        resources = dataclasses.replace(resources, mem=found.diffusers.check_mem)
     job = make_job(
         ctx, stage=NAME, name="data_check", argv=argv, resources=resources, env=nemo_config.OFFLINE_HUB_ENV
     )
     return (job,)
+
+
+def _megabytes(mem: str | None) -> int:
+    """A Slurm memory size in MB ("0", all of a node's, counts as the most)."""
+    if mem is None:
+        return 0
+    if mem == "0":
+        return 1 << 62
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    return int(float(mem.rstrip("KMGT")) * units.get(mem[-1], 1))
+
+
+def _release_args(cfg: Any) -> tuple[str, ...]:
+    """With the model check, training.weights' diffusers folder: the UNet is loaded from it and compared."""
+    found = weights.of(cfg)
+    if found is None or not cfg.data_check.model_check:
+        return ()
+    return ("--release", str(weights.origin_dir(cfg, found)))
 
 
 def _needs(cfg: Any) -> tuple[str, ...]:

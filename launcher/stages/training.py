@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher import cost, nemo_config, nemo_python, sizing, space
+from launcher import cost, nemo_config, nemo_python, sizing, space, weights
 from launcher.config import JobResources
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
@@ -306,6 +306,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
     write_s = training_status.checkpoint_write_s(ctx.run_dir)  # a save this run's logs timed, if any
     return (
         *training_init.notes(ctx, NAME),
+        *weights.notes(ctx.cfg),
         shape,
         training_recovery.note(ctx.cfg),
         *cost.notes(ctx.cfg, write_s),

@@ -13,8 +13,9 @@ any package that CI can install (not in NeMo's wheel nor its sdist, only in NeMo
 NVIDIA's containers). With NEMO_SD_TRAIN=<path to that file> this runs it as is; without, it runs
 `sd_train_main()` below, which makes the same calls in the same order (v2.0.0 and v2.4.0 are
 identical): the trainer from MegatronTrainerBuilder with the strategy chosen by model.ddp_overlap,
-exp_manager, MegatronLatentDiffusion, fit. CUDA-graph capture and PEFT branches are off in the
-presets (capture_cudagraph_iters -1, no peft), and are refused here rather than re-created.
+exp_manager, MegatronLatentDiffusion, its LoRA adapters when model.peft is set (`add_adapters`, sd_train.py's
+own branch), fit. The CUDA-graph capture branch is off in the presets (capture_cudagraph_iters -1) and is
+refused here rather than re-created.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def sd_train_main(cfg: Any) -> None:
     from nemo.collections.nlp.parts.nlp_overrides import NLPDDPStrategy
     from nemo.utils.exp_manager import exp_manager
 
-    if cfg.model.capture_cudagraph_iters >= 0 or cfg.model.get("peft"):
-        raise SystemExit("CUDA-graph capture and PEFT need the real sd_train.py (set NEMO_SD_TRAIN)")
+    if cfg.model.capture_cudagraph_iters >= 0:
+        raise SystemExit("CUDA-graph capture needs the real sd_train.py (set NEMO_SD_TRAIN)")
 
     class Builder(MegatronTrainerBuilder):
         def _training_strategy(self) -> NLPDDPStrategy:
@@ -105,7 +106,21 @@ def sd_train_main(cfg: Any) -> None:
     trainer = Builder(cfg).create_trainer(None)
     exp_manager(trainer, cfg.exp_manager)
     model = MegatronLatentDiffusion(cfg.model, trainer)
+    add_adapters(model, cfg)
     trainer.fit(model)
+
+
+def add_adapters(model: Any, cfg: Any) -> None:
+    """sd_train.py's and sd_xl_train.py's PEFT branch (v2.0.0 and v2.4.0 alike): with model.peft, the scheme's
+    config class from PEFT_CONFIG_MAP, and `model.add_adapter` with it. Their other branch (peft.restore_from_path)
+    calls `peft_cfg_cls(model_cfg)` with `model_cfg` undefined: a NameError, which the launcher refuses first."""
+    if not cfg.model.get("peft"):
+        return
+    from nemo.collections.nlp.parts.peft_config import PEFT_CONFIG_MAP
+
+    if cfg.model.peft.restore_from_path is not None:
+        raise SystemExit("peft.restore_from_path: NeMo's scripts fail there (NameError: model_cfg)")
+    model.add_adapter(PEFT_CONFIG_MAP[cfg.model.peft.peft_scheme](cfg.model))
 
 
 def run_entry(runner: str, patched: list[str], env_var: str, fallback: Callable[[], None], name: str) -> None:

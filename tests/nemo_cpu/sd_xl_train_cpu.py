@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sd_train_cpu import patch_for_cpu, report_unet_load, run_hydra_entry
+from sd_train_cpu import add_adapters, patch_for_cpu, report_unet_load, run_hydra_entry
 
 
 def trainer_builder() -> type:
@@ -66,13 +66,11 @@ def sd_xl_train_main(cfg: Any) -> None:
     )
     from nemo.utils.exp_manager import exp_manager
 
-    if cfg.model.get("peft"):
-        raise SystemExit("PEFT needs the real sd_xl_train.py (set NEMO_SD_XL_TRAIN)")
-
     torch.backends.cuda.matmul.allow_tf32 = True
     trainer = trainer_builder()(cfg).create_trainer()
     exp_manager(trainer, cfg.exp_manager)
     model = MegatronDiffusionEngine(cfg.model, trainer)
+    add_adapters(model, cfg)
     trainer.fit(model)
 
 
