@@ -15,7 +15,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
+from data_prep.cpu_model import on_cpu
 from launcher import fsdp, latents, weights
+from launcher.config import BackendName
 from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
@@ -44,9 +46,14 @@ class TrainingShape:
         return self.global_batch_size // (self.micro_batch_size * self.world_size)
 
 
+def on_cpu_partition(cfg: Any) -> bool:
+    """Training on a Slurm CPU partition (cluster.gpus_per_node=0): one NeMo process per node, over gloo."""
+    return cfg.cluster.gpus_per_node < 1 and cfg.cluster.backend is BackendName.slurm
+
+
 def world_size(cfg: Any) -> int:
-    """Data-parallel ranks of the planned training (1 on a cluster without GPUs, e.g. local)."""
-    return shape(cfg).world_size if cfg.cluster.gpus_per_node >= 1 else 1
+    """Data-parallel ranks of the planned training (1 on the local backend without GPUs)."""
+    return shape(cfg).world_size if cfg.cluster.gpus_per_node >= 1 or on_cpu_partition(cfg) else 1
 
 
 def config_path(ctx: Context) -> Path:
@@ -133,11 +140,11 @@ def _check_pretrained(cfg: Any) -> None:
 
 
 def shape(cfg: Any) -> TrainingShape:
-    """Nodes, GPUs and batch sizes of the training job (the cluster must have GPUs: see `check`)."""
+    """Nodes, GPUs (without them, one CPU process per node) and batch sizes of the training job."""
     tr = cfg.training
     return TrainingShape(
         nodes=int(tr.trainer.get("num_nodes", 1)),
-        gpus_per_node=cfg.cluster.gpus_per_node,
+        gpus_per_node=max(cfg.cluster.gpus_per_node, 1),
         micro_batch_size=int(tr.model.get("micro_batch_size", 1)),
         global_batch_size=int(tr.model.get("global_batch_size", 1)),
     )
@@ -180,17 +187,44 @@ def _check_resume_position(cfg: Any) -> None:
         )
 
 
+def _check_peft(cfg: Any) -> None:
+    """LoRA (model.peft) trains adapters on a frozen UNet: one that starts from trained weights, and through
+    the branch NeMo's scripts can run (their restore_from_path branch calls peft_cfg_cls(model_cfg) with
+    model_cfg undefined: a NameError at start, sd_train.py and sd_xl_train.py v2.0.0 and v2.4.0)."""
+    peft = cfg.training.model.get("peft") or {}
+    if not peft:
+        return
+    if peft.get("restore_from_path") is not None:
+        raise ConfigError(
+            "training.model.peft.restore_from_path",
+            f"{peft.get('restore_from_path')!r}: NeMo's training scripts fail on it (NameError: model_cfg); "
+            "allowed: null (a LoRA run goes on from its own checkpoints when launched again)",
+        )
+    unet = cfg.training.model.get("unet_config") or {}
+    if (
+        cfg.training.weights is None
+        and cfg.training.init_from in (None, FROM_SCRATCH)
+        and not unet.get("from_pretrained")
+    ):
+        raise ConfigError(
+            "training.model.peft",
+            "trains adapters on a frozen UNet, but this one starts from random weights; allowed: "
+            "training.weights=hf://<owner>/<name> (or a diffusers folder), training.init_from=<a run>, or no peft",
+        )
+
+
 def check(cfg: Any) -> None:
     """Everything that would keep `build` from writing a config NeMo runs; the batch arithmetic only
     where there are GPUs (without them the config is written for data_check, as a world of one)."""
     weights.check(cfg)
+    _check_peft(cfg)
     _check_pretrained(cfg)
     _check_resume_position(cfg)
     latents.check(cfg)
     fsdp.check(cfg)
     family_of(cfg.training.model).check(cfg)
     _check_time(cfg)
-    if cfg.cluster.gpus_per_node >= 1:
+    if cfg.cluster.gpus_per_node >= 1 or on_cpu_partition(cfg):
         _check_shape(cfg)
 
 
@@ -232,13 +266,11 @@ def build(ctx: Context, cached_inputs: bool = True) -> dict[str, Any]:
     """The NeMo config as a plain dict, with derived values filled in; `cached_inputs=False`: without
     what the latents switch sets (the config SDXL's encode step builds the caption embedders from).
 
-    Without GPUs (the local backend) it is written for data_check only, as a world of one GPU.
+    Without GPUs it runs on CPU, the CUDA kernels off (data_prep/cpu_model.py, as the rehearsal's): on a Slurm
+    CPU partition one NeMo process per node; on the local backend it is read by data_check alone.
     """
     tr = ctx.cfg.training
-    if ctx.cfg.cluster.gpus_per_node < 1:
-        s = TrainingShape(int(tr.trainer.get("num_nodes", 1)), 1, 1, 1)
-    else:
-        s = shape(ctx.cfg)
+    s = shape(ctx.cfg)
     layout = ctx.layout
     exp_manager: dict[str, Any] = {
         "explicit_log_dir": str(results_dir(ctx)),
@@ -266,7 +298,10 @@ def build(ctx: Context, cached_inputs: bool = True) -> dict[str, Any]:
     for key, value in weights.nemo_overrides(ctx.cfg).items():  # released weights, staged by the assets job
         OmegaConf.update(merged, f"model.{key}", value)
     merged = OmegaConf.merge(merged, latent)
-    return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
+    config: dict[str, Any] = OmegaConf.to_container(merged, resolve=True)  # type: ignore[assignment]
+    if ctx.cfg.cluster.gpus_per_node < 1:
+        on_cpu(config, [])
+    return config
 
 
 class _Dumper(getattr(yaml, "CDumper", yaml.Dumper)):  # type: ignore[misc]

@@ -123,8 +123,10 @@ class StageSpec:
     uses: Callable[[Any], tuple[str, ...]] = no_stages
     # Planned whenever a planned stage needs it, not only when named in `stages` (assets, data_check).
     auto: Callable[[Any], bool] = never
-    # Its jobs need GPUs: refused on a cluster with cluster.gpus_per_node=0.
+    # Its jobs need GPUs: refused on a cluster with cluster.gpus_per_node=0, unless `cpu_partition`: its jobs
+    # also run on a Slurm CPU partition (cluster.backend slurm, gpus_per_node 0), one process per node.
     gpus: bool = False
+    cpu_partition: bool = False
     check: Check = no_check
     host_check: HostCheck = no_host_check
     # The jobs it plans that run NeMo, each with its own interpreter key if it has one: their interpreters

@@ -190,11 +190,16 @@ def _check_container(cfg: Any) -> None:
 def _check_gpus(cfg: Any, planned: Sequence[StageSpec]) -> None:
     gpus = cfg.cluster.gpus_per_node
     for stage in planned:
-        if stage.gpus and gpus < 1:
+        if stage.gpus and gpus < 1 and not (stage.cpu_partition and cfg.cluster.backend is BackendName.slurm):
+            also = (
+                " or, on Slurm, a CPU partition (cluster=slurm cluster.gpus_per_node=0)"
+                if stage.cpu_partition
+                else ""
+            )
             raise ConfigError(
                 "cluster.gpus_per_node",
                 f"{stage.name} needs GPUs but the cluster has {gpus}; choose cluster=aws_p5, cluster=aws_p4de "
-                "or set cluster.gpus_per_node",
+                f"or set cluster.gpus_per_node{also}",
             )
 
 

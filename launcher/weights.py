@@ -151,6 +151,8 @@ def check(cfg: Any) -> None:
     weights = of(cfg)
     assert weights is not None
     _check_withdrawn(weights)
+    if weights.repo_id is not None and weights.released is None:
+        _check_other_family(cfg, weights)
     if weights.folder is None and weights.revision is None:
         known = ", ".join(f"{HUB}{r.repo_id}" for r in _released(family))
         raise ConfigError(
@@ -163,8 +165,6 @@ def check(cfg: Any) -> None:
             cfg, released_unet_config(weights.released), f"{weights.released.title}'s unet/config.json"
         )
         _check_parameterization(cfg, weights.released)
-    elif weights.repo_id is not None:
-        _check_other_family(cfg, weights)
 
 
 def _check_withdrawn(weights: Weights) -> None:
@@ -190,8 +190,8 @@ def _check_other_family(cfg: Any, weights: Weights) -> None:
             if release.repo_id == weights.repo_id:
                 raise ConfigError(
                     KEY,
-                    f"{weights.repo_id} is {release.title} ({other.title}), but training={cfg.training.run.name} "
-                    f"trains {weights.family.title}; allowed: a {other.title} training preset, or "
+                    f"{weights.repo_id} is {release.title} ({other.title}), but this training preset "
+                    f"({cfg.training.run.name}) trains {weights.family.title}; allowed: an {other.title} preset, or "
                     f"{', '.join(HUB + r.repo_id for r in _released(weights.family))}",
                 )
 
@@ -222,7 +222,8 @@ def check_unet(cfg: Any, config: dict[str, Any], where: str) -> None:
         raise ConfigError(
             KEY,
             f"{where} describes a {theirs[0] if theirs else 'UNet of no family here (' + names() + ')'} UNet, "
-            f"but training={cfg.training.run.name} trains {family.title}; allowed: weights of {family.title}",
+            f"but this training preset ({cfg.training.run.name}) trains {family.title}; allowed: weights of "
+            f"{family.title}",
         )
     differ = unet_differences(nemo_args(config), cfg.training.model.get("unet_config") or {})
     if differ:

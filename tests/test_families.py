@@ -94,7 +94,8 @@ def test_the_scan_finds_a_family_named_outside_the_package(tmp_path: Path) -> No
 def test_every_training_preset_has_exactly_one_family(preset: Path) -> None:
     model = to_schema(compose_config([f"training={preset}", "training.init_from=none"])).training.model
     matching = [family.name for family in families.FAMILIES if family.matches(model)]
-    expected = {"sdxl": "sdxl", "stable_diffusion": "sd2" if "v2_0" in preset.name else "sd1"}[
+    sd = "sd2" if "v2_0" in preset.name or "sd21" in preset.name else "sd1"
+    expected = {"sdxl": "sdxl", "stable_diffusion": sd, "finetune": "sdxl" if "sdxl" in preset.name else sd}[
         preset.parts[0]
     ]
     assert matching == [expected]

@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from data_prep.cpu_model import on_cpu
+from data_prep.cpu_model import set_value as _set
 from launcher.families import family_of
 
 STEPS = 2  # step 1 from scratch, its checkpoint, then a new process resumes it for step 2
@@ -42,21 +44,12 @@ def tiny_width(unet: dict[str, Any]) -> int:
     return min(planned, math.lcm(GROUPS, per_head))
 
 
-def _set(section: dict[str, Any], key: str, value: Any, why: str, changes: list[str], path: str) -> None:
-    """Set `key` and note the change, only where it changes something."""
-    if section.get(key) != value:
-        changes.append(f"{path}.{key}: {section.get(key)!r} -> {value!r} ({why})")
-        section[key] = value
-
-
 def _world(config: dict[str, Any], results: Path, changes: list[str]) -> None:
     trainer = config.setdefault("trainer", {})
-    for key, value in (("accelerator", "cpu"), ("devices", 1), ("num_nodes", 1)):
+    for key, value in (("devices", 1), ("num_nodes", 1)):
         _set(trainer, key, value, "one CPU process", changes, "trainer")
     _set(trainer, "max_steps", STEPS, "step 1, its checkpoint, step 2 resumed", changes, "trainer")
     _set(trainer, "log_every_n_steps", 1, "each step in the log", changes, "trainer")
-    if str(trainer.get("precision")) in ("16", "16-mixed"):
-        _set(trainer, "precision", "bf16-mixed", "16-bit autocast is CUDA's", changes, "trainer")
     exp = config.setdefault("exp_manager", {})
     _set(exp, "explicit_log_dir", str(results), "the rehearsal's own folder", changes, "exp_manager")
     _set(exp, "create_wandb_logger", False, "no W&B run for a rehearsal", changes, "exp_manager")
@@ -84,12 +77,7 @@ def _world(config: dict[str, Any], results: Path, changes: list[str]) -> None:
 def _model(model: dict[str, Any], synthetic: bool, changes: list[str]) -> None:
     for key, value in (("micro_batch_size", 1), ("global_batch_size", 1)):
         _set(model, key, value, "one CPU process", changes, "model")
-    for key, value in (("inductor", False), ("capture_cudagraph_iters", -1)):
-        if key in model:
-            _set(model, key, value, "a CUDA kernel", changes, "model")
     _set(model, "ckpt_path", None, "a full-size checkpoint", changes, "model")
-    if "nsys_profile" in model:
-        _set(model["nsys_profile"], "enabled", False, "a CUDA profiler", changes, "model.nsys_profile")
     data = model.setdefault("data", {})
     _set(data, "num_workers", 1, "one loader worker is enough for 2 batches", changes, "model.data")
     if synthetic:
@@ -101,30 +89,10 @@ def _model(model: dict[str, Any], synthetic: bool, changes: list[str]) -> None:
     if unet.get("from_pretrained"):
         why = "a full-size UNet: the rehearsal checks it on its own (training.init_from)"
         _set(unet, "from_pretrained", None, why, changes, "model.unet_config")
-    for key in ("use_flash_attention", "use_te_fp8"):
-        if key in unet:
-            _set(unet, key, False, "a CUDA kernel", changes, "model.unet_config")
-    for path, section in _devices(model, "model"):  # text encoders, SDXL's cached-embedding readers
-        _set(section, "device", "cpu", "no GPU", changes, path)
     family = family_of(model)
     for key, (value, why) in family.rehearsal.cpu_settings.items() if family.rehearsal else ():
         if key in model:
             _set(model, key, value, why, changes, "model")
-
-
-def _devices(section: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
-    """(dotted path, section) of every section under `section` naming a `device`: NeMo's modules take
-    "cuda" there (their default too).
-
-    >>> [p for p, _ in _devices({"a": {"device": "cuda"}, "b": [{"emb_model": {"device": "cuda"}}]}, "model")]
-    ['model.a', 'model.b.0.emb_model']
-    """
-    found = [(path, section)] if isinstance(section, dict) and "device" in section else []
-    children = section.items() if isinstance(section, dict) else enumerate(section)
-    for key, child in children if isinstance(section, dict | list) else ():
-        if isinstance(child, dict | list):
-            found += _devices(child, f"{path}.{key}")
-    return found
 
 
 def derive(
@@ -138,10 +106,11 @@ def derive(
     >>> config["model"]["unet_config"]["model_channels"], config["trainer"]["devices"]
     (32, 1)
     >>> changes[0]
-    "trainer.accelerator: None -> 'cpu' (one CPU process)"
+    "trainer.accelerator: None -> 'cpu' (no GPU)"
     """
     config = copy.deepcopy(planned)
     changes: list[str] = []
+    on_cpu(config, changes)
     _world(config, results, changes)
     _model(config.setdefault("model", {}), synthetic, changes)
     return config, changes

@@ -4,10 +4,11 @@ nodes, optionally chained."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher import cost, nemo_config, nemo_python, sizing, space, weights
+from launcher import cost, families, nemo_config, nemo_python, sizing, space, weights
 from launcher.config import JobResources
 from launcher.context import Context, Facts
 from launcher.errors import ConfigError
@@ -210,6 +211,8 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         resources = training_recovery.resources(resources)
         rendezvous = training_recovery.RENDEZVOUS
         srun_args = training_recovery.SRUN_ARGS
+    elif nemo_config.on_cpu_partition(ctx.cfg):  # NeMo's script with its CUDA/apex-only calls replaced
+        argv = (python, "-u", "-m", "launcher.jobs.cpu_training", *script)
     else:
         argv = (python, "-u", *script)
     # No --signal: NeMo stops itself before the limit (exp_manager.max_time_per_run); Lightning's
@@ -278,8 +281,42 @@ def _check_data_read(cfg: Any, planned: frozenset[str]) -> None:
     )
 
 
+def _check_cpu_partition(cfg: Any) -> None:
+    """On a CPU partition: what the family says a CPU cannot run (SDXL's FSDP), 16-bit autocast (CUDA's), and
+    ft_launcher (started around NeMo's script, not around the CPU runner) are refused, each in one line."""
+    if not nemo_config.on_cpu_partition(cfg):
+        return
+    model, trainer = cfg.training.model, cfg.training.trainer
+    if not cfg.cluster.cpus_per_node:
+        raise ConfigError(
+            "cluster.cpus_per_node",
+            "null on a CPU partition: each node's one NeMo process would get one CPU; allowed: the CPUs of "
+            "a node (all of them go to that process's torch threads)",
+        )
+    family = families.family_of(model)
+    for key, (value, why) in family.rehearsal.cpu_settings.items() if family.rehearsal else ():
+        if key in model and model[key] != value:
+            raise ConfigError(
+                f"training.model.{key}",
+                f"{json.dumps(model[key])} on a CPU partition: {why}; allowed: {json.dumps(value)}",
+            )
+    if str(trainer.get("precision")) in ("16", "16-mixed"):
+        raise ConfigError(
+            "training.trainer.precision",
+            f"{trainer.get('precision')!r} on a CPU partition: 16-bit autocast is CUDA's; allowed: bf16-mixed "
+            "(CPU autocast) or 32",
+        )
+    if training_recovery.enabled(cfg):
+        raise ConfigError(
+            "training.exp_manager.create_fault_tolerance_callback",
+            "true on a CPU partition: ft_launcher would start NeMo's script without the CPU runner; allowed: "
+            "false (a failed part is still resubmitted: training.fault_tolerance)",
+        )
+
+
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     _check_data_read(cfg, planned)
+    _check_cpu_partition(cfg)
     nemo_config.check(cfg)
     training_init.check(cfg)
     training_recovery.check(cfg)
@@ -319,6 +356,7 @@ STAGE = StageSpec(
     plan=plan,
     needs=_needs,
     gpus=True,
+    cpu_partition=True,
     data_role=DataRole.reads,
     check=_check,
     host_check=_host_check,
