@@ -166,7 +166,9 @@ def test_no_nemo_interpreter_without_a_container_is_refused(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_tiny_config_of_each_preset_changes_only_what_a_cpu_needs(preset: str) -> None:
-    plan = _plan("stages=[training]", f"training={preset}", "training.weights=null", "training.init_from=/fsx/r")
+    plan = _plan(
+        "stages=[training]", f"training={preset}", "training.weights=null", "training.init_from=/fsx/r"
+    )
     planned = yaml.safe_load(dict(plan.files)[plan.run_dir / f"training/{plan.jobs[-1].name}.yaml"])
     tiny, changes = derive(planned, Path("/fsx/x/results"))
     unet = tiny["model"]["unet_config"]
