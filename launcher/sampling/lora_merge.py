@@ -1,0 +1,147 @@
+"""A LoRA run's checkpoint (or .nemo) as the whole model it trained, for NeMo's conversion and inference.
+
+A run with `model.peft` (NeMo's sdlora) saves its adapters alone: NeMo's PEFT state dict holds each adapted
+projection's `<path>.adapter_layer.parallel_linear_adapter.linear_in.weight` (A, rank x in) and
+`linear_out.weight` (B, out x rank), no base weight (those stay as `unet_config.from_pretrained` loads them).
+NeMo's convert_ckpt_to_nemo.py, sd_infer.py, generate_fid_images.py and sd_xl_infer.py build the model
+without adapters and load strictly, so they cannot read it. Here NeMo builds the model the run's config
+describes, its base weights loaded as training loaded them (the family's model class's own
+`model_provider_func`: LatentDiffusion or DiffusionEngine), and each adapted weight becomes W + s * B @ A, s
+= network_alpha / rank when network_alpha is set, else 1: what LinearWrapper.forward adds (NeMo v2.0.0 and
+2.4.1 attention.py). The result is a full state dict and the config without `peft`: sampled as any
+fine-tuned model's, it draws what the adapters draw.
+
+Job side: runs in NeMo's interpreter (torch, NeMo imported lazily).
+"""
+
+from __future__ import annotations
+
+import importlib
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from data_prep.atomic import atomic_path
+from launcher.families import family_of
+
+ADAPTER = ".adapter_layer.parallel_linear_adapter."
+MODEL_PREFIX = "model."  # the Megatron module's own under which its inner model's state sits
+
+
+class LoraMergeError(ValueError):
+    """The adapters do not belong to the model the config builds: the message names the tensor."""
+
+
+def is_lora(model_config: Any) -> bool:
+    return bool((model_config or {}).get("peft"))
+
+
+def _scale(model_config: Any) -> float:
+    tuning = model_config["peft"]["lora_tuning"]
+    alpha = tuning.get("network_alpha")
+    return float(alpha) / int(tuning["adapter_dim"]) if alpha else 1.0
+
+
+def base_config(model_config: Any) -> dict[str, Any]:
+    """The config without `peft`: what the merged model is."""
+    return {key: value for key, value in dict(model_config).items() if key != "peft"}
+
+
+def _inner_model(model_config: Any) -> Any:
+    """NeMo's model of `model_config` as its Megatron class builds it (no trainer needed: the inner module)."""
+    from megatron.core import ModelParallelConfig
+    from omegaconf import OmegaConf
+
+    import data_prep.nemo_compat  # noqa: F401  (apex GroupNorm absent off NVIDIA's container)
+
+    module, name = family_of(model_config).rehearsal.model_class.split(":")  # type: ignore[union-attr]
+    cls = getattr(importlib.import_module(module), name)
+    owner = SimpleNamespace(
+        cfg=OmegaConf.create(base_config(model_config)), model_parallel_config=ModelParallelConfig()
+    )
+    return cls.model_provider_func(owner)
+
+
+def merged_state(model_config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
+    """The whole model's state dict (under the Megatron module's `model.`), the adapters folded in."""
+    import torch
+
+    inner = _inner_model(model_config)
+    state = {MODEL_PREFIX + key: value for key, value in inner.state_dict().items()}
+    del inner
+    scale, merged = _scale(model_config), 0
+    for key in sorted(k for k in adapters if k.endswith(ADAPTER + "linear_in.weight")):
+        path = key.removesuffix(ADAPTER + "linear_in.weight")
+        a, b = adapters[key], adapters.get(path + ADAPTER + "linear_out.weight")
+        weight = state.get(path + ".weight")
+        if b is None or weight is None or (b.shape[0], a.shape[1]) != tuple(weight.shape):
+            raise LoraMergeError(
+                f"{key}: no {path}.weight of shape {(None if b is None else b.shape[0], a.shape[1])}"
+            )
+        with torch.no_grad():
+            state[path + ".weight"] = weight + scale * (b.to(weight.dtype) @ a.to(weight.dtype))
+        merged += 1
+    foreign = [key for key in adapters if ADAPTER not in key and key not in state]
+    if foreign:
+        raise LoraMergeError(f"{foreign[0]}: a tensor the model of this config does not have")
+    if not merged:
+        raise LoraMergeError(f"no adapter among the checkpoint's {len(adapters)} tensors: not a LoRA run's")
+    return state
+
+
+def merged_checkpoint(checkpoint: Path, model_config: Any, out: Path) -> Path:
+    """`out/checkpoints/<checkpoint's name>`: the LoRA training checkpoint as a full one, with
+    `out/hparams.yaml` (the config without peft) where NeMo's conversion looks for it."""
+    import torch
+    from omegaconf import OmegaConf
+
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    saved["state_dict"] = merged_state(model_config, saved["state_dict"])
+    target = out / "checkpoints" / checkpoint.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "hparams.yaml") as tmp:
+        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create({"cfg": base_config(model_config)})))
+    with atomic_path(target) as tmp:
+        torch.save(saved, tmp)
+    return target
+
+
+def merged_nemo(nemo: Path, model_config: Any, out: Path) -> Path:
+    """`out`: a copy of the LoRA run's .nemo holding the whole merged model and the config without peft (the
+    other members copied as they are), written under a temporary name, renamed once complete."""
+    import io
+    import tempfile
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from launcher.sampling.text_encoders import CONFIG_MEMBER, WEIGHTS_MEMBER
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(nemo) as source, tempfile.TemporaryDirectory(dir=out.parent, prefix=".merge.") as tmp:
+        members = source.getmembers()
+        weights = next((m for m in members if Path(m.name).name == WEIGHTS_MEMBER), None)
+        if weights is None:
+            raise LoraMergeError(f"{nemo} holds no {WEIGHTS_MEMBER}")
+        with source.extractfile(weights) as handle:  # type: ignore[union-attr]
+            adapters = torch.load(io.BytesIO(handle.read()), map_location="cpu", weights_only=False)
+        merged = Path(tmp) / WEIGHTS_MEMBER
+        torch.save(merged_state(model_config, adapters), merged)
+        config = OmegaConf.to_yaml(OmegaConf.create(base_config(model_config))).encode()
+        with atomic_path(out) as partial, tarfile.open(partial, "w:") as tar:  # NeMo writes "w:" too
+            for member in members:
+                name = Path(member.name).name
+                if name not in (WEIGHTS_MEMBER, CONFIG_MEMBER):
+                    tar.addfile(member, source.extractfile(member) if member.isfile() else None)
+                    continue
+                info = tarfile.TarInfo(member.name)
+                info.mode, info.mtime = member.mode, member.mtime
+                if name == WEIGHTS_MEMBER:
+                    info.size = merged.stat().st_size
+                    with merged.open("rb") as body:
+                        tar.addfile(info, body)
+                else:
+                    info.size = len(config)
+                    tar.addfile(info, io.BytesIO(config))
+    return out
