@@ -122,11 +122,11 @@ def _counts(layout: DataLayout, download: JobStatus | None) -> list[tuple[str, s
         ok = sum(m["successes"] for m in markers)
         failed = sum(m["failed_to_download"] + m["failed_to_resize"] for m in markers)
         rate = _rate(ok, sum(m["rows"] for m in markers))
+        counts = f": {ok:,} images, {failed:,} failed ({rate} ok)" if markers else ""
         rows.append(
             (
                 "download_images",
-                f"{len(markers)}/{partitions or '?'} partitions done: "
-                f"{ok:,} images, {failed:,} failed ({rate} ok)"
+                f"{len(markers)}/{partitions or '?'} partitions done{counts}"
                 + _refused(sum((Counter(m.get("urls_refused") or {}) for m in markers), Counter())),
             )
         )
