@@ -235,26 +235,17 @@ def _once_running(shared: Path, launched: subprocess.Popen[str]) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "status", "said"),
-    [
-        (signal.SIGINT, 130, "error: stopped by SIGINT"),
-        (signal.SIGTERM, 143, "error: stopped by SIGTERM"),
-        (None, 143, "error: local run cancelled: "),
-    ],
-    ids=["ctrl-c", "sigterm", "cancel"],
+    [(signal.SIGINT, 130, "error: stopped by SIGINT"), (signal.SIGTERM, 143, "error: stopped by SIGTERM")],
+    ids=["ctrl-c", "sigterm"],
 )
 def test_a_local_run_stopped_exits_with_its_signal_s_status(
-    tmp_path: Path, how: signal.Signals | None, status: int, said: str
+    tmp_path: Path, how: signal.Signals, status: int, said: str
 ) -> None:
-    """130 after Ctrl-C, 143 after SIGTERM or `cancel` (which stops the tasks with SIGTERM): the run's
-    jobs are recorded CANCELLED, and no task of it runs on."""
+    """130 after Ctrl-C, 143 after SIGTERM (`cancel` from another shell: test_data_owner): the run's jobs
+    are recorded CANCELLED, and no task of it runs on."""
     launched = _local_launch(tmp_path)
     run = _once_running(tmp_path, launched)
-    if how is None:
-        from launcher.status.cli import main
-
-        assert main(["cancel", str(run)]) == 0
-    else:
-        launched.send_signal(how)
+    launched.send_signal(how)
     _, err = launched.communicate(timeout=60)
     assert launched.returncode == status, err
     assert err.splitlines()[-1].startswith(said), err
