@@ -78,6 +78,9 @@ def test_status_into_a_file_keeps_whole_lines(demo_data: Path, tmp_path: Path, c
         "220 samples, 0 samples dropped (missing a member), 14 left out by the chunking (fewer than a tar; "
         "data_preparation.reorganize_tar.keep_remainder=true keeps them)"
     ), chunking
+    assert (
+        "(`14 left out by the chunking (fewer than a tar; ...)`)" in (REPO / "docs/datasets.md").read_text()
+    )
 
 
 def test_watch_of_a_finished_run_prints_once_and_ends(demo_data: Path) -> None:

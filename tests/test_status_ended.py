@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import REPO, compose_config
 
 from launcher.cli import launch
 from launcher.job_states import status
@@ -72,6 +72,11 @@ def _data_lines(run: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, str]
     return found
 
 
+def _datasets_page() -> str:
+    """docs/datasets.md on one line: it quotes these lines."""
+    return " ".join((REPO / "docs/datasets.md").read_text().split())
+
+
 def _wait(run: Path, ended: bool, timeout: float = 120) -> None:
     """Until every job has ended (or, `ended` False, until download_images runs with both partitions
     started): the cluster's pace, not a figure under test."""
@@ -104,6 +109,7 @@ def test_a_cancelled_download_images_says_cancelled_in_every_data_line(
             "part-00000": "CANCELLED: no shard finished",
             "part-00001": "CANCELLED: no shard finished",
         }, lines
+        assert f"`{lines['part-00000']}`" in _datasets_page()
         assert main(["status", str(run), "--watch", "--interval", "0.2"]) == 143
 
 
@@ -123,6 +129,7 @@ def test_a_failed_download_images_says_failed_in_every_data_line(
         "part-00000": f"FAILED: 2 finished shard(s) hold 0 of {half} (0.0% ok)",
         "part-00001": f"FAILED: 2 finished shard(s) hold 0 of {half} (0.0% ok)",
     }, lines
+    assert f"`{lines['part-00000']}`" in _datasets_page()  # its example is this line
     assert main(["status", str(run), "--watch", "--interval", "0.2"]) == 1
     out = capsys.readouterr().out  # its one view: why, once per task, the job named once
     assert (

@@ -78,7 +78,8 @@ def _seconds(text: str) -> float:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The commands and their options (the README names them: tests/test_docs.py)."""
     parser = argparse.ArgumentParser(
         prog="python -m launcher", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -102,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--task", "-t", type=int, default=None, help="an array's task (default: the newest)"
             )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         if args.command == "status":
             return print_status(args.run_dir, args.interval if args.watch else None)
