@@ -254,3 +254,28 @@ def test_a_local_run_stopped_exits_with_its_signal_s_status(
     ended = {st.record.name: st for st in states(run)}
     assert not any(st.active for st in ended.values()), {n: st.summary() for n, st in ended.items()}
     assert "CANCELLED" in {st.end for st in ended.values()}
+
+
+def test_a_job_sbatch_refuses_after_the_launch_wrote_its_files_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller answers (scontrol) but sbatch refuses the first job: the launch ran, and failed."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, body in (
+        ("scontrol", "echo 'MaxArraySize = 1001'; echo 'MaxJobCount = 10000'"),
+        ("sbatch", "echo 'sbatch: error: invalid partition specified: gpu' >&2; exit 1"),
+    ):
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
+    argv = [
+        "cluster=slurm",
+        f"cluster.shared_dir={tmp_path}",
+        "data_preparation=demo",
+        "stages=[data_preparation]",
+    ]
+    assert cli.main([*argv, "data_preparation.precache.enable=false", "container=none"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: sbatch refused data_preparation/make_demo_source (exit 1): sbatch: error: ")
+    assert err.rstrip().endswith("Nothing after it was submitted; already submitted: none"), err

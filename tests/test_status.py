@@ -83,6 +83,65 @@ def test_status_into_a_file_keeps_whole_lines(demo_data: Path, tmp_path: Path, c
     )
 
 
+def test_logs_of_an_array_task(demo_data: Path) -> None:
+    """`logs <run> <job> --task N`: that task's log; an array without it says which it showed; a task the
+    job does not have, or --task on a job that is no array, is refused in one line (exit 2)."""
+    run = str(demo_data / "results/sd_860m_res_256")
+
+    def logs(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launcher", "logs", run, *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+
+    for task in (0, 1):
+        done = logs("download_images", "--task", str(task), "-n", "1")
+        [header, _] = done.stdout.splitlines()
+        assert done.returncode == 0 and header.endswith(f"_{task}.out <=="), done.stdout
+        assert f"partition {task} done" in done.stdout
+    done = logs("download_images", "-n", "1")
+    assert (
+        done.stderr == "download_images is an array (tasks 0-1): its newest task's log; another's: --task N\n"
+    )
+    for job, said in (("download_images", "its tasks are 0-1"), ("download_parquet", "it is not an array")):
+        done = logs(job, "--task", "2")
+        assert done.returncode == 2 and done.stderr == f"error: --task 2: {job} has no task 2; {said}\n"
+
+
+def test_a_split_array_s_task_is_found_in_its_part() -> None:
+    """An array submitted in parts (launcher.limits): each part numbers its tasks from 0."""
+    record = manifest.JobRecord(
+        "data_preparation", "fan", "8", "0-4", "s", "/r/fan_%A_%a.out", [], "slurm", ["8", "9"], 3
+    )
+    assert [record.part_of(task) for task in (0, 2, 3, 4)] == [("8", 0), ("8", 2), ("9", 0), ("9", 1)]
+    assert (record.first_task("8"), record.first_task("9")) == (0, 3)
+    whole = manifest.JobRecord("data_preparation", "fan", "8", "0-4", "s", "/r/fan_%A_%a.out", [], "slurm")
+    assert (whole.part_of(4), whole.first_task("8")) == (("8", 4), 0)
+
+
+def test_status_shows_no_training_lines_without_a_training_job(planned_training: Path) -> None:
+    """A data-only plan in a folder that holds an earlier plan's training config: no TensorBoard line."""
+    launch(
+        compose_config(
+            [
+                "cluster=aws_p5",
+                "stages=[data_preparation]",
+                "dry_run=true",
+                f"cluster.shared_dir={planned_training}",
+                f"container.mounts=[{planned_training}:{planned_training}]",
+            ]
+        )
+    )
+    assert (planned_training / "results/sd_860m_res_256/training/sd_860m_res_256.yaml").exists()
+    done = run_status("results/sd_860m_res_256", cwd=planned_training)
+    assert done.returncode == 0 and "download_images " in done.stdout, done.stderr
+    assert "TensorBoard" not in done.stdout and "tensorboard" not in done.stdout, done.stdout
+
+
 def test_watch_of_a_finished_run_prints_once_and_ends(demo_data: Path) -> None:
     done = run_status(str(demo_data / "results/sd_860m_res_256"), "--watch", "--interval", "0.2", cwd=REPO)
     assert done.returncode == 0, done.stderr

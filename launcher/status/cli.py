@@ -50,8 +50,9 @@ def _logs(run_dir: Path, job: str, follow_: bool, lines: int, task: int | None) 
         print(f"no log yet for {what} (pattern {pattern})", file=sys.stderr)
         return FAILED
     if record.array and task is None:
+        tasks = record.array.split("%")[0]
         print(
-            f"{job} is an array ({record.array}): the newest task's log; another's: --task N", file=sys.stderr
+            f"{job} is an array (tasks {tasks}): its newest task's log; another's: --task N", file=sys.stderr
         )
     print(f"==> {log} <==", flush=True)
     os.execvp("tail", ["tail", "-n", str(lines), str(log)])
