@@ -53,7 +53,7 @@ from launcher.pipeline import build_plan
 from launcher.quoting import join
 from launcher.registry import STAGES, planned
 from launcher.stage import StageSpec
-from launcher.validate import check_facts, to_schema
+from launcher.validate import check_facts, check_writes, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,6 +80,7 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     """Everything after composition; returns the run folder."""
     cfg = to_schema(composed)
     facts = facts or host_facts()
+    check_writes(cfg)  # off the cluster (no /fsx here) that is the first thing to say
     check_facts(cfg, facts)
     facts = probed(cfg, facts)  # e.g. the live training that training.init_from's job waits for
     preflight.run(cfg)

@@ -241,10 +241,6 @@ def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) ->
             "PATH: launch from a node of the cluster, look at the plan here with dry_run=true, or run the "
             "jobs on this machine with cluster=local",
         )
-    present = planned(cfg, stages)
-    unplanned = {stage.name for stage in stages} - {stage.name for stage in present}
-    if not cfg.dry_run:  # a dry run writes nothing there instead (launcher.preview)
-        _check_tops(cfg, present, unplanned)
     c = cfg.container
     if c.runtime is Runtime.pyxis and c.code_dir is None:
         remedy = (
@@ -261,8 +257,9 @@ def check_facts(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) ->
             f"allowed: null or the checkout as the container sees it ({code_dir}, container.code_dir)",
         )
     nemo_python.check(cfg, facts, planned_nemo_jobs(cfg, stages))
+    present = planned(cfg, stages)
     names = frozenset(stage.name for stage in present)
-    _check_folders(cfg, unplanned)
+    _check_folders(cfg, {stage.name for stage in stages} - names)
     for stage in present:
         stage.host_check(cfg, names, facts)
 
@@ -298,16 +295,21 @@ def _top(path: str) -> Path:
     return Path(*Path(path).parts[:2])
 
 
-def _check_tops(cfg: Any, present: Sequence[StageSpec], unplanned: set[str]) -> None:
+def check_writes(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> None:
     """A real launch creates no top-level folder: every folder it writes on this host (the run folder, the
     data folder it owns; on the local backend every folder its jobs use) lies in one this host has.
     Without it (/fsx on a machine that is not the cluster's) the launch would make `/fsx` as whoever runs
     it and write there what the cluster never sees. The key named is the one that set the path:
-    cluster.shared_dir for the folders under it (base_results_dir and data_dir by default)."""
+    cluster.shared_dir for the folders under it (base_results_dir and data_dir by default). The first
+    check of the host (launcher.cli.launch): off the cluster, that is what the user must hear first. A
+    dry run writes nothing there instead (launcher.preview)."""
+    if cfg.dry_run:
+        return
+    present = planned(cfg, stages)
     local = cfg.cluster.backend is BackendName.local
     writes_data = any(stage.data_role is DataRole.writes for stage in present)
     here = {"base_results_dir", *(["data_dir"] if writes_data else [])}
-    for key, value in _folders(cfg, unplanned):
+    for key, value in _folders(cfg, {stage.name for stage in stages} - {stage.name for stage in present}):
         if not (local or key in here) or _top(value).is_dir():
             continue
         if Path(value).is_relative_to(cfg.cluster.shared_dir):
