@@ -2,7 +2,9 @@
 
 Hydra answers a preset that is not there with its config search path, and a key that is not there with
 "Could not override 'foo.bar'" and a hint to append it with `+`. The user needs the group's presets
-and the keys nearest to the one typed:
+and the keys nearest to the one typed; where one override was meant (a preset without its folder, an
+image given as `container=`, `key=a,b` or `--multirun`, which the launcher never sweeps), the refusal
+carries it (errors.Fix) and the launcher prints the command to type:
 
     >>> nearest("trainer.max_step", ["training", "training.trainer", "training.trainer.max_steps", "run_name"])
     ['training.trainer.max_steps']
@@ -89,7 +91,7 @@ def missing_preset(group: str, value: str | None) -> ConfigError:
             "names",
             Fix(set=("container=pyxis", f"container.image={value}")),
         )
-    [*within] = [option for option in allowed if option.rpartition("/")[2] == value]
+    within = [option for option in allowed if option.rpartition("/")[2] == value]
     if len(within) == 1:
         return ConfigError(
             group,
@@ -162,7 +164,7 @@ def _ambiguous(
     fixed = next(o for o in every if override_key(o) == override_key(found.group(1)))
     said = (
         f"a list is written in brackets: {fixed}"
-        if fixed.endswith("]")
+        if fixed.partition("=")[2].startswith("[")
         else f"takes one value per launch (the launcher sweeps nothing): {fixed}"
     )
     return ConfigError(override_key(fixed), said, Fix(set=every))

@@ -17,17 +17,16 @@ from pathlib import Path
 from launcher import manifest
 from launcher.errors import FAILED, INTERRUPTED, REFUSED, LauncherError
 from launcher.job_states import array_indices
-from launcher.paths import newest_log
+from launcher.paths import concrete_log, newest_log
 from launcher.status.follow import follow
 from launcher.status.view import print_status
 
 
 def _task_log(record: manifest.JobRecord, task: int) -> str:
-    """The log pattern of one array task: its part's id and its index there (a job not yet submitted
-    keeps %A: the glob then finds any launch's log of that task)."""
+    """The log of one array task: its part's id and its index there; of a job not submitted (no id), a
+    glob of that task's logs of any launch."""
     job_id, index = record.part_of(task)
-    pattern = record.log_pattern.replace("%a", str(index))
-    return pattern.replace("%A", job_id) if job_id else pattern
+    return str(concrete_log(record.log_pattern, job_id or "*", index))
 
 
 def _logs(run_dir: Path, job: str, follow_: bool, lines: int, task: int | None) -> int:
