@@ -89,14 +89,7 @@ def test_logs_of_an_array_task(demo_data: Path) -> None:
     run = str(demo_data / "results/sd_860m_res_256")
 
     def logs(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "launcher", "logs", run, *args],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
+        return run_status(run, *args, cwd=REPO, command="logs")
 
     for task in (0, 1):
         done = logs("download_images", "--task", str(task), "-n", "1")
