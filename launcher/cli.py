@@ -16,7 +16,9 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -44,13 +46,14 @@ from launcher import (
 )
 from launcher.config import ClusterConfig, ContainerConfig, Resubmit
 from launcher.context import Facts
-from launcher.errors import LauncherError
+from launcher.errors import REFUSED, LauncherError, stopped_by
 from launcher.limits import fit
 from launcher.paths import output_width
 from launcher.pipeline import build_plan
+from launcher.quoting import join
 from launcher.registry import STAGES, planned
 from launcher.stage import StageSpec
-from launcher.validate import check_facts, to_schema
+from launcher.validate import check_facts, check_writes, to_schema
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,6 +80,7 @@ def launch(composed: DictConfig, facts: Facts | None = None) -> Path:
     """Everything after composition; returns the run folder."""
     cfg = to_schema(composed)
     facts = facts or host_facts()
+    check_writes(cfg)  # off the cluster (no /fsx here) that is the first thing to say
     check_facts(cfg, facts)
     facts = probed(cfg, facts)  # e.g. the live training that training.init_from's job waits for
     preflight.run(cfg)
@@ -309,6 +313,8 @@ def compose_overrides(argv: list[str]) -> DictConfig:
     `=`) and composing starts again, or refused naming its key. Parsing fails before any config is
     loaded, so a retry costs little, and overrides that parse are never touched."""
     overrides = list(argv)
+    if (sweep := hydra_errors.multirun(overrides, compose_config)) is not None:
+        raise sweep
     while True:
         try:
             return compose_config(overrides)
@@ -320,19 +326,55 @@ def compose_overrides(argv: list[str]) -> DictConfig:
             raise hydra_errors.yaml_error(error, REPO) from None
 
 
+def typed(overrides: Sequence[str]) -> str:
+    """The launch command with `overrides`, to type as printed in the folder this launch started in: this
+    interpreter and the script as it was started (`launcher/main.py`), or the console command (`sd-launch`)."""
+    started = sys.argv[0]
+    return join([*([sys.executable] if started.endswith(".py") else []), started, *overrides])
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (`kill`, a batch system's time limit): raised where the launch stands, as Ctrl-C's
+    KeyboardInterrupt is, so that the local backend stops the tasks it started instead of leaving them."""
+
+
+@contextlib.contextmanager
+def _terminated_raises() -> Iterator[None]:
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str]) -> int:
+    """The launch; its exit status means one thing (launcher.errors): 0 done, 2 refused before anything
+    ran, 1 ran and failed, 130 / 143 stopped by Ctrl-C / SIGTERM (a local run's `cancel` too)."""
     if "--help" in argv or "-h" in argv:
         print(_help())
         return 0
     try:
-        composed = compose_overrides([arg for arg in argv if arg != "--cfg"])
-        if "--cfg" in argv:
-            print(OmegaConf.to_yaml(composed))
-            return 0
-        launch(composed)
+        with _terminated_raises():
+            composed = compose_overrides([arg for arg in argv if arg != "--cfg"])
+            if "--cfg" in argv:
+                print(OmegaConf.to_yaml(composed))
+                return 0
+            launch(composed)
+    except (KeyboardInterrupt, Terminated) as stop:
+        signum = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+        print(f"error: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return stopped_by(signum)
     except (HydraException, LauncherError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        fix = getattr(error, "fix", None)
+        instead = f"; type instead: {typed(fix.apply(argv))}" if fix else ""
+        print(f"error: {error}{instead}", file=sys.stderr)
+        return getattr(error, "exit_status", REFUSED)
     return 0
 
 

@@ -14,9 +14,10 @@ conf/cluster/<cluster>.yaml); a group whose entry in conf/config.yaml's defaults
 from __future__ import annotations
 
 import re
-import textwrap
 from collections.abc import Mapping
 from pathlib import Path
+
+from launcher.paths import fitted
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # `- optional latents: ${cluster}` in conf/config.yaml's defaults list.
@@ -54,19 +55,19 @@ def _default(group: str, by_cluster: Mapping[str, Mapping[str, str | None]], def
 
 
 def help_lines(
-    by_cluster: Mapping[str, Mapping[str, str | None]], default_cluster: str, width: int
+    by_cluster: Mapping[str, Mapping[str, str | None]], default_cluster: str, width: int | None
 ) -> list[str]:
-    """One entry per group (wrapped to `width`): its options and default. `by_cluster`: each cluster
+    """One entry per group (wrapped to `width`; None: whole lines): its options and default. `by_cluster`: each cluster
     preset's composed group choices (Hydra's runtime choices)."""
     lines = ["config groups (group=option; the default in brackets):"]
     follow = follows_cluster()
     for group in (g for g in names() if g not in follow):
         text = f"{group}: {', '.join(options(group))} [{_default(group, by_cluster, default_cluster)}]"
-        lines.append(textwrap.fill(text, width, initial_indent="  ", subsequent_indent="      "))
+        lines.append(fitted(text, width, "  ", "      "))
     for group in follow:
         text = (
             f"{group}: follows cluster= (conf/{group}/<cluster>.yaml, for cluster="
             f"{', '.join(options(group))}), not chosen on its own"
         )
-        lines.append(textwrap.fill(text, width, initial_indent="  ", subsequent_indent="      "))
+        lines.append(fitted(text, width, "  ", "      "))
     return lines

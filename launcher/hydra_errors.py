@@ -2,7 +2,9 @@
 
 Hydra answers a preset that is not there with its config search path, and a key that is not there with
 "Could not override 'foo.bar'" and a hint to append it with `+`. The user needs the group's presets
-and the keys nearest to the one typed:
+and the keys nearest to the one typed; where one override was meant (a preset without its folder, an
+image given as `container=`, `key=a,b` or `--multirun`, which the launcher never sweeps), the refusal
+carries it (errors.Fix) and the launcher prints the command to type:
 
     >>> nearest("trainer.max_step", ["training", "training.trainer", "training.trainer.max_steps", "run_name"])
     ['training.trainer.max_steps']
@@ -20,7 +22,7 @@ from typing import Any
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 
 from launcher import groups
-from launcher.errors import ConfigError, LauncherError
+from launcher.errors import ConfigError, Fix, LauncherError, override_key
 from launcher.families import renamed_key_error
 
 _UNKNOWN = re.compile(r"^Could not (?:override|delete from config\.) '([^']+)'")
@@ -65,12 +67,107 @@ def unknown_key(key: str, override: str, tree: dict[str, Any]) -> ConfigError:
     return ConfigError(key, f"unknown key; allowed keys in {parent or 'the top level'}: {known}")
 
 
+def _looks_like_an_image(value: str) -> bool:
+    """A registry reference (`nvcr.io/nvidia/nemo:24.07`) or a squashfs path, not a preset's name."""
+    return "/" in value or ":" in value or value.endswith((".sqsh", ".squashfs"))
+
+
 def missing_preset(group: str, value: str | None) -> ConfigError:
-    """A `group=value` with no such preset, or (value None) a group nothing chose."""
-    shown = (
-        f"no preset {value!r}" if value is not None else "no preset chosen (the cluster preset names none)"
+    """A `group=value` with no such preset, or (value None) a group nothing chose. A preset's name typed
+    without its folder, and an image given as the container runtime, get the override that was meant.
+
+    >>> str(missing_preset("training", "860m_res_256_1node").fix)
+    "Fix(set=('training=stable_diffusion/860m_res_256_1node',), drop=())"
+    """
+    allowed = groups.options(group)
+    if value is None:
+        return ConfigError(
+            group, f"no preset chosen (the cluster preset names none); allowed: {', '.join(allowed)}"
+        )
+    if group == "container" and _looks_like_an_image(value):
+        return ConfigError(
+            group,
+            f"picks the container runtime ({', '.join(allowed)}); {value!r} is an image, which container.image "
+            "names",
+            Fix(set=("container=pyxis", f"container.image={value}")),
+        )
+    within = [option for option in allowed if option.rpartition("/")[2] == value]
+    if len(within) == 1:
+        return ConfigError(
+            group,
+            f"no preset {value!r}; it is {within[0]} (its folder too)",
+            Fix(set=(f"{group}={within[0]}",)),
+        )
+    return ConfigError(group, f"no preset {value!r}; allowed: {', '.join(allowed)}")
+
+
+# Hydra's words for `key=a,b` without --multirun: a sweep, which the launcher never runs.
+_AMBIGUOUS = re.compile(r"^Ambiguous value for argument '(.+)'$", re.MULTILINE)
+MULTIRUN = ("--multirun", "-m")
+
+
+def _sweeps(overrides: list[str]) -> list[Any]:
+    """The overrides Hydra parses as sweeps (`key=a,b`, `key=range(1,3)`), parsed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed = []
+    for word in overrides:
+        try:
+            [override] = parser.parse_overrides([word])
+        except HydraException:
+            continue  # not an override Hydra reads: refused on its own
+        if override.is_sweep_override():
+            parsed.append(override)
+    return parsed
+
+
+def unswept(overrides: list[str], compose: Callable[[list[str]], Any]) -> tuple[str, ...]:
+    """Each sweep written as the launcher reads it: a list key's values in brackets (`stages=[a,b]`), any
+    other key its first value (one value per launch)."""
+    from omegaconf import ListConfig, OmegaConf
+
+    sweeps = _sweeps(overrides)
+    swept = {o.input_line for o in sweeps}
+    try:
+        composed = compose([o for o in overrides if o not in swept and o not in MULTIRUN])
+    except HydraException:  # another override is refused too: it is said once this one is fixed
+        composed = compose([])
+    fixed = []
+    for override in sweeps:
+        values = list(override.sweep_string_iterator())
+        is_list = isinstance(OmegaConf.select(composed, override.key_or_group), ListConfig)
+        fixed.append(f"{override.get_key_element()}={'[' + ','.join(values) + ']' if is_list else values[0]}")
+    return tuple(fixed)
+
+
+def multirun(overrides: list[str], compose: Callable[[list[str]], Any]) -> LauncherError | None:
+    """`--multirun`/`-m` on the command line: the launcher sweeps nothing (one run folder per plan)."""
+    given = [word for word in overrides if word in MULTIRUN]
+    if not given:
+        return None
+    return LauncherError(
+        f"{given[0]}: the launcher runs no Hydra sweep (one plan per launch: a list is written key=[a,b], "
+        "any other key takes one value)",
+        Fix(set=unswept(overrides, compose), drop=MULTIRUN),
     )
-    return ConfigError(group, f"{shown}; allowed: {', '.join(groups.options(group))}")
+
+
+def _ambiguous(
+    message: str, overrides: list[str], compose: Callable[[list[str]], Any]
+) -> LauncherError | None:
+    """`key=a,b`: Hydra's four lines (a list? a string? --multirun?) as the one reading that launches."""
+    found = _AMBIGUOUS.search(message)
+    if not found or found.group(1) not in overrides:
+        return None
+    every = unswept(overrides, compose)  # every sweep at once: the command printed is accepted
+    fixed = next(o for o in every if override_key(o) == override_key(found.group(1)))
+    said = (
+        f"a list is written in brackets: {fixed}"
+        if fixed.partition("=")[2].startswith("[")
+        else f"takes one value per launch (the launcher sweeps nothing): {fixed}"
+    )
+    return ConfigError(override_key(fixed), said, Fix(set=every))
 
 
 def translate(
@@ -79,6 +176,8 @@ def translate(
     """The one-line error for a composition Hydra refused, or None (not the user's override: keep
     Hydra's words). `compose` composes other overrides, for the keys there are."""
     message = str(error)
+    if (ambiguous := _ambiguous(message, overrides, compose)) is not None:
+        return ambiguous
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         group, _, value = error.missing_cfg_file.partition("/")
         if f"{group}={value}" in (o.lstrip("+~") for o in overrides):

@@ -10,11 +10,13 @@ import os
 import re
 import subprocess
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from launcher import local_jobs, manifest
+from launcher.errors import FAILED, TERMINATED
 from launcher.manifest import JobRecord
 from launcher.paths import RunPaths, logs_glob
 
@@ -39,11 +41,13 @@ ACTIVE_STATES = frozenset(
 
 
 class Task(NamedTuple):
-    """One task of a job as its scheduler reports it; `start` (ISO local time) while it runs."""
+    """One task of a job as its scheduler reports it; `start` (ISO local time) while it runs; `index`, an
+    array task's (None: not known, or not an array)."""
 
     state: str
     exit_code: str
     start: str | None = None
+    index: int | None = None
 
 
 @dataclass
@@ -53,6 +57,7 @@ class JobStatus:
     exit_codes: Counter[str] = field(default_factory=Counter)
     started: str | None = None  # when its first running task started (ISO local time)
     unasked: str | None = None  # why its scheduler could not be asked: then its state is unknown
+    by_task: dict[int, str] = field(default_factory=dict)  # an array's task index -> its state
 
     def summary(self) -> str:
         shown = [
@@ -74,14 +79,44 @@ class JobStatus:
             state not in ACTIVE_STATES | {"COMPLETED", "NOT_SUBMITTED", "UNKNOWN"} for state in self.states
         )
 
+    @property
+    def end(self) -> str | None:
+        """How the job ended, in Slurm's word, once it has (None while it may still run): a task's failure
+        (FAILED, TIMEOUT, OUT_OF_MEMORY, ...) before CANCELLED, CANCELLED before COMPLETED."""
+        if self.active or not self.states:
+            return None
+        return min(self.states, key=_end_rank)
+
+    def task_end(self, index: int) -> str | None:
+        """How array task `index` ended, once it has; None while it may still run. A task its scheduler
+        does not list (one Slurm forgot) ended as the job did."""
+        state = self.by_task.get(index)
+        if state is None:
+            return self.end
+        return None if state in ACTIVE_STATES or self.unasked else state
+
+
+def _end_rank(state: str) -> int:
+    """A job's end word of several tasks' states: a failure first, then CANCELLED, then the rest."""
+    return {"CANCELLED": 1, "COMPLETED": 2, "NOT_SUBMITTED": 3, "UNKNOWN": 4}.get(state, 0)
+
+
+def array_indices(spec: str) -> list[int]:
+    """The task indices of `0-9%3`, `1,3-5` style array specs.
+
+    >>> array_indices("2-4%2"), array_indices("1,3-4")
+    ([2, 3, 4], [1, 3, 4])
+    """
+    indices = []
+    for part in spec.split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        indices += range(int(lo), int(hi or lo) + 1)
+    return indices
+
 
 def _array_size(spec: str) -> int:
     """Task count of `0-9%3`, `1,3-5` style array specs."""
-    total = 0
-    for part in spec.split("%")[0].split(","):
-        lo, _, hi = part.partition("-")
-        total += int(hi or lo) - int(lo) + 1
-    return total
+    return len(array_indices(spec))
 
 
 def _short_time(iso: str) -> str:
@@ -101,10 +136,11 @@ def parse_sacct(text: str) -> dict[str, list[Task]]:
         parts = [*line.split("|"), ""]
         if len(parts) < 4 or "." in parts[0]:
             continue  # job steps (123.batch) repeat their job
-        job_id = re.split(r"[_\[]", parts[0])[0]
-        count = _array_size(parts[0].split("[")[1].rstrip("]")) if "[" in parts[0] else 1
+        job_id, _, task = parts[0].partition("_")
+        indices: list[int | None] = [*array_indices(task.strip("[]"))] if task else [None]
         state = parts[1].split()[0]
-        out.setdefault(job_id, []).extend([Task(state, parts[2], _started(state, parts[3]))] * count)
+        start = _started(state, parts[3])
+        out.setdefault(job_id, []).extend(Task(state, parts[2], start, index) for index in indices)
     return out
 
 
@@ -116,10 +152,10 @@ def parse_scontrol(text: str) -> list[Task]:
         if "JobState" not in fields_:
             continue
         tasks = fields_.get("ArrayTaskId", "")
-        count = _array_size(tasks) if tasks and not tasks.isdigit() else 1
+        indices: list[int | None] = [*array_indices(tasks)] if tasks else [None]
         state = fields_["JobState"]
         start = _started(state, fields_.get("StartTime", ""))
-        rows.extend([Task(state, fields_.get("ExitCode", "?"), start)] * count)
+        rows.extend(Task(state, fields_.get("ExitCode", "?"), start, index) for index in indices)
     return rows
 
 
@@ -164,6 +200,11 @@ def _said(done: subprocess.CompletedProcess[str]) -> str:
 def slurm_failure(done: subprocess.CompletedProcess[str]) -> str:
     """One line naming why a Slurm command failed: the controller it could not reach, a missing command."""
     said = _said(done)
+    if "Could not establish a configuration source" in said:  # no slurm.conf, no configless DNS record
+        return (
+            f"{done.args[0]} finds no Slurm configuration on this host (SLURM_CONF unset, no "
+            "/etc/slurm/slurm.conf, no DNS SRV record of a controller)"
+        )
     if "Unable to contact slurm controller" in said:
         where = controller()
         said = said if said.startswith(done.args[0]) else f"{done.args[0]}: {said}"
@@ -198,6 +239,17 @@ def slurm_states(ids: list[str]) -> SlurmAnswer:
     return SlurmAnswer(found)
 
 
+def outcome(statuses: Sequence[JobStatus]) -> int:
+    """How a run whose jobs have all ended ended, as an exit status (launcher.errors): 1 when a job failed
+    (FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, ...: what Slurm then cancels after it counts as the
+    failure's), else 143 when one was cancelled (scancel and a local run's cancel stop it with SIGTERM),
+    else 0 (every job completed, or was never submitted, or Slurm no longer knows it: UNKNOWN)."""
+    ends = {st.end for st in statuses}
+    if ends - {None, "COMPLETED", "CANCELLED", "NOT_SUBMITTED", "UNKNOWN"}:
+        return FAILED
+    return TERMINATED if "CANCELLED" in ends else 0
+
+
 def tasks(record: JobRecord) -> int:
     """How many tasks the job has: its array's (every part's together), else 1."""
     return _array_size(record.array) if record.array else 1
@@ -208,7 +260,8 @@ def local_states(run_dir: Path, record: JobRecord) -> list[Task]:
     if job is None:
         return [Task("UNKNOWN", "?")] * tasks(record)
     return [
-        Task(t.state, "-" if t.exit_code is None else str(t.exit_code), t.start) for t in local_jobs.seen(job)
+        Task(t.state, "-" if t.exit_code is None else str(t.exit_code), t.start, i if record.array else None)
+        for i, t in enumerate(local_jobs.seen(job))
     ]
 
 
@@ -228,12 +281,16 @@ def status(run_dir: Path) -> list[JobStatus]:
         else:
             # An array split into parts is one job: its parts' tasks together; UNKNOWN: Slurm no longer
             # knows it (it ended more than MinJobAge ago on a cluster without accounting).
-            rows = [row for i in record.ids for row in from_slurm.tasks.get(i, [])] or [
-                Task("UNKNOWN", "?")
-            ] * tasks(record)
+            # A part numbers its tasks from 0: each is placed in the whole array.
+            rows = [
+                row._replace(index=None if row.index is None else row.index + record.first_task(i))
+                for i in record.ids
+                for row in from_slurm.tasks.get(i, [])
+            ] or [Task("UNKNOWN", "?")] * tasks(record)
         started = min((t.start for t in rows if t.state == "RUNNING" and t.start), default=None)
         states, codes = Counter(t.state for t in rows), Counter(t.exit_code for t in rows)
-        out.append(JobStatus(record, states, codes, started, unasked))
+        by_task = {t.index: t.state for t in rows if t.index is not None}
+        out.append(JobStatus(record, states, codes, started, unasked, by_task))
     return out
 
 
@@ -254,3 +311,12 @@ def error_lines(log_pattern: str | Path) -> list[str]:
         if lines:
             found[lines[-1].decode(errors="replace").strip()] = None
     return list(found)
+
+
+def prefixed(job: str, line: str) -> str:
+    """`<job>: <line>`, the job named once: a data step's error line already starts with its name.
+
+    >>> prefixed("download_images", "download_images: error: x"), prefixed("train", "exit 1")
+    ('download_images: error: x', 'train: exit 1')
+    """
+    return line if line.startswith(f"{job}: ") else f"{job}: {line}"

@@ -24,11 +24,25 @@ class JobRecord:
     # An array above the cluster's MaxArraySize is submitted in parts (launcher.limits): every part's
     # id, the first being `job_id`; empty for a job submitted whole (and in manifests written before).
     part_ids: list[str] = field(default_factory=list)
+    # The tasks of each part but the last (each part numbers its tasks from 0: task i of the whole array is
+    # task i % part_size of part i // part_size); None for a job submitted whole.
+    part_size: int | None = None
 
     @property
     def ids(self) -> list[str]:
         """Every Slurm id of the job: its parts', or its one id."""
         return self.part_ids or ([self.job_id] if self.job_id else [])
+
+    def first_task(self, job_id: str) -> int:
+        """The index in the whole array of the first task of `job_id`, one of its parts (0: not split)."""
+        return self.part_ids.index(job_id) * (self.part_size or 0) if job_id in self.part_ids else 0
+
+    def part_of(self, task: int) -> tuple[str | None, int]:
+        """The id that ran task `task` of the array, and the task's index within that part."""
+        if not self.part_size:
+            return self.job_id, task
+        part, index = divmod(task, self.part_size)
+        return (self.part_ids[part] if part < len(self.part_ids) else None), index
 
 
 def save(run_dir: Path, records: list[JobRecord], preview_of: Path | None = None) -> Path:

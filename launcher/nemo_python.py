@@ -22,7 +22,7 @@ from typing import Any
 
 from launcher.config import BackendName, Runtime
 from launcher.context import Facts
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, Fix
 from launcher.quoting import q
 
 SHARED_KEY = "training.run.python"
@@ -32,11 +32,14 @@ MAKE_NEMO_VENV = "python3 -m venv .venv-nemo && .venv-nemo/bin/pip install -r re
 
 @dataclass(frozen=True)
 class NemoJob:
-    """A planned job that runs NeMo: its name as the plan shows it, and its own interpreter key (None: it
-    reads training.run.python alone)."""
+    """A planned job that runs NeMo: its name as the plan shows it, its own interpreter key (None: it
+    reads training.run.python alone), and the override that plans it away (None: the plan needs it) with
+    what that changes."""
 
     name: str
     key: str | None = None
+    off: str | None = None
+    off_means: str = ""
 
 
 def _value(cfg: Any, key: str) -> Any:
@@ -65,17 +68,24 @@ def interpreter(cfg: Any, facts: Facts, job: NemoJob) -> str:
 def check(cfg: Any, facts: Facts, jobs: Sequence[NemoJob]) -> None:
     """Every planned NeMo job has an interpreter; on the local backend without a container it must also be
     one on this machine. One ConfigError for all of them, naming the key that fixes them."""
-    missing = [job.name for job in jobs if found(cfg, facts, job)[0] is None]
-    if missing:
-        own = sorted({job.key for job in jobs if job.key and job.name in missing})
+    lacking = [job for job in jobs if found(cfg, facts, job)[0] is None]
+    if lacking:
+        missing = [job.name for job in lacking]
+        own = sorted({job.key for job in lacking if job.key})
         where = "this machine runs" if cfg.cluster.backend is BackendName.local else "the nodes run"
+        offs = [job for job in lacking if job.off]
+        ways = "; ".join(f"{job.off} ({job.off_means})" if job.off_means else str(job.off) for job in offs)
+        without = f"; or plan without {', '.join(job.name for job in offs)}: {ways}"
+        # When every such job can be planned away, that is the command printed (errors.Fix).
+        fix = Fix(set=tuple(str(job.off) for job in offs)) if len(offs) == len(lacking) else None
         raise ConfigError(
             SHARED_KEY,
             f"null, and neither a container nor a NeMo venv ({facts.code_dir}/.venv-nemo) to run "
             f"{', '.join(missing)} with; allowed: a Python with NeMo that {where} (training.run.python=<path> "
             "for every NeMo job" + (f"; {', '.join(own)} for one" if own else "") + "), the image "
             "(container=pyxis container.image=<.sqsh>: docs/generic-slurm.md), or the venv: "
-            f"`cd {q(facts.code_dir)} && {MAKE_NEMO_VENV}`",
+            f"`cd {q(facts.code_dir)} && {MAKE_NEMO_VENV}`" + (without if offs else ""),
+            fix,
         )
     if cfg.cluster.backend is not BackendName.local or cfg.container.runtime is not Runtime.none:
         return

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +76,29 @@ def relative_to_run(path: Path, run_dir: Path) -> str:
 
 # The width every table the launcher prints fits in, however wide the terminal.
 TABLE_WIDTH = 100
+# What a console is told its width is when lines are printed whole: wider than any line it prints.
+WHOLE_LINES = 1 << 16
 
 
-def output_width() -> int:
-    """The terminal's width (COLUMNS first, as shutil reads it) when narrower than TABLE_WIDTH, else
-    TABLE_WIDTH; a pipe or file without COLUMNS gets TABLE_WIDTH."""
+def output_width() -> int | None:
+    """The width lines are fitted to on a terminal: its own (COLUMNS first, as shutil reads it) when
+    narrower than TABLE_WIDTH, else TABLE_WIDTH. None when stdout is no terminal (a pipe, a file, a CI
+    log), whatever COLUMNS says: then every line is printed whole, paths and commands never cut or
+    wrapped, a table's columns only as wide as their cells."""
+    if not sys.stdout.isatty():
+        return None
     return min(shutil.get_terminal_size((TABLE_WIDTH, 24)).columns, TABLE_WIDTH)
+
+
+def fitted(text: str, width: int | None, indent: str = "", subsequent_indent: str = "  ") -> str:
+    r"""`text` wrapped to `width` (continuation lines indented), or whole on one line when width is None.
+
+    >>> fitted("a b c", 3), fitted("a b c", None, "  ")
+    ('a b\n  c', '  a b c')
+    """
+    if width is None:
+        return indent + text
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=subsequent_indent)
 
 
 def shorten_left(text: str, width: int) -> str:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.backends import Request
-from launcher.paths import output_width, relative_to_run, shorten_left
+from launcher.paths import WHOLE_LINES, fitted, output_width, relative_to_run, shorten_left
 from launcher.quoting import join, q
 from launcher.registry import STAGES
 from launcher.spec import DependencyKind, JobSpec
@@ -26,7 +25,7 @@ def _after(job: JobSpec) -> str:
 
 def _table(request: Request, job_ids: dict[str, str], title: str) -> None:
     """One line per job (its dependencies may wrap); the log, relative to the run folder (so it starts
-    with the stage), gets what the other columns leave."""
+    with the stage), gets what the other columns leave on a terminal, and is whole elsewhere."""
     from rich.console import Console
     from rich.table import Table
 
@@ -44,18 +43,19 @@ def _table(request: Request, job_ids: dict[str, str], title: str) -> None:
     headers = ["job", "job id", "array", "after", "log"]
     width = output_width()
     fixed = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:3])]
-    left = width - sum(fixed) - 2 * (len(headers) - 1)
-    # As narrow as its longest job name: a job waiting for several shows one per line.
-    after = max(len(word) for r in [*rows, headers] for word in r[3].split() or [""])
+    # As narrow as its longest job name on a terminal: a job waiting for several shows one per line.
+    words = [word for r in [*rows, headers] for word in r[3].split()]
+    after = max(map(len, words)) if width else max(len(r[3]) for r in [*rows, headers])
+    logs = max(len(r[4]) for r in [*rows, headers])
+    log = max(width - sum(fixed) - 2 * (len(headers) - 1) - after - 2, 8) if width else logs
     table = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
     for header, column in zip(headers[:3], fixed, strict=True):
         table.add_column(header, no_wrap=True, width=column)
     table.add_column("after", width=after, overflow="fold")
-    log = max(left - after - 2, 8)
     table.add_column("log", no_wrap=True, width=log)
     for row in rows:
         table.add_row(*row[:-1], shorten_left(row[-1], log))
-    Console(width=width).print(table)
+    Console(width=width or WHOLE_LINES).print(table)
 
 
 def _installed() -> bool:
@@ -86,7 +86,7 @@ def watch_command() -> str:
 
 def _notes(request: Request) -> None:
     for note in request.plan.notes:
-        print(textwrap.fill(note, output_width(), subsequent_indent="  "))
+        print(fitted(note, output_width()))
 
 
 def _notes_and_commands(request: Request) -> None:
@@ -112,7 +112,7 @@ def dry_run(request: Request, written_to: Path | None) -> None:
             f"nothing written: {Path(*run_dir.parts[:2])} is not on this host, and a dry run creates no "
             f"top-level folder; the scripts are above, the run folder would be {run_dir}"
         )
-        print(textwrap.fill(text, output_width(), subsequent_indent="  "))
+        print(fitted(text, output_width()))
         return
     print(
         f"scripts written under {written_to}"

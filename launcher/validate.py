@@ -23,14 +23,16 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 from launcher import nemo_python
 from launcher.config import BackendName, Runtime
 from launcher.context import Facts
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, Fix
 from launcher.families import renamed_key_error
 from launcher.nemo_python import NemoJob
 from launcher.registry import STAGES, planned, planned_names, root_config_type
 from launcher.rules import RULE, Each, FolderPath, Problem
-from launcher.stage import StageSpec
+from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import require_mounted
 
+# OmegaConf's words for a single value merged onto a list field.
+_LIST_EXPECTED = "is not a ListConfig, list or tuple"
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 
 
@@ -101,6 +103,11 @@ def _explain(error: OmegaConfBaseException, composed: DictConfig, root: type) ->
         return ConfigError(key, f"unknown key; allowed keys in {where}: {allowed}")
     message = str(error).splitlines()[0]
     allowed = _allowed_at(root, key)
+    given = OmegaConf.select(composed, key, throw_on_resolution_failure=False)
+    if _LIST_EXPECTED in message and given is not None and not OmegaConf.is_config(given):
+        # `stages=training`: one value where a list goes (OmegaConf says "AnyNode is not a ListConfig")
+        fix = Fix(set=(f"{key}=[{given}]",))
+        return ConfigError(key, f"takes a list, written in brackets; allowed: {allowed}", fix)
     return ConfigError(key, f"{message}; allowed: {allowed}" if allowed else message)
 
 
@@ -286,3 +293,37 @@ def _check_folders(cfg: Any, unplanned: set[str]) -> None:
             )
     if refused:  # the key that names the file itself (shared_dir) before those under it (data_dir)
         raise min(refused, key=lambda found: found[0])[1]
+
+
+def _top(path: str) -> Path:
+    """The top-level folder of an absolute path (`/fsx` of `/fsx/results`): a mount point, as a rule."""
+    return Path(*Path(path).parts[:2])
+
+
+def check_writes(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> None:
+    """A real launch creates no top-level folder: every folder it writes on this host (the run folder, the
+    data folder it owns; on the local backend every folder its jobs use) lies in one this host has.
+    Without it (/fsx on a machine that is not the cluster's) the launch would make `/fsx` as whoever runs
+    it and write there what the cluster never sees. The key named is the one that set the path:
+    cluster.shared_dir for the folders under it (base_results_dir and data_dir by default). The first
+    check of the host (launcher.cli.launch): off the cluster, that is what the user must hear first. A
+    dry run writes nothing there instead (launcher.preview)."""
+    if cfg.dry_run:
+        return
+    present = planned(cfg, stages)
+    local = cfg.cluster.backend is BackendName.local
+    writes_data = any(stage.data_role is DataRole.writes for stage in present)
+    here = {"base_results_dir", *(["data_dir"] if writes_data else [])}
+    for key, value in _folders(cfg, {stage.name for stage in stages} - {stage.name for stage in present}):
+        if not (local or key in here) or _top(value).is_dir():
+            continue
+        if Path(value).is_relative_to(cfg.cluster.shared_dir):
+            key, value = "cluster.shared_dir", cfg.cluster.shared_dir
+        top = _top(value)
+        where = f"{top} is" if Path(value) == top else f"{value} is on {top}, which is"
+        raise ConfigError(
+            key,
+            f"{where} not on this host, and a launch creates no top-level folder: launch from a node that "
+            f"mounts {top}, or look at the plan here with dry_run=true",
+            Fix(set=("dry_run=true",)),
+        )

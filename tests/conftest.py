@@ -86,12 +86,18 @@ def make_config(tmp_path: Path) -> Callable[..., RootConfig]:
 @pytest.fixture
 def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An `sbatch` first on PATH that records each call in the returned file and answers a job id,
-    so that a test sees whether anything was submitted."""
+    so that a test sees whether anything was submitted; beside it an `scontrol` whose `show config` gives
+    Slurm's default limits (a real launch asks the controller before it writes anything)."""
     folder = tmp_path_factory.mktemp("sbatch_stub")
     calls = folder / "calls.txt"
     stub = folder / "sbatch"
     stub.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nwc -l < {calls}\n')
     stub.chmod(0o755)
+    scontrol = folder / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\necho 'MaxArraySize            = 1001'\necho 'MaxJobCount             = 10000'\n"
+    )
+    scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
     return calls
 

@@ -126,7 +126,7 @@ BAD_INPUTS = [
     (
         ["container.mounts=/a:/a"],
         "container.mounts",
-        "is not a ListConfig, list or tuple.; allowed: a list",
+        "takes a list, written in brackets; allowed: a list",
     ),
 ]
 

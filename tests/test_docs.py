@@ -1,5 +1,6 @@
 """The README and docs/: every relative link resolves (file and #anchor), the README stays short, and the
-README's figures (afterany, the dry run's time) agree with the code and the benchmark's record."""
+README's figures (afterany, the dry run's time, the datasets, the exit statuses, the watch commands'
+options) agree with the code and the benchmark's record."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from conftest import REPO
 
 README_MAX_LINES = 150
+README = REPO / "README.md"
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"`+[^`]*`+")
 LINK = re.compile(r"\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
@@ -171,3 +173,59 @@ def test_the_readme_s_dry_run_time_is_the_benchmark_s_last_figure() -> None:
     recorded = " ".join((REPO / "docs/development.md").read_text().split())
     [measured] = re.findall(r"`bench_dry_run\.py`:.*? Last figure: a median of ([\d.]+) s wall", recorded)
     assert readme == measured
+
+
+def _said(path: Path) -> str:
+    """A page's text on one line (its line breaks as spaces)."""
+    return " ".join(path.read_text().split())
+
+
+def test_the_readme_names_every_dataset_preset() -> None:
+    """ "Pick a dataset with ..." lists every conf/data_preparation/ preset (it once left out coyo700m)."""
+    [listed] = re.findall(r"Pick a dataset with `data_preparation=<preset>`: (.*?)\. Your own", _said(README))
+    named = re.findall(r"`(\w+)` \(", listed)
+    assert sorted(named) == sorted(p.stem for p in (REPO / "conf/data_preparation").glob("*.yaml"))
+
+
+def test_the_exit_statuses_the_readme_gives_are_the_launchers() -> None:
+    """The README's figures against launcher.errors and what `status --watch` ends with."""
+    from collections import Counter
+
+    from launcher import errors
+    from launcher.job_states import JobStatus, outcome
+    from launcher.manifest import JobRecord
+
+    said = _said(README)
+    assert f"Exit statuses: **{errors.REFUSED}** refused before anything ran" in said
+    assert f"**{errors.FAILED}** it ran and failed" in said
+    assert f"**{errors.INTERRUPTED}** Ctrl-C, **{errors.TERMINATED}** SIGTERM or `cancel`" in said
+    [watch] = re.findall(r"then exits (\d+) if a job failed, (\d+) if one was cancelled, else (\d+)\.", said)
+
+    def ended(*states: str) -> int:
+        record = JobRecord("toy", "j", "1", None, "s", "l", [], "slurm")
+        return outcome([JobStatus(record, Counter({state: 1})) for state in states])
+
+    assert watch == (
+        str(ended("FAILED", "CANCELLED")),
+        str(ended("CANCELLED", "COMPLETED")),
+        str(ended("COMPLETED")),
+    )
+
+
+def test_the_readme_s_watch_commands_have_the_options_it_names() -> None:
+    """`status ... --watch [--interval 30]` and `logs <run_dir> <job> [--task N] [--follow]`: options the
+    commands take, with the default the README gives."""
+    from launcher.status.cli import parser
+
+    said = _said(README)
+    commands = {
+        name: sub
+        for action in parser()._subparsers._group_actions  # type: ignore[union-attr]
+        for name, sub in action.choices.items()
+    }
+    for command, options in (("status", ("--watch", "--interval")), ("logs", ("--task", "--follow"))):
+        taken = {o for action in commands[command]._actions for o in action.option_strings}
+        assert set(options) <= taken, (command, taken)
+    assert "`... logs <run_dir> <job> [--task N] [--follow]`" in said
+    interval = next(a for a in commands["status"]._actions if "--interval" in a.option_strings)
+    assert f"`--watch [--interval {interval.default:g}]`" in said

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 from fixtures.docs import GENERIC_SLURM, generic_slurm_commands
 from fixtures.launches import readme_commands
@@ -43,6 +44,24 @@ def test_the_documented_generic_slurm_command_dry_runs(tmp_path: Path) -> None:
     assert f"--container-mounts={tmp_path}:{tmp_path}" in training
     assert "#SBATCH --partition=cpu" in scripts["download_parquet"]
     assert f"{tmp_path}/sd/data" in scripts["download_parquet"]
+
+
+def test_the_image_is_checked_before_anything_is_written_for_every_plan(
+    tmp_path: Path, recording_sbatch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The page's `container.image` row: "checked on the login node before anything is written, for
+    every plan". Its command, submitted for data preparation alone, without the image: one line, nothing
+    written, nothing submitted."""
+    assert "checked on the login node before anything is written, for every plan" in DOC.read_text()
+    argv = [word.replace("/shared", str(tmp_path)) for word in documented_command()[2:]]
+    argv = [word for word in argv if word != "dry_run=true"] + ["stages=[data_preparation]"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: container.image: {tmp_path}/apps/nemo-sd.sqsh does not exist on this host; build it with "
+        "enroot/import.sh or fix the path\n"
+    )
+    assert list(tmp_path.iterdir()) == [] and not recording_sbatch.exists()
 
 
 def test_every_key_in_the_table_is_in_the_command() -> None:

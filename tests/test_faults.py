@@ -176,7 +176,7 @@ def test_a_local_launch_on_a_full_disk_says_which_path_and_why_and_status_shows_
     ]
     with pytest.raises(LauncherError) as failed:
         launch(compose_config(overrides))
-    expected = f"reorganize_tar: reorganize_tar: error: {tmpfs}/data/tarfiles_reorganized/"
+    expected = f"reorganize_tar: error: {tmpfs}/data/tarfiles_reorganized/"
     assert expected in str(failed.value) and "(ENOSPC)" in str(failed.value), failed.value
     shown = subprocess.run(
         [sys.executable, "-m", "launcher", "status", str(tmp_path / "results/sd_860m_res_256")],

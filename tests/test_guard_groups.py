@@ -124,7 +124,8 @@ def test_each_group_holds_one_kind() -> None:
 
 
 def _help_entries() -> dict[str, str]:
-    """`python launcher/main.py --help` as a user runs it: each group's entry, its wrapped lines joined."""
+    """`python launcher/main.py --help` as a user runs it into a pipe: each group's entry on one line,
+    whatever COLUMNS says (a terminal's lines wrap: launcher.paths.output_width)."""
     done = subprocess.run(
         [sys.executable, str(REPO / "launcher/main.py"), "--help"],
         capture_output=True,
@@ -135,14 +136,12 @@ def _help_entries() -> dict[str, str]:
     assert done.returncode == 0 and done.stderr == "", done.stderr
     lines = done.stdout.splitlines()
     start = lines.index("config groups (group=option; the default in brackets):") + 1
-    assert max(len(line) for line in lines[start:]) <= 100
+    assert max(len(line) for line in lines[start:]) > 100  # not wrapped in a pipe
     entries: dict[str, str] = {}
     for line in lines[start:]:
-        if line.startswith("      "):
-            entries[next(reversed(entries))] += " " + line.strip()
-        elif line.startswith("  "):
-            group, _, rest = line.strip().partition(": ")
-            entries[group] = rest
+        assert line.startswith("  ") and not line.startswith("      "), line
+        group, _, rest = line.strip().partition(": ")
+        entries[group] = rest
     return entries
 
 

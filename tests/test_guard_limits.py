@@ -17,7 +17,7 @@ from launcher.validate import to_schema
 
 
 def test_limits_the_user_set_are_labelled_as_theirs() -> None:
-    both = limits_for(100, 1000, ask=True)  # both set: the cluster is not asked
+    both = limits_for(100, 1000, ask=False)  # both set: the cluster's are not read
     assert (both.array_source, both.job_count_source) == (
         "your cluster.max_array_size",
         "your cluster.max_job_count",

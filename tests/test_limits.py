@@ -50,21 +50,23 @@ def test_parse_config_reads_both_limits_and_falls_back_to_slurms_defaults() -> N
     assert (parse_config("").max_array_size, parse_config("").max_job_count) == (1001, 10000)
 
 
-def test_limits_come_from_the_config_else_slurms_defaults_in_a_dry_run() -> None:
-    assert limits_for(64, 500, ask=True).max_array_size == 64  # both set: the cluster is not asked
+def test_limits_come_from_the_config_else_slurms_defaults_in_a_dry_run(recording_sbatch: Path) -> None:
+    # Set on both: the config's, though a submission asks the cluster (its stand-in scontrol) in any case.
+    assert limits_for(64, 500, ask=True).max_array_size == 64
     dry = limits_for(None, 50, ask=False)
     assert (dry.max_array_size, dry.max_job_count) == (1001, 50)
 
 
-def test_a_cluster_that_does_not_answer_leaves_slurms_defaults_and_a_warning(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_cluster_that_does_not_answer_refuses_a_submission_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(LauncherError, match="scontrol not found"):
+    """A submission asks the controller before anything is written; without an answer it is refused,
+    whatever limits the config sets (the answer is the check that the cluster is there)."""
+    with pytest.raises(LauncherError, match=f"^cluster: cannot submit: {tmp_path}/scontrol is not on this"):
         read_limits(str(tmp_path / "scontrol"))
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
-    limits = limits_for(None, None, ask=True)
-    assert (limits.max_array_size, limits.max_job_count, limits.assumed) == (1001, 10000, True)
-    assert "warning: scontrol not found" in capsys.readouterr().err
+    with pytest.raises(LauncherError, match=r"^cluster: cannot submit: scontrol is not on this host's PATH"):
+        limits_for(64, 500, ask=True)
 
 
 @given(st.integers(1, 5000), st.integers(1, 1100))

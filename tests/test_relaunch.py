@@ -203,9 +203,7 @@ def test_resubmit_missing_on_the_local_backend_runs_only_what_failed(tmp_path: P
     raw.mkdir(parents=True)
     (raw / "part-00001.done.json").write_text('{"options": {"image_size": 1}}')  # task 1 fails
     overrides = [f"cluster.shared_dir={tmp_path}", f"container.python={sys.executable}", SMALL_DEMO]
-    with pytest.raises(
-        LauncherError, match=r"download_images: download_images: error: .*part-00001\.done\.json"
-    ):
+    with pytest.raises(LauncherError, match=r"download_images: error: .*part-00001\.done\.json"):
         launch(compose_config(overrides))
     first = {r.name: r.job_id for r in manifest.load(tmp_path / "results/sd_860m_res_256")}
     (raw / "part-00001.done.json").unlink()

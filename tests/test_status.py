@@ -4,7 +4,9 @@ against NeMo's own exp_manager)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, compose_config
-from fixtures.launches import run_status
+from fixtures.launches import on_a_terminal, run_status
 from omegaconf import OmegaConf
 
 from launcher import manifest
@@ -23,25 +25,114 @@ from launcher.job_states import JobStatus, Task, parse_sacct, parse_scontrol
 from launcher.spec import JobSpec, Plan, Resources
 
 
-@pytest.mark.parametrize("columns", ["100", "250"])
-def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_data: Path, columns: str) -> None:
-    """The README's default command, run for real on the local backend (the session's demo_data)."""
-    done = run_status("results/sd_860m_res_256", cwd=demo_data, env={"COLUMNS": columns})
-    assert done.returncode == 0, done.stderr
-    lines = [line.rstrip() for line in done.stdout.splitlines()]
-    assert max(len(line) for line in lines) <= 100, done.stdout
+@pytest.mark.parametrize("columns", [100, 250])
+def test_a_finished_demo_run_shows_one_line_per_job_at_100_columns(demo_data: Path, columns: int) -> None:
+    """The README's default command, run for real on the local backend (the session's demo_data), its
+    status on a terminal."""
+    command = [sys.executable, "-m", "launcher", "status", "results/sd_860m_res_256"]
+    code, out = on_a_terminal(command, demo_data, columns)
+    assert code == 0, out
+    lines = [line.rstrip() for line in out.splitlines()]
+    assert max(len(line) for line in lines) <= 100, out
     title, header = lines.index("run results/sd_860m_res_256"), lines.index("run results/sd_860m_res_256") + 1
     assert lines[header].split() == ["job", "id", "tasks", "by", "state", "exit", "newest", "log"]
     rows = lines[header + 1 : lines.index("", title)]
     jobs = [r.name for r in manifest.load(demo_data / "results/sd_860m_res_256")]
-    assert [row.split()[0] for row in rows] == jobs and len(jobs) == 5, done.stdout
+    assert [row.split()[0] for row in rows] == jobs and len(jobs) == 5, out
     for job, row in zip(jobs, rows, strict=True):
         assert row.split()[2:4] == [
             "COMPLETED",
             str(2 if job in ("download_images", "reorganize_tar") else 1),
         ]
         assert row.split()[-1].startswith(f"data_preparation/logs/{job}_"), row
-    assert "tarfiles_reorganized/wdinfo.pkl: 11 tars x 20" in done.stdout
+    assert "tarfiles_reorganized/wdinfo.pkl: 11 tars x 20" in out
+
+
+@pytest.mark.parametrize("columns", [None, "80", "200"])
+def test_status_into_a_file_keeps_whole_lines(demo_data: Path, tmp_path: Path, columns: str | None) -> None:
+    """`status ... > file`, whatever COLUMNS says: every log path whole, each data line on one line; the
+    table keeps its columns (each row's log where the header says)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+    run = demo_data / "results/sd_860m_res_256"
+    with open(tmp_path / "status.txt", "w") as file:
+        done = subprocess.run(
+            [sys.executable, "-m", "launcher", "status", str(run)],
+            cwd=REPO,
+            stdout=file,
+            env={**env, "PYTHONPATH": str(REPO)},
+            timeout=120,
+        )
+    assert done.returncode == 0
+    lines = (tmp_path / "status.txt").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("job "))
+    header, rows = lines[at], lines[at + 1 : lines.index("", at)]
+    assert [row.split()[0] for row in rows] == [r.name for r in manifest.load(run)]
+    column = header.index("newest log")
+    logs = [row[column:].rstrip() for row in rows]
+    assert all(log.startswith("data_preparation/logs/") and (run / log).is_file() for log in logs), logs
+    chunking = next(
+        line.rstrip() for line in lines[lines.index("", at) :] if line.startswith("reorganize_tar ")
+    )
+    # The demo's 234 images make 11 tars of 20: 14 left out, said on that one line.
+    assert chunking.endswith(
+        "220 samples, 0 samples dropped (missing a member), 14 left out by the chunking (fewer than a tar; "
+        "data_preparation.reorganize_tar.keep_remainder=true keeps them)"
+    ), chunking
+    assert (
+        "(`14 left out by the chunking (fewer than a tar; ...)`)" in (REPO / "docs/datasets.md").read_text()
+    )
+
+
+def test_logs_of_an_array_task(demo_data: Path) -> None:
+    """`logs <run> <job> --task N`: that task's log; an array without it says which it showed; a task the
+    job does not have, or --task on a job that is no array, is refused in one line (exit 2)."""
+    run = str(demo_data / "results/sd_860m_res_256")
+
+    def logs(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_status(run, *args, cwd=REPO, command="logs")
+
+    for task in (0, 1):
+        done = logs("download_images", "--task", str(task), "-n", "1")
+        [header, _] = done.stdout.splitlines()
+        assert done.returncode == 0 and header.endswith(f"_{task}.out <=="), done.stdout
+        assert f"partition {task} done" in done.stdout
+    done = logs("download_images", "-n", "1")
+    assert (
+        done.stderr == "download_images is an array (tasks 0-1): its newest task's log; another's: --task N\n"
+    )
+    for job, said in (("download_images", "its tasks are 0-1"), ("download_parquet", "it is not an array")):
+        done = logs(job, "--task", "2")
+        assert done.returncode == 2 and done.stderr == f"error: --task 2: {job} has no task 2; {said}\n"
+
+
+def test_a_split_array_s_task_is_found_in_its_part() -> None:
+    """An array submitted in parts (launcher.limits): each part numbers its tasks from 0."""
+    record = manifest.JobRecord(
+        "data_preparation", "fan", "8", "0-4", "s", "/r/fan_%A_%a.out", [], "slurm", ["8", "9"], 3
+    )
+    assert [record.part_of(task) for task in (0, 2, 3, 4)] == [("8", 0), ("8", 2), ("9", 0), ("9", 1)]
+    assert (record.first_task("8"), record.first_task("9")) == (0, 3)
+    whole = manifest.JobRecord("data_preparation", "fan", "8", "0-4", "s", "/r/fan_%A_%a.out", [], "slurm")
+    assert (whole.part_of(4), whole.first_task("8")) == (("8", 4), 0)
+
+
+def test_status_shows_no_training_lines_without_a_training_job(planned_training: Path) -> None:
+    """A data-only plan in a folder that holds an earlier plan's training config: no TensorBoard line."""
+    launch(
+        compose_config(
+            [
+                "cluster=aws_p5",
+                "stages=[data_preparation]",
+                "dry_run=true",
+                f"cluster.shared_dir={planned_training}",
+                f"container.mounts=[{planned_training}:{planned_training}]",
+            ]
+        )
+    )
+    assert (planned_training / "results/sd_860m_res_256/training/sd_860m_res_256.yaml").exists()
+    done = run_status("results/sd_860m_res_256", cwd=planned_training)
+    assert done.returncode == 0 and "download_images " in done.stdout, done.stderr
+    assert "TensorBoard" not in done.stdout and "tensorboard" not in done.stdout, done.stdout
 
 
 def test_watch_of_a_finished_run_prints_once_and_ends(demo_data: Path) -> None:
@@ -133,14 +224,12 @@ def test_sacct_and_scontrol_lines_give_each_tasks_state_and_start() -> None:
     )
     found = parse_sacct(sacct)
     assert found["12"] == [Task("COMPLETED", "0:0", "2026-11-28T07:52:27")]
-    assert found["13"] == [Task("PENDING", "0:0")] * 4 + [Task("RUNNING", "0:0", "2026-11-28T07:54:43")]
+    pending = [Task("PENDING", "0:0", None, i) for i in range(2, 6)]
+    assert found["13"] == [*pending, Task("RUNNING", "0:0", "2026-11-28T07:54:43", 0)]
     assert found["14"] == [Task("CANCELLED", "0:15")]
     shown = "JobId=3 ArrayJobId=2 ArrayTaskId=0 JobState=RUNNING ExitCode=0:0 StartTime=2026-11-28T07:54:43\n"
     shown += "JobId=2 ArrayJobId=2 ArrayTaskId=2-5%2 JobState=PENDING ExitCode=0:0 StartTime=Unknown\n"
-    assert (
-        parse_scontrol(shown)
-        == [Task("RUNNING", "0:0", "2026-11-28T07:54:43")] + [Task("PENDING", "0:0")] * 4
-    )
+    assert parse_scontrol(shown) == [Task("RUNNING", "0:0", "2026-11-28T07:54:43", 0), *pending]
     record = manifest.JobRecord("toy", "fan", "2", "0-5%2", "s", "l", [], "slurm")
     running = JobStatus(record, Counter({"RUNNING": 1, "PENDING": 4}), started="2026-11-28T07:54:43")
     assert running.summary() == "PENDING 4, RUNNING 1 since 11-28 07:54"

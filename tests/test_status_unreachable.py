@@ -21,6 +21,7 @@ from toy_pipeline import sleeper_plan
 from launcher import manifest, relaunch
 from launcher.backends import prepare
 from launcher.backends.slurm import SlurmBackend
+from launcher.cli import main as cli_main
 from launcher.errors import LauncherError
 from launcher.job_states import controller, status
 from launcher.status.cli import main
@@ -94,6 +95,35 @@ def test_status_and_cancel_say_in_one_line_that_the_controller_did_not_answer(
         relaunch.request_for(sleeper_plan(pending_run, jobs=JOBS - 1), True, "slurm")
 
 
+def test_a_launch_with_the_controller_down_is_refused_in_one_line_writing_nothing(
+    slurm_shared: Path,
+    dead_conf: tuple[Path, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The demo's data steps for the real cluster (sbatch and scontrol are there) while its controller does
+    not answer: one line naming it, before any file is written; nothing said to be submitted."""
+    conf, _ = dead_conf
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    port = re.search(r"(?m)^SlurmctldPort=(\d+)", conf.read_text()).group(1)  # type: ignore[union-attr]
+    argv = [
+        f"cluster.shared_dir={slurm_shared}",
+        "cluster=slurm",
+        "data_preparation=demo",
+        "data_preparation.precache.enable=false",
+        "stages=[data_preparation]",
+    ]
+    assert cli_main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, (out, err)
+    assert err.startswith(
+        f"error: cluster: cannot submit: the Slurm controller localhost:{port} (SLURM_CONF={conf}) did not "
+        "answer (scontrol: "
+    ), err
+    assert err.rstrip().endswith(" dry_run=true"), err  # the command to look at the plan instead
+    assert list(slurm_shared.iterdir()) == []
+
+
 def _launcher(command: str, *args: str, conf: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "launcher", command, *args],
@@ -128,7 +158,7 @@ def test_watch_and_follow_wait_while_the_controller_is_down_and_end_when_they_se
     for frame in first[:2]:
         assert "cannot tell the state of this run's jobs: the Slurm controller localhost:" in frame, first
         assert frame.rstrip().endswith("asking again every 0.5 s"), first
-    assert watch.returncode == 0, watched
+    assert watch.returncode == 143, watched  # it saw the end: the jobs were cancelled (launcher.errors)
     frames = watched[0].splitlines()
     assert [line.split()[2:4] for line in frames if line.startswith("sleeper ")][-1] == ["CANCELLED", "1"]
     # The job was cancelled before it ran: no log to follow, said once it has ended.

@@ -11,10 +11,26 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from fixtures.launches import STYLE, on_a_terminal
 
 from launcher.cli import main
 
 FRESH_SHELL = ["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c"]  # no venv, no PYTHONPATH
+
+
+def _long_shared(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A shared folder with a long name and the AWS preset's launch into it (the image there)."""
+    shared = tmp_path / "a-shared-file-system-with-a-rather-long-name" / "team-of-the-project"
+    shared.mkdir(parents=True)
+    (shared / "nemo.sqsh").write_bytes(b"hsqs")
+    argv = [
+        "cluster=aws_p5",
+        "stages=[data_preparation,training]",
+        f"cluster.shared_dir={shared}",
+        f"container.mounts=[{shared}:{shared}]",
+        f"container.image={shared}/nemo.sqsh",
+    ]
+    return shared, argv
 
 
 @pytest.mark.parametrize(("dry_run", "columns"), [(True, 250), (False, 250), (True, 80), (False, 80)])
@@ -26,20 +42,12 @@ def test_the_launch_summary_fits_the_terminal_with_paths_relative_to_the_run(
     dry_run: bool,
     columns: int,
 ) -> None:
+    """On a terminal (stdout says it is one; the real pty is tested below), its styles dropped."""
     monkeypatch.setenv("COLUMNS", str(columns))
-    shared = tmp_path / "a-shared-file-system-with-a-rather-long-name" / "team-of-the-project"
-    shared.mkdir(parents=True)
-    (shared / "nemo.sqsh").write_bytes(b"hsqs")
-    argv = [
-        "cluster=aws_p5",
-        "stages=[data_preparation,training]",
-        f"cluster.shared_dir={shared}",
-        f"container.mounts=[{shared}:{shared}]",
-        f"container.image={shared}/nemo.sqsh",
-        f"dry_run={str(dry_run).lower()}",
-    ]
-    assert main(argv) == 0, capsys.readouterr().err
-    out = capsys.readouterr().out
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    shared, argv = _long_shared(tmp_path)
+    assert main([*argv, f"dry_run={str(dry_run).lower()}"]) == 0, capsys.readouterr().err
+    out = STYLE.sub("", capsys.readouterr().out)
     title = "dry run: 9 job(s), nothing submitted" if dry_run else "submitted to Slurm"
     summary = out[out.index(title) :].splitlines()
     table = summary[
@@ -66,6 +74,50 @@ def test_the_launch_summary_fits_the_terminal_with_paths_relative_to_the_run(
     # A cut path keeps its end: the file name with its job id.
     log = "training/logs/sd_860m_res_256_%j.out" if columns > 100 else "_res_256_%j.out"
     assert any(line.rstrip().endswith(log) for line in table), "\n".join(table)
+
+
+@pytest.mark.parametrize("columns", [None, "80", "200"])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_into_a_pipe_or_a_file_every_line_is_whole(
+    tmp_path: Path,
+    recording_sbatch: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    dry_run: bool,
+    columns: str | None,
+) -> None:
+    """stdout no terminal (captured here), whatever COLUMNS says: no path cut, no line wrapped; the table
+    keeps its columns (every row's log starts where the header's does)."""
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    _, argv = _long_shared(tmp_path)
+    assert main([*argv, f"dry_run={str(dry_run).lower()}"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "…" not in out
+    lines = out[out.index("dry run: 9 job(s)" if dry_run else "submitted to Slurm") :].splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["job", "job"])
+    column = lines[header].index("log")
+    rows = lines[header + 1 : header + 10]
+    assert [row[column:].rstrip() for row in rows][-1] == "training/logs/sd_860m_res_256_%j.out", rows
+    assert all(row[column - 2 : column] == "  " and row[column] != " " for row in rows), rows
+    assert "data_preparation/logs/download_images_%A_%a.out" in out
+    # The notes are whole lines too: the cost line, longer than any terminal line here.
+    [cost] = [line for line in lines if line.startswith("estimated training cost on H100")]
+    assert len(cost) > 200 and cost.endswith("docs/latents.md)]"), cost
+
+
+def test_on_a_real_terminal_lines_fit_it(tmp_path: Path) -> None:
+    """A pseudo-terminal 80 columns wide (the launcher as a user starts it): lines fit, a cut path keeps
+    its end."""
+    _, argv = _long_shared(tmp_path)
+    command = [sys.executable, str(REPO / "launcher/main.py"), *argv, "dry_run=true"]
+    code, out = on_a_terminal(command, tmp_path, 80)
+    assert code == 0, out
+    table = out[out.index("dry run: 9 job(s)") :].split("\nscripts written")[0].splitlines()
+    assert max(len(line.rstrip()) for line in table) <= 80, "\n".join(table)
+    assert any(line.rstrip().endswith("_res_256_%j.out") and "…" in line for line in table), table
 
 
 def _watch_lines(out: str) -> list[str]:
@@ -127,11 +179,12 @@ def test_a_failed_local_launch_prints_the_fault_line_of_the_failed_step(
         "data_preparation=laion_art",
         f"data_preparation.download_parquet.source={missing}",
     ]
-    assert main(argv) == 2
+    assert main(argv) == 1  # it ran, and failed (launcher.errors)
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: local run did not complete: download_parquet, download_images"), err
     [why] = err[1:]
-    assert why.startswith("  download_parquet: download_parquet: error: ") and str(missing) in why, err
+    # The step's own line, its name once.
+    assert why.startswith("  download_parquet: error: ") and str(missing) in why, err
 
 
 def test_after_a_local_run_each_stage_that_ran_says_what_it_found(

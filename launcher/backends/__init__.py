@@ -83,6 +83,7 @@ def records(
             + [f"{d.kind.value}:{d.job_id} ({d.why})" for d in job.after_external],
             backend=backend,
             part_ids=_ids(job, job_ids) if job.array and job.array.part_size else [],
+            part_size=job.array.part_size if job.array else None,
         )
         for job in plan.jobs
     ]

@@ -20,8 +20,8 @@ from typing import Any
 
 from launcher import local_jobs, manifest
 from launcher.backends import Request, records, write_files
-from launcher.errors import LauncherError
-from launcher.job_states import error_lines
+from launcher.errors import TERMINATED, LauncherError, RunFailed, RunStopped
+from launcher.job_states import error_lines, prefixed
 from launcher.local_jobs import Launcher, LocalJob, LocalTask, group_alive
 from launcher.paths import RunPaths, concrete_log
 from launcher.spec import DependencyKind, JobSpec, Plan
@@ -209,16 +209,18 @@ class LocalBackend:
             run.interrupt()
             raise
         failed = [name for name, state in states.items() if state != "COMPLETED"]
-        if run.cancelled():
-            raise LauncherError(f"local run cancelled: {', '.join(failed) or 'nothing'} did not complete")
+        if run.cancelled():  # by `cancel`, which stops the tasks with SIGTERM as scancel does
+            raise RunStopped(
+                f"local run cancelled: {', '.join(failed) or 'nothing'} did not complete", TERMINATED
+            )
         if failed:
             why = [
-                f"\n  {name}: {line}"
+                f"\n  {prefixed(name, line)}"
                 for name in failed
                 if states[name] == "FAILED"
                 for line in _fault_lines(plan, plan.job(name), job_ids[name])
             ]
-            raise LauncherError(
+            raise RunFailed(
                 f"local run did not complete: {', '.join(failed)} (see logs under {plan.run_dir}){''.join(why)}"
             )
         return job_ids

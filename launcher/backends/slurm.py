@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import manifest
 from launcher.backends import Request, records, write_files
-from launcher.errors import LauncherError, SubmitError
+from launcher.errors import ConfigError, Fix, LauncherError, SubmitError
 from launcher.job_states import run_command, slurm_failure
 from launcher.limits import SlurmLimits, parse_config, user_source
 from launcher.render import submit_argv
@@ -70,35 +69,25 @@ class SlurmBackend:
 
 
 def read_limits(scontrol: str = "scontrol") -> SlurmLimits:
-    """The cluster's MaxArraySize and MaxJobCount, asked once per launch."""
-    try:
-        done = subprocess.run(
-            [scontrol, "show", "config"], capture_output=True, text=True, check=False, timeout=60
-        )
-    except subprocess.TimeoutExpired:
-        raise LauncherError(f"`{scontrol} show config` did not answer within 60 s") from None
-    except FileNotFoundError:
-        raise LauncherError(
-            f"{scontrol} not found: cannot read the cluster's MaxArraySize and MaxJobCount; run on a "
-            "node of the cluster, or set cluster.max_array_size and cluster.max_job_count"
-        ) from None
+    """The cluster's MaxArraySize and MaxJobCount, asked once per launch: the first word from the controller,
+    so a controller that does not answer (or a host with no Slurm configuration) is one refusal naming it,
+    before the launch writes anything."""
+    done = run_command([scontrol, "show", "config"])
     if done.returncode != 0 or "MaxArraySize" not in done.stdout:
-        raise LauncherError(
-            f"`{scontrol} show config` failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()}; "
-            "set cluster.max_array_size and cluster.max_job_count to submit without asking the cluster"
+        raise ConfigError(
+            "cluster",
+            f"cannot submit: {slurm_failure(done)}; launch from a node of the cluster, or look at the plan "
+            "here with dry_run=true",
+            Fix(set=("dry_run=true",)),
         )
     return parse_config(done.stdout, "the cluster's, from scontrol show config")
 
 
 def limits_for(max_array_size: int | None, max_job_count: int | None, ask: bool) -> SlurmLimits:
     """The limits a plan must fit: the config's (cluster.max_array_size / max_job_count, labelled as the
-    user's), else the cluster's when `ask` (a submission), else Slurm's defaults (a dry run asks nothing)."""
-    base = SlurmLimits(assumed=True)
-    if ask and not (max_array_size and max_job_count):
-        try:
-            base = read_limits()
-        except LauncherError as error:  # sbatch will say more if the cluster is really unreachable
-            print(f"warning: {error}; assuming Slurm's defaults", file=sys.stderr)
+    user's), else the cluster's; `ask` (a submission) asks the cluster in any case, whose answer is the
+    check that it is there; a dry run asks nothing and assumes Slurm's defaults."""
+    base = read_limits() if ask else SlurmLimits(assumed=True)
     return SlurmLimits(
         max_array_size or base.max_array_size,
         max_job_count or base.max_job_count,

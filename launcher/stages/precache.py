@@ -24,7 +24,12 @@ from launcher.stages.common import after, after_stage, cpu_resources, make_job
 
 # The encode step builds NeMo's VAE and text encoder: its interpreter is found and checked with every
 # other NeMo job's (launcher.nemo_python).
-JOB = NemoJob("encode_latents", "data_preparation.precache.python")
+JOB = NemoJob(
+    "encode_latents",
+    "data_preparation.precache.python",
+    off=f"{latents.SWITCH}=false",
+    off_means="train from the images",
+)
 ENCODE_SUFFIX = "_encode.yaml"
 
 

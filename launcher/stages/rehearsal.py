@@ -30,7 +30,7 @@ from launcher.stages.common import cpu_resources, make_job
 from launcher.stages.training_job import secret_files_of
 
 NAME = "rehearsal"
-JOB = NemoJob(NAME, "rehearsal.python")  # its interpreter: launcher.nemo_python
+JOB = NemoJob(NAME, "rehearsal.python", off=f"{NAME}.enable=false")  # its interpreter: launcher.nemo_python
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Training's preflight (its StageSpec.preflight): the submitting host's files it will read, read-only.
 
-The image and, without a container, NeMo's sd_train.py (the benchmark sweep runs them too); then, when
+Without a container, NeMo's sd_train.py (the benchmark sweep runs it too); then, when
 this launch does not prepare the data itself, the prepared data training reads: its wdinfo, whether its
 tars hold what the latents switch says, and whether there are enough of them for every rank.
 """
@@ -56,14 +56,9 @@ def _no_wdinfo(cfg: Any, wdinfo: Path) -> str:
 
 
 def nemo_files(cfg: Any) -> list[str]:
-    """The image and, without a container, sd_train.py: what training and the sweep run."""
+    """Without a container, sd_train.py: what training and the sweep run (the image every plan with a
+    container runs is checked for all of them: launcher.preflight)."""
     problems = []
-    image = cfg.container.image or ""
-    if cfg.container.runtime is Runtime.pyxis and image.startswith("/") and not Path(image).exists():
-        problems.append(
-            f"container.image: {image} does not exist on this host; build it with "
-            "enroot/import.sh or fix the path"
-        )
     script = cfg.training.run.script
     if cfg.container.runtime is Runtime.none and not Path(script).is_file():
         # Its default is the image's copy; NeMo's wheel has none (.venv-nemo cannot stand in for it).

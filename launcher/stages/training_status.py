@@ -130,6 +130,9 @@ def fault_lines(run_dir: Path) -> list[str]:
 
 
 def status_lines(run_dir: Path) -> list[str]:
+    """Nothing for a run folder whose manifest has no training job: its configs may be an earlier plan's."""
+    if not any(record.stage == "training" for record in manifest.load(run_dir)):
+        return []
     return [
         *init_lines(run_dir),
         *fault_lines(run_dir),

@@ -46,8 +46,9 @@ def _copy_from(log: Path, offset: int) -> int:
     return offset + len(data)
 
 
-def follow(run_dir: Path, name: str, pattern: str, lines: int) -> int:
-    """Follow the job's newest log (waiting for one while the job is queued) until the job has ended."""
+def follow(run_dir: Path, name: str, pattern: str, lines: int, what: str | None = None) -> int:
+    """Follow the job's newest log under `pattern` (waiting for one while the job is queued) until the job
+    has ended; `what`: how to name the log (`download_images task 3`), the job's name by default."""
     said: set[str] = set()
     log, offset, asked = None, 0, 0.0
     while True:
@@ -66,7 +67,8 @@ def follow(run_dir: Path, name: str, pattern: str, lines: int) -> int:
         if ended:
             if log is None:  # never submitted, or cancelled before it started
                 print(
-                    f"no log yet for {name} (pattern {pattern}), and it is {job.summary()}", file=sys.stderr
+                    f"no log yet for {what or name} (pattern {pattern}), and it is {job.summary()}",
+                    file=sys.stderr,
                 )
                 return 1
             return 0
