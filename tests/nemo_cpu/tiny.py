@@ -19,6 +19,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 WIDTH = 32  # GroupNorm(32 groups) needs channels divisible by 32
 VAE = {"ch": WIDTH, "ch_mult": [1, 1, 1, 1], "num_res_blocks": 1}  # 4 levels: the real 8x downsampling
@@ -95,29 +96,46 @@ def _byte_vocab() -> dict[str, int]:
     return {token: index for index, token in enumerate(tokens)}
 
 
+def write_tokenizer(folder: Path, **options: Any) -> Any:
+    """CLIP's tokenizer on the byte alphabet (no merges), its files in `folder`; returns it (`options`:
+    CLIPTokenizer's, e.g. its pad token)."""
+    from transformers import CLIPTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps(_byte_vocab()))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), **options)
+
+
+def clip_text_config(**changes: Any) -> Any:
+    """The tiny CLIP text encoder's config: 12 layers (SDXL reads hidden layer 11), width WIDTH."""
+    from transformers import CLIPTextConfig
+
+    vocab = _byte_vocab()
+    shape = {
+        "hidden_size": WIDTH,
+        "intermediate_size": 2 * WIDTH,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 2,
+    }
+    return CLIPTextConfig(
+        vocab_size=len(vocab),
+        max_position_embeddings=77,
+        bos_token_id=vocab[_SPECIAL[0]],
+        eos_token_id=vocab[_SPECIAL[1]],
+        **{**shape, **changes},
+    )
+
+
 def write_clip(folder: Path) -> None:
     """A 12-layer CLIP text encoder (SDXL reads hidden layer 11) and its tokenizer, saved like
     `openai/clip-vit-large-patch14`."""
     import torch
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextModel
 
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = _byte_vocab()
-    (folder / "vocab.json").write_text(json.dumps(vocab))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    tokenizer = write_tokenizer(folder)
     torch.manual_seed(0)
-    config = CLIPTextConfig(
-        vocab_size=len(vocab),
-        hidden_size=WIDTH,
-        intermediate_size=2 * WIDTH,
-        num_hidden_layers=12,
-        num_attention_heads=2,
-        max_position_embeddings=77,
-        bos_token_id=vocab[_SPECIAL[0]],
-        eos_token_id=vocab[_SPECIAL[1]],
-    )
-    CLIPTextModel(config).save_pretrained(folder)
+    CLIPTextModel(clip_text_config()).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
