@@ -241,12 +241,13 @@ def preset_args(unet: Mapping[str, Any]) -> dict[str, Any]:
     mult = [int(m) for m in given["channel_mult"]]
     resolutions = sorted(int(r) for r in given["attention_resolutions"])
     attention = [2**level in resolutions for level in range(len(mult))]
-    depth = given["transformer_depth"]
-    depths = list(depth) if isinstance(depth, (list, tuple)) else [depth] * len(mult)
+    depth = given["transformer_depth"]  # an int, or one per level (a list, or OmegaConf's ListConfig)
+    depths = [depth] * len(mult) if isinstance(depth, int) else list(depth)
     channels = [int(given["model_channels"] or 0) * m for m in mult]
     head_channels, heads = int(given["num_head_channels"]), int(given["num_heads"])
     per_level = [c // head_channels if head_channels > 0 else heads for c in channels]
     context = given["context_dim"]
+    context = context if context is None or isinstance(context, int) else next(iter(context))
     return {
         "in_channels": given["in_channels"],
         "out_channels": given["out_channels"],
@@ -254,7 +255,7 @@ def preset_args(unet: Mapping[str, Any]) -> dict[str, Any]:
         "channel_mult": mult,
         "num_res_blocks": given["num_res_blocks"],
         "attention_resolutions": resolutions,
-        "context_dim": context[0] if isinstance(context, (list, tuple)) else context,
+        "context_dim": context,
         "use_linear_in_transformer": bool(given["use_linear_in_transformer"]),
         "transformer_depth": [d if on else None for d, on in zip(depths, attention, strict=True)],
         "adm_in_channels": given["adm_in_channels"],
