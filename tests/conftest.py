@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest.register_assert_rewrite("fixtures")
 # The fixtures: the Slurm cluster (fixtures/slurm.py), NeMo on CPU and its tiny model (fixtures/nemo.py),
 # a small tmpfs (fixtures/disk.py). Plain helpers are imported from fixtures/ by the tests that use them.
-pytest_plugins = ["fixtures.disk", "fixtures.nemo", "fixtures.slurm"]
+pytest_plugins = ["fixtures.disk", "fixtures.finetune", "fixtures.nemo", "fixtures.slurm"]
 
 from fixtures.run_shared import remove_run_folder  # noqa: E402
 
@@ -111,7 +111,7 @@ def recording_sbatch(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
 # collected: xdist's worker reads the marks in its own pytest_collection_modifyitems, before a conftest's
 # would run.
 NEMO_FIXTURES = frozenset(
-    {"nemo_python", "tiny_assets", "demo_data", "new_shared", "nemo_shared", "tiny_training"}
+    {"nemo_python", "tiny_assets", "demo_data", "new_shared", "nemo_shared", "tiny_training", "finetuned"}
 )
 GROUPS = {"nemo": NEMO_FIXTURES, "slurm_demo": frozenset({"slurm_demo"})}
 

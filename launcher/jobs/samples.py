@@ -47,6 +47,7 @@ from launcher.checkpoints import (
 from launcher.families import named
 from launcher.sampling.grid import grid_image
 from launcher.sampling.infer_config import program, program_config
+from launcher.sampling.lora_merge import is_lora, merged_checkpoint, merged_nemo
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
 from launcher.sampling.text_encoders import (
@@ -196,6 +197,27 @@ def made_once(s: SamplingSettings, came_from: Path, step: int | None, make: Call
     return nemo_file
 
 
+def merged_model(s: SamplingSettings, checkpoint: Path, step: int | None, model: dict[str, Any]) -> Path:
+    """A LoRA run's checkpoint (or .nemo) as the whole merged model, in its step folder's `merged/`, made
+    unless a previous run of this job made it from that same file (launcher/sampling/lora_merge.py)."""
+    folder = s.outputs.step_dir(step) / "merged"
+    target = (
+        (folder / "checkpoints" / checkpoint.name) if checkpoint.suffix == ".ckpt" else folder / "model.nemo"
+    )
+    source = target.with_name(target.name + ".source")
+    if not (target.exists() and source.exists() and source.read_text() == str(checkpoint)):
+        print(
+            f"samples: LoRA: the adapters of {checkpoint} merged into its base weights -> {target}",
+            flush=True,
+        )
+        if checkpoint.suffix == ".ckpt":
+            merged_checkpoint(checkpoint, model, folder)
+        else:
+            merged_nemo(checkpoint, model, target)
+        write_atomic(source, str(checkpoint))
+    return target
+
+
 def converted_model(s: SamplingSettings, checkpoint: Path, step: int | None) -> Path:
     """The checkpoint as model.nemo in its step folder, converted unless a previous run of this job did."""
     return made_once(s, checkpoint, step, lambda nemo_file: convert(s, checkpoint, nemo_file))
@@ -240,12 +262,13 @@ def main(argv: list[str]) -> int:
     size = (s.resolution, s.resolution) if s.resolution else trained
     if size is None:
         raise SystemExit(f"samples: {where} fixes no image size: set samples.resolution")
+    sampled = merged_model(s, checkpoint, step, model) if is_lora(model) else checkpoint
     if converts:
-        nemo_file = converted_model(s, checkpoint, step)
+        nemo_file = converted_model(s, sampled, step)
     elif trained_on_cached_text(model):
-        nemo_file = restored_model(s, checkpoint, step)
+        nemo_file = restored_model(s, sampled, step)
     else:
-        nemo_file = checkpoint
+        nemo_file = sampled
     images = sample(s, size, nemo_file, step_dir)
     title = (
         f"{Path(s.run_dir).name}  step {step}{'  EMA' if is_ema(checkpoint) else ''}  {s.sampler} {s.steps} steps  "

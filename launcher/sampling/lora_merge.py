@@ -1,8 +1,10 @@
 """A LoRA run's checkpoint (or .nemo) as the whole model it trained, for NeMo's conversion and inference.
 
-A run with `model.peft` (NeMo's sdlora) saves its adapters alone: NeMo's PEFT state dict holds each adapted
-projection's `<path>.adapter_layer.parallel_linear_adapter.linear_in.weight` (A, rank x in) and
-`linear_out.weight` (B, out x rank), no base weight (those stay as `unet_config.from_pretrained` loads them).
+A run with `model.peft` (NeMo's sdlora) saves each adapted projection's
+`<path>.adapter_layer.parallel_linear_adapter.linear_in.weight` (A, rank x in) and `linear_out.weight` (B, out x
+rank): MegatronLatentDiffusion's PEFT state dict holds them alone (the base stays as
+`unet_config.from_pretrained` loads it), MegatronDiffusionEngine's the frozen base beside them (measured
+with NeMo 2.4.1: tests/test_finetune_nemo.py).
 NeMo's convert_ckpt_to_nemo.py, sd_infer.py, generate_fid_images.py and sd_xl_infer.py build the model
 without adapters and load strictly, so they cannot read it. Here NeMo builds the model the run's config
 describes, its base weights loaded as training loaded them (the family's model class's own
@@ -48,7 +50,7 @@ def base_config(model_config: Any) -> dict[str, Any]:
     return {key: value for key, value in dict(model_config).items() if key != "peft"}
 
 
-def _inner_model(model_config: Any) -> Any:
+def inner_model(model_config: Any) -> Any:
     """NeMo's model of `model_config` as its Megatron class builds it (no trainer needed: the inner module)."""
     from megatron.core import ModelParallelConfig
     from omegaconf import OmegaConf
@@ -67,10 +69,15 @@ def merged_state(model_config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
     """The whole model's state dict (under the Megatron module's `model.`), the adapters folded in."""
     import torch
 
-    inner = _inner_model(model_config)
+    inner = inner_model(model_config)
     state = {MODEL_PREFIX + key: value for key, value in inner.state_dict().items()}
     del inner
     scale, merged = _scale(model_config), 0
+    saved = [key for key in adapters if ADAPTER not in key]
+    foreign = [key for key in saved if key not in state]
+    if foreign:
+        raise LoraMergeError(f"{foreign[0]}: a tensor the model of this config does not have")
+    state.update((key, adapters[key]) for key in saved)  # what the checkpoint holds besides the adapters
     for key in sorted(k for k in adapters if k.endswith(ADAPTER + "linear_in.weight")):
         path = key.removesuffix(ADAPTER + "linear_in.weight")
         a, b = adapters[key], adapters.get(path + ADAPTER + "linear_out.weight")
@@ -82,9 +89,6 @@ def merged_state(model_config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             state[path + ".weight"] = weight + scale * (b.to(weight.dtype) @ a.to(weight.dtype))
         merged += 1
-    foreign = [key for key in adapters if ADAPTER not in key and key not in state]
-    if foreign:
-        raise LoraMergeError(f"{foreign[0]}: a tensor the model of this config does not have")
     if not merged:
         raise LoraMergeError(f"no adapter among the checkpoint's {len(adapters)} tensors: not a LoRA run's")
     return state

@@ -64,11 +64,17 @@ def render_training(
 
 
 def run_sd_train(
-    nemo_python: str, config: Path, log: Path, runner: Path = SD_TRAIN_CPU
+    nemo_python: str, config: Path, log: Path, runner: Path = SD_TRAIN_CPU, **env_vars: str
 ) -> subprocess.CompletedProcess[str]:
     """NeMo's sd_train entry on CPU (`runner`: SD_XL_TRAIN_CPU for SDXL), offline as the training job runs
-    it; output also kept in `log`."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    it, with `env_vars` set; output also kept in `log`."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": str(REPO),
+        **env_vars,
+    }
     proc = subprocess.run(
         [
             nemo_python,

@@ -80,6 +80,53 @@ def report_batches() -> None:
     MegatronLatentDiffusion.on_train_batch_start = hook
 
 
+# Where report_unet_output writes: set by a test that compares a trained UNet with a model rebuilt from it.
+UNET_OUTPUT = "SD_TRAIN_CPU_UNET_OUTPUT"
+
+
+def unet_probe(unet: Any, context_dim: int, adm: int | None, seed: int = 0) -> Any:
+    """The UNet's output on a fixed input (seeded: the same anywhere): batch 2, 4x8x8 latents, integer
+    timesteps, 77 context tokens, and SDXL's vector `y` when the UNet takes one (adm: its width)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 4, 8, 8, generator=generator)
+    context = torch.randn(2, 77, context_dim, generator=generator)
+    extra = {"y": torch.randn(2, adm, generator=generator)} if adm else {}
+    with torch.no_grad():
+        return unet(x, torch.tensor([17, 999]), context=context, **extra)
+
+
+def report_unet_output() -> None:
+    """Not a CPU patch: with UNET_OUTPUT set, the trained UNet's `unet_probe` output (adapters and all, NeMo's own
+    forward) is saved there when training ends, for a test to compare with the same UNet rebuilt elsewhere."""
+    import torch
+    from pytorch_lightning.callbacks import Callback
+
+    path = os.environ.get(UNET_OUTPUT)
+    if not path:
+        return
+    from nemo.collections.nlp.parts.nlp_overrides import NLPDDPStrategy
+
+    class Probe(Callback):
+        def on_train_end(self, trainer: Any, module: Any) -> None:
+            unet = module.model.model.diffusion_model
+            config = module.cfg.unet_config
+            adm = config.get("adm_in_channels") if config.get("num_classes") == "sequential" else None
+            was = unet.training
+            unet.eval()
+            torch.save(unet_probe(unet, int(config.context_dim), adm), path)
+            unet.train(was)
+
+    nemo_setup = NLPDDPStrategy.setup
+
+    def setup(self: Any, trainer: Any) -> Any:
+        trainer.callbacks.append(Probe())
+        return nemo_setup(self, trainer)
+
+    NLPDDPStrategy.setup = setup
+
+
 def sd_train_main(cfg: Any) -> None:
     """What sd_train.py's main() does for the presets (see the module docstring)."""
     from nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm import (
@@ -159,6 +206,7 @@ def main() -> None:
     patched = patch_for_cpu()
     report_unet_load()
     report_batches()
+    report_unet_output()
     run_hydra_entry("sd_train_cpu", patched, "NEMO_SD_TRAIN", "sd_train", sd_train_main)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sd_train_cpu import add_adapters, patch_for_cpu, report_unet_load, run_hydra_entry
+from sd_train_cpu import add_adapters, patch_for_cpu, report_unet_load, report_unet_output, run_hydra_entry
 
 
 def trainer_builder() -> type:
@@ -77,6 +77,7 @@ def sd_xl_train_main(cfg: Any) -> None:
 def main() -> None:
     patched = patch_for_cpu()
     report_unet_load()
+    report_unet_output()
     run_hydra_entry("sd_xl_train_cpu", patched, "NEMO_SD_XL_TRAIN", "sd_xl_base_train", sd_xl_train_main)
 
 

@@ -1,0 +1,82 @@
+"""Fine-tuning from released weights with NeMo's own code on CPU (issue 46): the fine-tune presets, at tiny
+sizes, start from each family's tiny diffusers repo (made by diffusers' own classes, tests/nemo_cpu/
+tiny_diffusers.py) given as training.weights; the assets job's own program writes what NeMo reads beside it;
+data_check's model check loads it through NeMo's own path, counts every tensor and compares NeMo's UNet with
+diffusers'; NeMo's training script trains from it, full and LoRA."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from fixtures.nemo import nemo_cpu_path
+from nemo_cpu.harness import run_data_check, unet_load_report
+
+pytestmark = pytest.mark.slow
+
+LORA_TENSORS = ".adapter_layer.parallel_linear_adapter."
+
+
+def _checkpoint_state(nemo_python: str, checkpoint: Path) -> list[str]:
+    read = "import sys, torch; state = torch.load(sys.argv[1], map_location='cpu', weights_only=False)"
+    read += "; print('\\n'.join(state['state_dict']))"
+    done = subprocess.run(
+        [nemo_python, "-c", read, str(checkpoint)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize(
+    ("family", "lora"), [("sd1", False), ("sd1", True), ("sd2", False), ("sdxl", False), ("sdxl", True)]
+)
+def test_nemo_trains_from_the_released_weights_every_tensor_filled(
+    finetuned, nemo_python: str, family: str, lora: bool, tmp_path: Path
+) -> None:
+    run = finetuned(family, lora)
+    # data_check's model check on the very config training read: NeMo's own load, counted by value, and
+    # diffusers' own UNet from the same folder giving the same output.
+    release = Path(next(o for o in run.overrides if o.startswith("training.weights=")).split("=", 1)[1])
+    code, report = run_data_check(
+        nemo_python, run.config, tmp_path / "report.json", "--model-check", "--release", str(release)
+    )
+    assert code == 0, report["errors"]
+    unet = report["models"]["unet"]
+    assert unet["filled"] == unet["tensors"] > 100 and unet["max_difference"] <= 1e-4 * max(unet["scale"], 1)
+    line, counts = unet_load_report(run.log.read_text())
+    assert counts["missing"] == 0 and counts["errors"] == 0, line
+    checkpoints = sorted(run.checkpoints.glob("*step=2*.ckpt"))
+    assert checkpoints, list(run.checkpoints.iterdir())
+    names = _checkpoint_state(nemo_python, checkpoints[0])
+    adapters = [n for n in names if LORA_TENSORS in n]
+    if lora:  # NeMo's PEFT checkpoint: SD's the adapters alone, SDXL's the adapters and the frozen base
+        assert adapters and (family == "sdxl") == (len(adapters) < len(names))
+    else:
+        assert not adapters and any(".diffusion_model." in n for n in names)
+
+
+@pytest.mark.parametrize("family", ["sd1", "sdxl"])
+def test_a_lora_checkpoint_merged_draws_what_the_adapters_draw(
+    finetuned, nemo_python: str, family: str
+) -> None:
+    """launcher/sampling/lora_merge.py's merged model (what samples and evaluation draw from) against NeMo's own
+    forward of the trained UNet with its adapters."""
+    run = finetuned(family, True)
+    checkpoint = sorted(run.checkpoints.glob("*step=2*.ckpt"))[0]
+    script = Path(__file__).resolve().parent / "nemo_cpu" / "lora_merge_check.py"
+    hparams = run.checkpoints.parent / "hparams.yaml"
+    done = subprocess.run(
+        [nemo_python, str(script), str(hparams), str(checkpoint), str(run.unet_output)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": nemo_cpu_path()},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["max_difference"] <= 1e-4 * max(found["scale"], 1), found
+    assert found["base_difference"] > 100 * found["max_difference"] + 1e-6, found  # the adapters matter
