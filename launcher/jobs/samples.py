@@ -18,7 +18,10 @@ it); the program whose config step 3 writes is the family's `inference.program`:
 (its stored precache_mode) holds no text encoders: step 2 becomes a copy of it with the caption embedders of
 settings.unswitched_config and their staged weights put back (launcher/sampling/text_encoders.py), written
 as model.nemo (model.nemo.source: the .nemo it came from; reused as a converted model is), and the
-evaluation generates from that copy.
+evaluation generates from that copy. A LoRA run's checkpoint (or .nemo: its adapters, NeMo's inference reads
+none) is first made the whole model it trained, the adapters merged into the base weights
+(launcher/sampling/lora_merge.py, in step_<N>/merged/, or as model.nemo itself for a .nemo), then sampled
+as any other.
 """
 
 from __future__ import annotations
@@ -262,11 +265,14 @@ def main(argv: list[str]) -> int:
     size = (s.resolution, s.resolution) if s.resolution else trained
     if size is None:
         raise SystemExit(f"samples: {where} fixes no image size: set samples.resolution")
-    sampled = merged_model(s, checkpoint, step, model) if is_lora(model) else checkpoint
+    lora_nemo = is_lora(model) and not converts and not trained_on_cached_text(model)
+    sampled = merged_model(s, checkpoint, step, model) if is_lora(model) and not lora_nemo else checkpoint
     if converts:
         nemo_file = converted_model(s, sampled, step)
     elif trained_on_cached_text(model):
         nemo_file = restored_model(s, sampled, step)
+    elif lora_nemo:  # merged as model.nemo itself, which the evaluation then generates from
+        nemo_file = made_once(s, checkpoint, step, lambda out: merged_nemo(checkpoint, model, out))
     else:
         nemo_file = sampled
     images = sample(s, size, nemo_file, step_dir)

@@ -169,8 +169,10 @@ def from_cached_text(cfg: Any, planned: frozenset[str]) -> bool:
 def evaluated_from_samples(cfg: Any, planned: frozenset[str]) -> bool:
     """Whether the evaluation generates from the model the samples job made sampleable (its newest
     samples/step_<N>/model.nemo) rather than from the .nemo the samples stage samples: a checkpoint NeMo
-    converts, or a model trained from cached text embeddings (its copy with the text encoders back)."""
-    return family(cfg).inference.converts_checkpoints or from_cached_text(cfg, planned)
+    converts, a model trained from cached text embeddings (its copy with the text encoders back), or a LoRA
+    run (its adapters merged into the whole model: launcher/sampling/lora_merge.py)."""
+    lora = bool(cfg.training.model.get("peft"))
+    return family(cfg).inference.converts_checkpoints or from_cached_text(cfg, planned) or lora
 
 
 def check_text_encoders_restorable(
