@@ -179,6 +179,16 @@ class TrainingConfig:
     )
 
 
+# The nodes of a CPU partition meet over gloo where Lightning's SLURMEnvironment says: MASTER_ADDR/PORT when
+# set, else the first name of Slurm's node list, which is not always a host name (it is Slurm's NodeName).
+CPU_RENDEZVOUS = (
+    "# The processes' rendezvous (gloo): this first node, at a port of this job's own.",
+    'MASTER_ADDR="$(hostname)"',
+    "MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))",
+    "export MASTER_ADDR MASTER_PORT",
+)
+
+
 def _done_check(ctx: Context) -> tuple[str, ...]:
     """A chained job that starts after max_steps was reached ends at once.
 
@@ -213,6 +223,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         srun_args = training_recovery.SRUN_ARGS
     elif nemo_config.on_cpu_partition(ctx.cfg):  # NeMo's script with its CUDA/apex-only calls replaced
         argv = (python, "-u", "-m", "launcher.jobs.cpu_training", *script)
+        rendezvous = CPU_RENDEZVOUS
     else:
         argv = (python, "-u", *script)
     # No --signal: NeMo stops itself before the limit (exp_manager.max_time_per_run); Lightning's

@@ -95,11 +95,19 @@ def _node_check_function(ctx: Context, checkpoints: str, hosts: bool) -> list[st
     nc = ctx.cfg.training.fault_tolerance.node_check
     gpus, efa = ctx.cfg.cluster.gpus_per_node, ctx.cfg.cluster.efa_devices_per_node
     t = f"timeout {int(nc.timeout_s)}"
+    checked = {
+        "gpus": bool("gpus" in nc.checks and gpus),
+        "efa": bool("efa" in nc.checks and efa),
+        "filesystem": "filesystem" in nc.checks,
+    }
+    # Only the variables of the checks rendered (shellcheck: none assigned and never read).
+    names = {"gpus": ("out", "count"), "efa": ("count",), "filesystem": ("need", "free", "probe")}
+    more = " ".join(dict.fromkeys(n for check, on in checked.items() if on for n in names[check]))
     lines = [
         "node_check() {  # on one node: prints '<node> ok' or '<node> FAIL <what it read>'",
-        f"  local node=$SLURMD_NODENAME dir={q(checkpoints)} problems='' out count need free probe",
+        f"  local node=$SLURMD_NODENAME dir={q(checkpoints)} problems=''{' ' + more if more else ''}",
     ]
-    if "gpus" in nc.checks and gpus:
+    if checked["gpus"]:
         query = "index,pci.bus_id,ecc.errors.uncorrected.volatile.total"
         lines += [
             f"  # GPUs: nvidia-smi lists {gpus}, none with uncorrectable ECC errors or a value like [Unknown Error]",
@@ -112,7 +120,7 @@ def _node_check_function(ctx: Context, checkpoints: str, hosts: bool) -> list[st
             '    problems+="nvidia-smi failed: $(tail -n 1 <<<"$out"); "',
             "  fi",
         ]
-    if "efa" in nc.checks and efa:
+    if checked["efa"]:
         lines += [
             f"  # EFA: {efa} devices whose driver is efa (cluster.efa_devices_per_node)",
             "  count=0",
@@ -121,7 +129,7 @@ def _node_check_function(ctx: Context, checkpoints: str, hosts: bool) -> list[st
             "  done",
             f'  [ "$count" -ge {efa} ] || problems+="$count EFA device(s) in /sys/class/infiniband, {efa} expected; "',
         ]
-    if "filesystem" in nc.checks:
+    if checked["filesystem"]:
         floor = int(nc.min_free_gb * 1e9)
         lines += [
             f"  # Shared file system: writable, room for the largest checkpoint so far (at least {floor} bytes)",
@@ -283,20 +291,29 @@ def _end_of_attempt(limit: int, script: str, in_job: bool, exclude_after: int) -
         if limit
         else []
     )
+    # Only the variables of the parts rendered (shellcheck: none assigned and never read).
+    starts = in_job or bool(exclude_after)  # the attempt's start: what restarts and deaths are read since
+    local = (
+        "status=$1 new"
+        + (" start" if starts else "")
+        + (" since at" if in_job else "")
+        + " parts id excluded why"
+    )
+    local += (" node what count" if exclude_after else "") + " dead_nodes=''"
     return [
         *(_dead_ranks(exclude_after) if exclude_after else []),
         "end_of_attempt() {  # the EXIT trap: progress or not; then the chain stopped, or bad nodes left out",
-        "  local status=$1 new start since at parts id excluded why node what count dead_nodes=''",
+        f"  local {local}",
         "  set +e",
         "  # The newest checkpoint written since the attempt started, as '<mtime> <name>'.",
         "  new=$(find \"$checkpoints\" -maxdepth 1 -name '*.ckpt' -newer \"$started\" -printf '%T@ %f\\n' \\",
         "    2>/dev/null | sort -n | tail -n 1)",
-        '  start=$(stat -c %Y "$started")',
-        "  since=$start",
+        *(['  start=$(stat -c %Y "$started")'] if starts else []),
+        *(["  since=$start"] if in_job else []),
         '  rm -f "$started"',
         '  if [ -n "$new" ]; then',
         f'    record {PROGRESS} "exit $status, wrote ${{new#* }}"',
-        "    since=${new%%.*}",
+        *(["    since=${new%%.*}"] if in_job else []),
         "  fi",
         *restarts,
         f'  [ -n "$new" ] || record {NO_PROGRESS} "exit $status: $(last_error)"',
