@@ -48,6 +48,7 @@ from launcher.checkpoints import (
     step_of_nemo,
 )
 from launcher.families import named
+from launcher.jobs.nemo_cpu import patch_for_cpu
 from launcher.sampling.grid import grid_image
 from launcher.sampling.infer_config import program, program_config
 from launcher.sampling.lora_merge import is_lora, merged_checkpoint, merged_nemo
@@ -200,6 +201,16 @@ def made_once(s: SamplingSettings, came_from: Path, step: int | None, make: Call
     return nemo_file
 
 
+def _nemo_on_this_node() -> None:
+    """The merge builds NeMo's model in this process: on a node without a GPU (a CPU partition, the local
+    backend), with nemo_cpu's replacements of its CUDA-only calls, as the rehearsal does."""
+    import torch
+
+    if not torch.cuda.is_available():
+        for line in patch_for_cpu():
+            print(f"samples: patched {line}", flush=True)
+
+
 def merged_model(s: SamplingSettings, checkpoint: Path, step: int | None, model: dict[str, Any]) -> Path:
     """A LoRA run's checkpoint (or .nemo) as the whole merged model, in its step folder's `merged/`, made
     unless a previous run of this job made it from that same file (launcher/sampling/lora_merge.py)."""
@@ -213,6 +224,7 @@ def merged_model(s: SamplingSettings, checkpoint: Path, step: int | None, model:
             f"samples: LoRA: the adapters of {checkpoint} merged into its base weights -> {target}",
             flush=True,
         )
+        _nemo_on_this_node()
         if checkpoint.suffix == ".ckpt":
             merged_checkpoint(checkpoint, model, folder)
         else:
@@ -272,6 +284,7 @@ def main(argv: list[str]) -> int:
     elif trained_on_cached_text(model):
         nemo_file = restored_model(s, sampled, step)
     elif lora_nemo:  # merged as model.nemo itself, which the evaluation then generates from
+        _nemo_on_this_node()
         nemo_file = made_once(s, checkpoint, step, lambda out: merged_nemo(checkpoint, model, out))
     else:
         nemo_file = sampled

@@ -70,7 +70,7 @@ def merged_state(model_config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     inner = inner_model(model_config)
-    state = {MODEL_PREFIX + key: value for key, value in inner.state_dict().items()}
+    state = {MODEL_PREFIX + key: value.cpu() for key, value in inner.state_dict().items()}
     del inner
     scale, merged = _scale(model_config), 0
     saved = [key for key in adapters if ADAPTER not in key]
