@@ -155,6 +155,10 @@ class _Handler(BaseHTTPRequestHandler):
         if commits is None:
             self._send_json({"error": "Repository not found"}, 404, "RepoNotFound")
             return
+        if match["repo"] in self.hub.gated and not self.headers.get("Authorization"):
+            # What the Hub answers a client without a token for a gated repo (whose licence must be accepted).
+            self._send_json({"error": f"Access to model {match['repo']} is restricted"}, 401, "GatedRepo")
+            return
         rev = match["rev"] or "main"
         commit = list(commits)[-1] if rev == "main" else rev
         if commit not in commits:
@@ -227,17 +231,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 class FakeHub:
     """A threaded HTTP server on 127.0.0.1 serving `datasets` ({repo_id: folder}), `models`
-    ({repo_id: {commit sha: folder}}); `revisions` ({repo_id: commit sha}) pins a dataset repo to one commit."""
+    ({repo_id: {commit sha: folder}}); `revisions` ({repo_id: commit sha}) pins a dataset repo to one commit;
+    a model repo in `gated` answers only a request with a token."""
 
     def __init__(
         self,
         datasets: dict[str, Path],
         models: dict[str, dict[str, Path]] | None = None,
         revisions: dict[str, str] | None = None,
+        gated: set[str] | None = None,
     ) -> None:
         self.datasets = datasets
         self.models = models or {}
         self.revisions = revisions or {}
+        self.gated = gated or set()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
         # A file GET sends this many bytes, then waits for `release` (None: no stall).
         self.stall_after: int | None = None
