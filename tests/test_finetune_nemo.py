@@ -80,3 +80,36 @@ def test_a_lora_checkpoint_merged_draws_what_the_adapters_draw(
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["max_difference"] <= 1e-4 * max(found["scale"], 1), found
     assert found["base_difference"] > 100 * found["max_difference"] + 1e-6, found  # the adapters matter
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("num_res_blocks", 1, "num_res_blocks 2 there, 1 here"),
+        ("model_channels", 64, "model_channels 32 there, 64 here"),
+    ],
+)
+def test_data_check_refuses_a_unet_one_block_short_or_of_another_width_naming_the_key(
+    finetuned, nemo_python: str, tmp_path: Path, key: str, value: int, says: str
+) -> None:
+    """The training config's UNet against the release: NeMo would keep a tensor of another shape at its initial
+    value and train it; data_check counts them and names the unet_config key that differs."""
+    import yaml
+
+    run = finetuned("sd1", False)
+    config = yaml.safe_load(run.config.read_text())
+    config["model"]["unet_config"][key] = value
+    changed = tmp_path / run.config.name
+    changed.write_text(yaml.safe_dump(config))
+    release = Path(next(o for o in run.overrides if o.startswith("training.weights=")).split("=", 1)[1])
+    code, report = run_data_check(
+        nemo_python,
+        changed,
+        tmp_path / "report.json",
+        "--model-check",
+        "--release",
+        str(release),
+    )
+    assert code == 1, report
+    (error,) = [e for e in report["errors"] if "training.weights" in e]
+    assert "NeMo would train those from random weights" in error and says in error, error
