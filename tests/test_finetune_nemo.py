@@ -7,12 +7,11 @@ diffusers'; NeMo's training script trains from it, full and LoRA."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures.nemo import nemo_cpu_path
+from fixtures.nemo import run_nemo_script
 from nemo_cpu.harness import run_data_check, unet_load_report
 
 pytestmark = pytest.mark.slow
@@ -68,16 +67,9 @@ def test_a_lora_checkpoint_merged_draws_what_the_adapters_draw(
     checkpoint = sorted(run.checkpoints.glob("*step=2*.ckpt"))[0]
     script = Path(__file__).resolve().parent / "nemo_cpu" / "lora_merge_check.py"
     hparams = run.checkpoints.parent / "hparams.yaml"
-    done = subprocess.run(
-        [nemo_python, str(script), str(hparams), str(checkpoint), str(run.unet_output)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": nemo_cpu_path()},
-        check=False,
+    found = json.loads(
+        run_nemo_script(nemo_python, script, hparams, checkpoint, run.unet_output).splitlines()[-1]
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["max_difference"] <= 1e-4 * max(found["scale"], 1), found
     assert found["base_difference"] > 100 * found["max_difference"] + 1e-6, found  # the adapters matter
 

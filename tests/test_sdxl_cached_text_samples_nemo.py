@@ -50,7 +50,7 @@ from launcher.jobs.samples import nemo_env
 from launcher.nemo_config import OFFLINE_HUB_ENV
 from launcher.outputs import EvaluationOutputs
 from launcher.pipeline import build_plan
-from launcher.sampling import text_encoders
+from launcher.sampling import nemo_archive, text_encoders
 from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
 from launcher.sampling.infer_config import xl_infer_config
 from launcher.validate import check_facts, to_schema
@@ -185,7 +185,7 @@ def test_nemos_strict_load_refuses_the_caption_embedders_without_their_tensors(
     config_only = tmp_path / "config_only.nemo"
     with tarfile.open(cached_nemo) as source, tarfile.open(config_only, "w:") as tar:
         for member in source.getmembers():
-            if member.name.endswith(text_encoders.CONFIG_MEMBER):
+            if member.name.endswith(nemo_archive.CONFIG_MEMBER):
                 member.size = len(text)
                 tar.addfile(member, io.BytesIO(text))
             else:

@@ -10,13 +10,11 @@ by data_prep.vae_names; the staged files are written by the assets job's own wri
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import compose_config
-from fixtures.nemo import nemo_cpu_path
+from fixtures.nemo import run_nemo_script
 from fixtures.weights import nemo_model, stage_for_nemo
 from nemo_cpu.tiny_diffusers import FAMILIES, FINETUNE_OVERRIDES, PRESETS, unet_config, vae_config
 
@@ -83,15 +81,7 @@ def checked(tiny_repos: dict[str, Path], nemo_python: str, tmp_path_factory: pyt
         stage_for_nemo(cfg)  # the assets job's files for NeMo, under <assets.dir>/released/local--...
         cases[family] = {"repo": str(repo), "model": model, "released_unet": str(repo / weights.UNET_FILE)}
     (work / "cases.json").write_text(json.dumps(cases))
-    done = subprocess.run(
-        [nemo_python, str(SCRIPT), str(work / "cases.json"), str(work / "report.json")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": nemo_cpu_path()},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_nemo_script(nemo_python, SCRIPT, work / "cases.json", work / "report.json")
     return json.loads((work / "report.json").read_text())
 
 

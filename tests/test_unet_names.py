@@ -13,12 +13,10 @@ count names and leave the sources of the tensors it copies as "unexpected"."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures.nemo import nemo_cpu_path
+from fixtures.nemo import run_nemo_script
 from fixtures.weights import nemo_model
 from nemo_cpu.tiny_diffusers import PRESETS
 
@@ -61,15 +59,7 @@ def report(nemo_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
             "stages_unet": family.diffusers.stages_unet,
         }
     (work / "cases.json").write_text(json.dumps(cases))
-    done = subprocess.run(
-        [nemo_python, str(SCRIPT), str(work / "cases.json"), str(work / "report.json")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": nemo_cpu_path()},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_nemo_script(nemo_python, SCRIPT, work / "cases.json", work / "report.json")
     return json.loads((work / "report.json").read_text())
 
 

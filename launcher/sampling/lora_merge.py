@@ -19,13 +19,13 @@ Job side: runs in NeMo's interpreter (torch, NeMo imported lazily).
 from __future__ import annotations
 
 import importlib
-import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from data_prep.atomic import atomic_path
 from launcher.families import family_of
+from launcher.sampling.nemo_archive import rewritten
 
 ADAPTER = ".adapter_layer.parallel_linear_adapter."
 MODEL_PREFIX = "model."  # the Megatron module's own under which its inner model's state sits
@@ -113,39 +113,7 @@ def merged_checkpoint(checkpoint: Path, model_config: Any, out: Path) -> Path:
 
 def merged_nemo(nemo: Path, model_config: Any, out: Path) -> Path:
     """`out`: a copy of the LoRA run's .nemo holding the whole merged model and the config without peft (the
-    other members copied as they are), written under a temporary name, renamed once complete."""
-    import io
-    import tempfile
-
-    import torch
-    from omegaconf import OmegaConf
-
-    from launcher.sampling.text_encoders import CONFIG_MEMBER, WEIGHTS_MEMBER
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(nemo) as source, tempfile.TemporaryDirectory(dir=out.parent, prefix=".merge.") as tmp:
-        members = source.getmembers()
-        weights = next((m for m in members if Path(m.name).name == WEIGHTS_MEMBER), None)
-        if weights is None:
-            raise LoraMergeError(f"{nemo} holds no {WEIGHTS_MEMBER}")
-        with source.extractfile(weights) as handle:  # type: ignore[union-attr]
-            adapters = torch.load(io.BytesIO(handle.read()), map_location="cpu", weights_only=False)
-        merged = Path(tmp) / WEIGHTS_MEMBER
-        torch.save(merged_state(model_config, adapters), merged)
-        config = OmegaConf.to_yaml(OmegaConf.create(base_config(model_config))).encode()
-        with atomic_path(out) as partial, tarfile.open(partial, "w:") as tar:  # NeMo writes "w:" too
-            for member in members:
-                name = Path(member.name).name
-                if name not in (WEIGHTS_MEMBER, CONFIG_MEMBER):
-                    tar.addfile(member, source.extractfile(member) if member.isfile() else None)
-                    continue
-                info = tarfile.TarInfo(member.name)
-                info.mode, info.mtime = member.mode, member.mtime
-                if name == WEIGHTS_MEMBER:
-                    info.size = merged.stat().st_size
-                    with merged.open("rb") as body:
-                        tar.addfile(info, body)
-                else:
-                    info.size = len(config)
-                    tar.addfile(info, io.BytesIO(config))
-    return out
+    other members copied as they are: nemo_archive.rewritten)."""
+    return rewritten(
+        nemo, out, base_config(model_config), lambda adapters: merged_state(model_config, adapters)
+    )

@@ -35,21 +35,15 @@ Job side: runs in NeMo's interpreter (torch, hydra and NeMo imported lazily); im
 
 from __future__ import annotations
 
-import io
-import shutil
 import sys
-import tarfile
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from data_prep import text_cache
-from data_prep.atomic import atomic_path
 from launcher.checkpoints import nemo_model_config
+from launcher.sampling.nemo_archive import rewritten
 
-CONFIG_MEMBER = "model_config.yaml"  # NeMo's SaveRestoreConnector names
-WEIGHTS_MEMBER = "model_weights.ckpt"
 # Where GeneralConditioner's embedder i sits in MegatronDiffusionEngine's state dict.
 EMBEDDER_PREFIX = "model.conditioner.embedders.{}."
 
@@ -129,50 +123,22 @@ def encoder_tensors(emb_models: list[dict[str, Any]], positions: list[int]) -> d
 def restore_text_encoders(nemo: Path, unswitched: list[dict[str, Any]], out: Path) -> Path:
     """Write `out`, a copy of `nemo` that NeMo's sd_xl_infer.py draws from with prompts: its config's
     caption embedders are the unswitched ones (precache_mode removed) and its weights hold their tensors
-    besides the trained ones (unchanged). Every other member is copied as is. Written under a temporary
-    name beside `out`, renamed once complete. Returns `out`."""
-    import torch
+    besides the trained ones (unchanged). Every other member is copied as is (nemo_archive.rewritten).
+    Returns `out`."""
     from omegaconf import OmegaConf
 
     stored = OmegaConf.to_container(OmegaConf.create(nemo_model_config(nemo)))
     assert isinstance(stored, dict)
     config, positions = restored_config(stored, unswitched)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(nemo) as source, tempfile.TemporaryDirectory(dir=out.parent, prefix=".restore.") as tmp:
-        members = source.getmembers()
-        weights = next((m for m in members if Path(m.name).name == WEIGHTS_MEMBER), None)
-        if weights is None:
-            raise TextEncodersError(f"{nemo} holds no {WEIGHTS_MEMBER} (a sharded checkpoint is not handled)")
-        extracted = Path(tmp) / WEIGHTS_MEMBER
-        with source.extractfile(weights) as member, extracted.open("wb") as copy:  # type: ignore[union-attr]
-            shutil.copyfileobj(member, copy, 1 << 24)
-        # mmap: the trained tensors (10 GB for SDXL's UNet) stay on disk until torch.save copies them.
-        state = torch.load(extracted, map_location="cpu", mmap=True, weights_only=False)
+
+    def with_encoders(state: dict[str, Any]) -> dict[str, Any]:
         added = encoder_tensors(config["conditioner_config"]["emb_models"], positions)
         clash = sorted(set(state) & set(added))
         if clash:
             raise TextEncodersError(f"{nemo} already holds text-encoder tensors, e.g. {clash[0]}")
-        state.update(added)
-        restored = Path(tmp) / "restored.ckpt"
-        torch.save(state, restored)
-        del state, added
-        extracted.unlink()  # a .nemo's size less on disk while the copy is written
-        config_text = OmegaConf.to_yaml(OmegaConf.create(config)).encode()
-        with atomic_path(out) as partial, tarfile.open(partial, "w:") as tar:  # NeMo writes "w:" too
-            for member in members:
-                name = Path(member.name).name
-                if name == WEIGHTS_MEMBER:
-                    info = tarfile.TarInfo(member.name)
-                    info.size, info.mode, info.mtime = restored.stat().st_size, member.mode, member.mtime
-                    with restored.open("rb") as handle:
-                        tar.addfile(info, handle)
-                elif name == CONFIG_MEMBER:
-                    info = tarfile.TarInfo(member.name)
-                    info.size, info.mode, info.mtime = len(config_text), member.mode, member.mtime
-                    tar.addfile(info, io.BytesIO(config_text))
-                else:
-                    tar.addfile(member, source.extractfile(member) if member.isfile() else None)
-    return out
+        return {**state, **added}
+
+    return rewritten(nemo, out, config, with_encoders)
 
 
 def main(argv: list[str]) -> int:

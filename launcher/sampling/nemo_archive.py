@@ -1,0 +1,67 @@
+"""A `.nemo` (NeMo's SaveRestoreConnector tar: model_config.yaml, model_weights.ckpt, the tokenizer and other
+files) copied with another config and other weights, every other member as it is: how a model is made
+sampleable (its text encoders put back: text_encoders.py; its LoRA adapters merged: lora_merge.py).
+
+Job side: runs in NeMo's interpreter (torch imported lazily); importing it needs omegaconf.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from data_prep.atomic import atomic_path
+
+CONFIG_MEMBER = "model_config.yaml"  # NeMo's SaveRestoreConnector names
+WEIGHTS_MEMBER = "model_weights.ckpt"
+
+
+class NemoArchiveError(ValueError):
+    """Not a .nemo this can rewrite: the message names it."""
+
+
+def rewritten(
+    nemo: Path, out: Path, config: Mapping[str, Any], weights: Callable[[dict[str, Any]], dict[str, Any]]
+) -> Path:
+    """Write `out`: `nemo` with `config` as its model config and `weights(its state dict)` as its weights,
+    under a temporary name beside `out`, renamed once complete. The stored weights are memory-mapped (SDXL's
+    UNet is 10 GB) until the new ones are saved. Returns `out`."""
+    import torch
+    from omegaconf import OmegaConf
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(nemo) as source, tempfile.TemporaryDirectory(dir=out.parent, prefix=".nemo.") as tmp:
+        members = source.getmembers()
+        stored = next((m for m in members if Path(m.name).name == WEIGHTS_MEMBER), None)
+        if stored is None:
+            raise NemoArchiveError(f"{nemo} holds no {WEIGHTS_MEMBER} (a sharded checkpoint is not handled)")
+        extracted, written = Path(tmp) / WEIGHTS_MEMBER, Path(tmp) / "written.ckpt"
+        with source.extractfile(stored) as member, extracted.open("wb") as copy:  # type: ignore[union-attr]
+            shutil.copyfileobj(member, copy, 1 << 24)
+        torch.save(weights(torch.load(extracted, map_location="cpu", mmap=True, weights_only=False)), written)
+        extracted.unlink()  # a .nemo's size less on disk while the copy is written
+        bodies = {
+            WEIGHTS_MEMBER: written,
+            CONFIG_MEMBER: OmegaConf.to_yaml(OmegaConf.create(dict(config))).encode(),
+        }
+        with atomic_path(out) as partial, tarfile.open(partial, "w:") as tar:  # NeMo writes "w:" too
+            for member in members:
+                body = bodies.get(Path(member.name).name)
+                if body is None:
+                    tar.addfile(member, source.extractfile(member) if member.isfile() else None)
+                    continue
+                info = tarfile.TarInfo(member.name)
+                info.mode, info.mtime = member.mode, member.mtime
+                if isinstance(body, Path):
+                    info.size = body.stat().st_size
+                    with body.open("rb") as handle:
+                        tar.addfile(info, handle)
+                else:
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+    return out
