@@ -26,7 +26,7 @@ from typing import Any
 
 from data_prep.atomic import write_json_atomic
 from data_prep.faults import step_main
-from launcher.checkpoints import ema_twin, hparams_of, is_ema, newest, step_of
+from launcher.checkpoints import chosen, hparams_of, is_ema, none_finished, step_of
 from launcher.export.settings import ExportSettings
 from launcher.families import family_of
 from launcher.jobs import export_check, export_diffusers, export_nemo
@@ -38,13 +38,9 @@ PREDICTION = {"epsilon": "epsilon", "v_prediction": "v", "sample": "sample"}
 
 
 def checkpoint_to_export(s: ExportSettings) -> Path:
-    if s.checkpoint:
-        given = Path(s.checkpoint)
-        return ema_twin(given) if s.ema and ema_twin(given).is_file() else given
-    found = newest(Path(s.checkpoints_dir), s.ema)
+    found = chosen(Path(s.checkpoints_dir), s.checkpoint, s.ema)
     if found is None:
-        kind = "EMA (-EMA.ckpt) " if s.ema else ""
-        raise ExportError(f"no finished {kind}checkpoint in {s.checkpoints_dir}")
+        raise ExportError(f"{none_finished(Path(s.checkpoints_dir), s.ema)}")
     return found
 
 

@@ -23,8 +23,9 @@ from launcher.families import family_of
 from launcher.families.family import DIFFUSERS_BETA_SCHEDULES
 from launcher.nemo_python import NemoJob
 from launcher.outputs import ExportOutputs, TrainingOutputs
-from launcher.paths import relative_to_run, run_dir_of
+from launcher.paths import relative_to_run
 from launcher.rules import ABS_PATH, Choice, Text, described, ruled
+from launcher.sampling import sampled
 from launcher.spec import JobSpec
 from launcher.stage import StageSpec
 from launcher.stages.common import cpu_resources, make_job, require_mounted
@@ -111,94 +112,61 @@ def _notes(ctx: Context) -> tuple[str, ...]:
     )
 
 
-def exportable(model: Any, where: str) -> None:
+def exportable(model: Any, key: str, source: str = "") -> None:
     """A model the export can write: a family with a diffusers pipeline, a schedule diffusers has, its text
-    encoders in the config, no LoRA adapters (not exported yet)."""
+    encoders in the config, no LoRA adapters (not exported yet). `key` is named in a refusal, `source` says
+    where the model config was read (a checkpoint's hparams.yaml)."""
     family = family_of(model)
-    diffusers = family.diffusers
+    diffusers, where = family.diffusers, f"{source}: " if source else ""
     if diffusers is None or diffusers.schedule is None:
-        raise ConfigError(where, f"trains {family.title}, which has no diffusers pipeline; allowed: SD, SDXL")
+        raise ConfigError(
+            key, f"{where}{family.title} has no diffusers pipeline; allowed: a model of another family"
+        )
     if model.get("peft"):
         raise ConfigError(
-            f"{where}.peft", "a LoRA run: its adapters are not exported yet; allowed: a fully trained model"
+            key,
+            f"{where}a LoRA run (model.peft): its adapters are not exported yet; allowed: a fully trained model",
         )
     try:
         schedule = diffusers.schedule(model)
     except (KeyError, ValueError) as error:
-        raise ConfigError(where, f"the noise schedule: {error}") from None
+        raise ConfigError(key, f"{where}the noise schedule: {error}") from None
     if schedule.beta_schedule not in DIFFUSERS_BETA_SCHEDULES:
         raise ConfigError(
-            f"{where}.beta_schedule",
-            f"{schedule.beta_schedule!r}: no diffusers scheduler has its betas; allowed: "
+            key,
+            f"{where}beta_schedule {schedule.beta_schedule!r}: no diffusers scheduler has its betas; allowed: "
             f"{', '.join(DIFFUSERS_BETA_SCHEDULES)}",
         )
-    if len(family.text_encoders(model)) != len(diffusers.exported_text):
+    embedders = len(family.text_encoders(model))
+    if embedders != len(diffusers.exported_text):
         raise ConfigError(
-            where,
-            f"holds {len(family.text_encoders(model))} caption embedder(s), {diffusers.pipeline} needs "
-            f"{len(diffusers.exported_text)} (trained from cached text embeddings: the checkpoint holds no "
-            "text encoders); allowed: a model trained from captions",
+            key,
+            f"{where}{embedders} caption embedder(s), where {diffusers.pipeline} has "
+            f"{len(diffusers.exported_text)} text encoder(s): a model trained from cached text embeddings "
+            "holds none; allowed: a model trained from captions",
         )
-
-
-def given_checkpoint(cfg: Any) -> Path:
-    """export.checkpoint, refused unless it is a NeMo training checkpoint beside its hparams.yaml."""
-    path = Path(cfg.export.checkpoint)
-    if not path.is_file() or path.suffix != ".ckpt":
-        raise ConfigError(
-            "export.checkpoint",
-            f"{path} is not an existing .ckpt file; allowed: a NeMo training checkpoint "
-            "(…/results/checkpoints/*.ckpt), or null for this run's newest",
-        )
-    if checkpoints.step_of(path) is None:
-        raise ConfigError(
-            "export.checkpoint",
-            f"{path.name} has no '-step=<N>' in its name as NeMo writes it; allowed: a checkpoint under NeMo's name",
-        )
-    return path
-
-
-def _trained_model(checkpoint: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    hparams = checkpoints.hparams_of(checkpoint)
-    if not hparams.is_file():
-        raise ConfigError(
-            "export.checkpoint",
-            f"{hparams} does not exist: the export reads the model config of {checkpoint.name} from the "
-            "training's hparams.yaml two folders up",
-        )
-    return OmegaConf.to_container(OmegaConf.load(hparams).get("cfg") or {})  # type: ignore[return-value]
 
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
-    """The trained model can be exported (the planned training's config, when it is the one exported), and a
-    given checkpoint is seen inside the container."""
-    if not cfg.export.checkpoint:
+    """With training planned, its model is the one exported; a given checkpoint must be seen inside the
+    container."""
+    if not cfg.export.checkpoint and "training" in planned:
         exportable(cfg.training.model, "training.model")
-    elif cfg.container.runtime is Runtime.pyxis:
+    if cfg.export.checkpoint and cfg.container.runtime is Runtime.pyxis:
         require_mounted("export.checkpoint", cfg.export.checkpoint, cfg.container.mounts)
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    """The checkpoint exists now (or comes from training planned with it), with the config it was trained
+    """The checkpoint exists now (or comes from training planned with it), beside the config it was trained
     with, of a model the export can write."""
     if cfg.export.checkpoint:
-        checkpoint = given_checkpoint(cfg)
-        exportable(_trained_model(checkpoint), f"{checkpoints.hparams_of(checkpoint)}: model")
+        checkpoint = sampled.given_checkpoint(cfg, NAME)
+    elif "training" in planned:
         return
-    if "training" in planned:
-        return
-    folder = TrainingOutputs(run_dir_of(cfg)).checkpoints
-    found = checkpoints.newest(folder, ema(cfg))
-    if found is None:
-        kind = "-EMA " if ema(cfg) else ""
-        raise ConfigError(
-            "export.checkpoint",
-            f"is null (this run's newest finished checkpoint) but {folder} has no finished {kind}checkpoint; "
-            "allowed: a checkpoint path, or stages=[training,export]",
-        )
-    _trained_model(found)
+    else:
+        checkpoint = sampled.newest_checkpoint(cfg, NAME, ema(cfg))
+    model = sampled.hparams_model(checkpoint, "export.checkpoint", "the export of")
+    exportable(model, "export.checkpoint", str(checkpoints.hparams_of(checkpoint)))
 
 
 def status_lines(run: Path) -> list[str]:
