@@ -195,3 +195,41 @@ def test_status_shows_the_newest_export(tmp_path: Path) -> None:
         f"export: newest export/step_1000/diffusers and {tmp_path.name}-step_1000.safetensors (EMA, fp16; "
         "3 checkpoint(s) exported)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ({**SD_MODEL, "parameterization": "v"}, (0.00085, 0.012, 1000, "linear", "v_prediction")),
+        (
+            {**SD_MODEL, "beta_schedule": "sqrt_linear", "timesteps": 500},
+            (0.00085, 0.012, 500, "sqrt_linear", "epsilon"),
+        ),
+        (
+            {
+                **CACHED_TEXT,
+                "denoiser_config": {
+                    "discretization_config": {"_target_": "x.LegacyDDPMDiscretization", "linear_end": 0.02},
+                    "scaling_config": {"_target_": "x.VScaling"},
+                },
+            },
+            (0.00085, 0.02, 1000, "linear", "v_prediction"),
+        ),
+    ],
+)
+def test_the_trained_schedule_is_read_in_diffusers_terms(
+    model: dict[str, Any], expected: tuple[Any, ...]
+) -> None:
+    """SD's DDPM keys (linear_start, linear_end, timesteps, beta_schedule, parameterization) and SDXL's
+    denoiser (its LegacyDDPMDiscretization's arguments over NeMo's defaults, its scaling)."""
+    from launcher.families import family_of
+
+    schedule = family_of(model).diffusers.schedule(model)
+    found = (
+        schedule.beta_start,
+        schedule.beta_end,
+        schedule.timesteps,
+        schedule.beta_schedule,
+        schedule.prediction_type,
+    )
+    assert found == expected

@@ -12,15 +12,21 @@ fails the job's UNet check.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import REPO, compose_config
 from fixtures.export import checked_from_outside, exported, launch_export
 from fixtures.nemo import TINY_RUN, TinyTraining
+from omegaconf import OmegaConf
 
 from launcher.stages.export import status_lines
 
 pytestmark = pytest.mark.slow
+NAMES_CPU = REPO / "tests" / "nemo_cpu" / "export_names_cpu.py"
 
 
 def test_the_newest_ema_checkpoint_becomes_a_diffusers_pipeline_and_a_single_file(
@@ -68,3 +74,45 @@ def test_trained_weights_match_nemo_and_a_swapped_tensor_fails_the_check(
         outside["tampered"] is not None
         and "the UNet's output differs: max |diffusers - NeMo|" in outside["tampered"]
     )
+
+
+# The presets of the released models' sizes: SD 1.5, SD 2.1-base, SDXL base 1.0.
+RELEASED_SIZES = (
+    "stable_diffusion/860m_res_512_v1_5",
+    "stable_diffusion/860m_res_512_v2_0_base",
+    "sdxl/sdxl_base_train_res_1024_stage_3",
+)
+
+
+def test_at_the_released_sizes_every_diffusers_tensor_is_filled(nemo_python: str, tmp_path: Path) -> None:
+    """NeMo's UNet and VAE of each preset on the meta device, as the export writes and diffusers converts them,
+    against diffusers' models of the configs the export writes (tests/nemo_cpu/export_names_cpu.py): no tensor
+    left unset, none unplaced, every shape the same; the UNet config the released model's."""
+    models = {
+        preset: OmegaConf.to_container(compose_config([f"training={preset}"]).training.model, resolve=True)
+        for preset in RELEASED_SIZES
+    }
+    (tmp_path / "presets.json").write_text(json.dumps(models))
+    done = subprocess.run(
+        [nemo_python, str(NAMES_CPU), str(tmp_path / "presets.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    counts = {
+        preset: (found[preset]["unet"]["tensors"], found[preset]["vae"]["tensors"])
+        for preset in RELEASED_SIZES
+    }
+    assert counts == dict(zip(RELEASED_SIZES, [(686, 248), (686, 248), (1680, 248)], strict=True))
+    for preset in RELEASED_SIZES:
+        for part in ("unet", "vae"):
+            assert found[preset][part] | {"tensors": 0} == {
+                "missing": [],
+                "unexpected": [],
+                "shapes": [],
+                "tensors": 0,
+            }
+        assert found[preset]["unet_config_differs"] == [], preset
