@@ -4,10 +4,10 @@ on), with NeMo's and diffusers' own code on CPU, on the local backend.
 The job's own checks (its export.json) are read, and the output is checked again from outside
 (tests/nemo_cpu/export_cpu.py): diffusers' own DiffusionPipeline loads the folder offline, caption -> NeMo's
 text encoder -> NeMo's UNet against caption -> the pipeline's encode_prompt -> its UNet, an image drawn, the
-single file read back by from_single_file. The EMA weights of a 4-step run are its first weights less 1e-4 of
-each step (decay 0.9999): NeMo's zero-initialised output layers keep the UNet's answer near 4e-4, where no
-mapping fault would show; the trained weights (learning rate 0.01) answer near 2, and a swapped tensor
-fails the job's UNet check.
+single file read back by from_single_file. EMA at decay 0.9999 moves a weight 1e-4 of the way a step: after
+4 steps the EMA weights are nearly the first ones, whose zero-initialised output layers (NeMo's) keep the UNet's
+answer near 4e-4, where a mapping fault would hardly show; the trained weights (learning rate 0.01) answer near
+2, and a swapped tensor fails the job's UNet check. The released sizes are checked on the meta device.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def test_the_newest_ema_checkpoint_becomes_a_diffusers_pipeline_and_a_single_fil
     assert checks["single_file_tensors"] > 500 and "export: checked against NeMo" in log
     assert not list((run / "export").glob(".step_*"))  # the partial folder was renamed into place
     outside = checked_from_outside(nemo_python, run, 4)
+    print(outside)
     assert outside["pipeline"] == "StableDiffusionPipeline" and outside["prediction_type"] == "epsilon"
     assert outside["unet_max_abs_diff"] <= 1e-4 and outside["context_max_abs_diff"] <= 1e-4
     assert outside["image"][:2] == [64, 64] and outside["image"][2] > 1000  # a picture, not a flat fill
@@ -69,6 +70,7 @@ def test_trained_weights_match_nemo_and_a_swapped_tensor_fails_the_check(
     print(record["checks"])
     assert unet["max_abs"] > 0.5 and unet["max_abs_diff"] <= 1e-5  # an answer any fault would move
     outside = checked_from_outside(nemo_python, run, 4, tampered=True)
+    print(outside)
     assert outside["unet_max_abs"] > 0.5 and outside["unet_max_abs_diff"] <= 1e-4
     assert (
         outside["tampered"] is not None

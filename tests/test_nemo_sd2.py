@@ -104,6 +104,7 @@ def test_the_sd2_run_exports_to_diffusers_in_fp16(shared: Path, nemo_python: str
     assert (record["family"], record["dtype"], record["ema"]) == ("sd2", "fp16", False)
     assert record["checks"]["unet"]["max_abs"] > 0.5
     outside = checked_from_outside(nemo_python, run, 2)
+    print(outside)
     assert outside["pipeline"] == "StableDiffusionPipeline" and outside["single_file_differing"] == []
     assert outside["unet_max_abs_diff"] <= 1e-4 and outside["context_max_abs_diff"] <= 1e-4
     assert outside["image"][:2] == [64, 64] and outside["image"][2] > 1000

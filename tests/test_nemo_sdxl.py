@@ -230,6 +230,7 @@ def test_stage_1_exports_to_diffusers(shared: Path, nemo_python: str, stage_1: T
     assert (record["family"], record["ema"]) == ("sdxl", False)  # the preset keeps no EMA weights
     assert record["checks"]["unet"]["max_abs"] > 0.5 and "pooled" in record["checks"]["text"]
     outside = checked_from_outside(nemo_python, run, 2)
+    print(outside)
     assert outside["pipeline"] == "StableDiffusionXLPipeline" and outside["single_file_differing"] == []
     assert outside["unet_max_abs_diff"] <= 1e-4 and outside["context_max_abs_diff"] <= 1e-4
     assert outside["image"][:2] == [64, 64] and outside["image"][2] > 1000
