@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from fixtures.export import checked_from_outside, exported, launch_export
 from fixtures.nemo import TINY_RUN, TinyTraining
 from omegaconf import OmegaConf
 
+from launcher.errors import LauncherError
 from launcher.stages.export import status_lines
 
 pytestmark = pytest.mark.slow
@@ -118,3 +120,29 @@ def test_at_the_released_sizes_every_diffusers_tensor_is_filled(nemo_python: str
                 "tensors": 0,
             }
         assert found[preset]["unet_config_differs"] == [], preset
+
+
+_NOT_SD = """
+import sys, torch
+torch.save({"state_dict": {"model.linear.weight": torch.ones(2, 2)}}, sys.argv[1])
+"""
+
+
+def test_a_failed_export_ends_in_one_line_and_leaves_no_step_folder(
+    tiny_training: TinyTraining, tmp_path: Path, nemo_python: str
+) -> None:
+    """A checkpoint with the run's hparams.yaml but no UNet (not a NeMo SD checkpoint): the job's line names
+    it, and no step folder (finished or partial) is left."""
+    shared = tiny_training.copy_to(tmp_path)
+    folder = shared / "results" / TINY_RUN / "training" / "results" / "checkpoints"
+    fake = folder / "other--step=9.ckpt"
+    subprocess.run([nemo_python, "-c", _NOT_SD, str(fake)], check=True, timeout=120)
+    line = "the checkpoint holds no model.model.diffusion_model.* tensors: not a NeMo Stable Diffusion checkpoint"
+    with pytest.raises(LauncherError, match=re.escape(f"export: export: error: {line}")):
+        launch_export(shared, TINY_RUN, nemo_python, f"export.checkpoint='{fake}'", "export.ema=false")
+    run = shared / "results" / TINY_RUN
+    log = next((run / "export" / "logs").glob("export_*.out")).read_text()
+    errors = [line for line in log.splitlines() if line.startswith("export: error:")]
+    assert errors == [f"export: error: {line}"]
+    assert "Traceback" not in log
+    assert not [p.name for p in (run / "export").iterdir() if p.name.startswith((".step_", "step_"))]

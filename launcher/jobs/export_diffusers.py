@@ -179,6 +179,11 @@ def text_configs(folder: Path, part: TextPart, embedder: Any) -> None:
         embedder.tokenizer.model_max_length = int(embedder.max_length)
         embedder.tokenizer.save_pretrained(folder / exported.tokenizer)
         return
+    if not hasattr(getattr(embedder, "model", None), "token_embedding"):
+        raise ExportError(
+            f"model.{part.key}: {type(embedder).__name__} is no text encoder the export converts; allowed: "
+            "NeMo's FrozenCLIPEmbedder, FrozenOpenCLIPEmbedder, FrozenOpenCLIPEmbedder2"
+        )
     # FrozenOpenCLIPEmbedder(2): its output after all layers but layer_idx (1: penultimate) then ln_final
     # is the last hidden state of the tower less those layers; a pipeline that reads hidden_states[-2]
     # reads the whole tower.
