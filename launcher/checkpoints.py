@@ -61,6 +61,20 @@ def newest(folder: Path, ema: bool) -> Path | None:
     return done[-1] if done else None
 
 
+def chosen(folder: Path, given: str | None, ema: bool) -> Path | None:
+    """The checkpoint a job reads: `given` (its EMA twin when `ema` and NeMo wrote one), else the newest
+    finished one in `folder` (the EMA kind when `ema`); None when there is none."""
+    if given:
+        path = Path(given)
+        return ema_twin(path) if ema and ema_twin(path).is_file() else path
+    return newest(folder, ema)
+
+
+def none_finished(folder: Path, ema: bool) -> str:
+    """What a job says when `chosen` found nothing."""
+    return f"no finished {'EMA (-EMA.ckpt) ' if ema else ''}checkpoint in {folder}"
+
+
 def final_nemo(folder: Path) -> Path | None:
     """The `.nemo` training saved at its end (the newest, if a run left several)."""
     found = sorted(folder.glob("*.nemo"), key=lambda path: path.stat().st_mtime)

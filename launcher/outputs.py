@@ -259,6 +259,72 @@ class RehearsalOutputs:
         return self.stage_dir / "report.json"
 
 
+@dataclass(frozen=True)
+class ExportFolder:
+    """One exported checkpoint's files (launcher/jobs/export.py): `diffusers/`, the pipeline folder
+    DiffusionPipeline.from_pretrained loads; `<run>-step_<N>.safetensors`, the single file in the original
+    layout (ComfyUI, A1111); `lora/pytorch_lora_weights.safetensors` for a LoRA run; `export.json`, what
+    was exported and what the job's checks measured (written last)."""
+
+    path: Path
+    single_file_name: str
+
+    @property
+    def pipeline(self) -> Path:
+        return self.path / "diffusers"
+
+    @property
+    def single_file(self) -> Path:
+        return self.path / self.single_file_name
+
+    @property
+    def lora(self) -> Path:
+        return self.path / "lora" / "pytorch_lora_weights.safetensors"
+
+    @property
+    def record(self) -> Path:
+        return self.path / "export.json"
+
+
+@dataclass(frozen=True)
+class ExportOutputs:
+    """The export job: `export.json` (its settings), then per exported checkpoint `step_<N>/` (ExportFolder),
+    written as `.step_<N>.partial/` and renamed once the job's checks passed: nothing half-written looks
+    complete.
+
+    >>> ExportOutputs(Path("/r/run")).folder(4).single_file
+    PosixPath('/r/run/export/step_4/run-step_4.safetensors')
+    """
+
+    run_dir: Path
+
+    @property
+    def stage_dir(self) -> Path:
+        return RunPaths(self.run_dir).stage_dir("export")
+
+    @property
+    def settings(self) -> Path:
+        return self.stage_dir / "export.json"
+
+    def _name(self, step: int | str) -> str:
+        return f"{self.run_dir.name}-step_{step}.safetensors"
+
+    def folder(self, step: int | str) -> ExportFolder:
+        return ExportFolder(self.stage_dir / f"step_{step}", self._name(step))
+
+    def partial(self, step: int | str) -> ExportFolder:
+        return ExportFolder(self.stage_dir / f".step_{step}.partial", self._name(step))
+
+    def exported(self) -> list[ExportFolder]:
+        """Every finished export (its record written), lowest step first."""
+        steps = [
+            int(record.parent.name.removeprefix("step_"))
+            for record in self.stage_dir.glob("step_*/export.json")
+            if record.parent.name.removeprefix("step_").isdigit()
+        ]
+        return [self.folder(step) for step in sorted(steps)]
+
+
 def plots_dir(run_dir: Path) -> Path:
     """Where `python -m launcher plot` writes (no stage owns it: the command reads every stage's logs)."""
     return run_dir / "plots"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.export import checked_from_outside, exported, launch_export
+from fixtures.nemo import FAST_LR
 from nemo_cpu.harness import render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import OPEN_CLIP_ARCH, OPEN_CLIP_FILE, OPEN_CLIP_WIDTH, SD2_OVERRIDES, TINY_OVERRIDES
 
@@ -82,9 +84,30 @@ def test_the_encode_step_stores_openclip_text_embeddings(shared: Path) -> None:
     assert sample["autoencoderkl_image"].shape == (8, 8, 8)
 
 
-def test_sd2_trains_from_images(shared: Path, nemo_python: str) -> None:
-    text = _trains_two_steps(shared, nemo_python, "sd2_images")
-    assert f"{shared}/{DATA}/tarfiles_reorganized" in text and "first_stage_key: images" in text
+@pytest.fixture(scope="module")
+def from_images(shared: Path, nemo_python: str) -> str:
+    """The preset trained 2 steps from the image tars, at a learning rate that moves the weights (the export
+    below compares what they answer)."""
+    return _trains_two_steps(shared, nemo_python, "sd2_images", *FAST_LR)
+
+
+def test_sd2_trains_from_images(shared: Path, from_images: str) -> None:
+    assert f"{shared}/{DATA}/tarfiles_reorganized" in from_images and "first_stage_key: images" in from_images
+
+
+def test_the_sd2_run_exports_to_diffusers_in_fp16(shared: Path, nemo_python: str, from_images: str) -> None:
+    """OpenCLIP's penultimate layer then its final norm (NeMo's FrozenOpenCLIPEmbedder) is the last hidden
+    state of a transformers CLIPTextModel one layer short; the single file keeps every layer."""
+    run = launch_export(shared, "sd2_images", nemo_python, "export.ema=false", "export.dtype=fp16")
+    record = exported(run, 2)
+    print(record["checks"])  # shown with -s: the numbers docs/export.md quotes
+    assert (record["family"], record["dtype"], record["ema"]) == ("sd2", "fp16", False)
+    assert record["checks"]["unet"]["max_abs"] > 0.5
+    outside = checked_from_outside(nemo_python, run, 2)
+    print(outside)
+    assert outside["pipeline"] == "StableDiffusionPipeline" and outside["single_file_differing"] == []
+    assert outside["unet_max_abs_diff"] <= 1e-4 and outside["context_max_abs_diff"] <= 1e-4
+    assert outside["image"][:2] == [64, 64] and outside["image"][2] > 1000
 
 
 def test_sd2_trains_from_latents(shared: Path, nemo_python: str) -> None:

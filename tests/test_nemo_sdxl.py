@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.export import checked_from_outside, exported, launch_export
+from fixtures.nemo import FAST_LR
 from nemo_cpu.harness import (
     REPO,
     SD_XL_TRAIN_CPU,
@@ -67,12 +69,16 @@ def shared(new_shared) -> Path:
     return shared_dir
 
 
-def _trained(shared: Path, nemo_python: str, preset: str, earlier: Trained | None = None) -> Trained:
+def _trained(
+    shared: Path, nemo_python: str, preset: str, earlier: Trained | None = None, *more: str
+) -> Trained:
     """The preset rendered into its own run folder and trained 2 steps (its UNet from `earlier`'s run
-    through training.init_from and the init job, when given)."""
+    through training.init_from and the init job, when given; `more` overrides)."""
     start = [f"training.init_from={earlier.outputs.run_dir}"] if earlier else []
     steps = "training.trainer.max_steps=2"
-    rendered = render_training(shared, preset, f"training=sdxl/{preset}", steps, *start, tiny=SDXL_OVERRIDES)
+    rendered = render_training(
+        shared, preset, f"training=sdxl/{preset}", steps, *start, *more, tiny=SDXL_OVERRIDES
+    )
     outputs, init_log = TrainingOutputs(shared / "results" / preset), ""
     if earlier:
         assert init_job_argv(outputs.run_dir) == [str(earlier.outputs.run_dir), str(outputs.init_unet)]
@@ -89,7 +95,8 @@ def _trained(shared: Path, nemo_python: str, preset: str, earlier: Trained | Non
 
 @pytest.fixture(scope="module")
 def stage_1(shared: Path, nemo_python: str) -> Trained:
-    return _trained(shared, nemo_python, STAGE_1)
+    """At a learning rate that moves the weights: its export below compares what they answer."""
+    return _trained(shared, nemo_python, STAGE_1, None, *FAST_LR)
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +218,19 @@ def test_the_presets_full_size_unet_is_the_one_the_shape_check_expects(nemo_pyth
     assert tensors["label_emb.0.0.weight"] == (1280, 2816)
     depths = transformer_depths(shape)
     assert depths["middle_block.1"] == 10 and sorted(set(depths.values())) == [2, 10]
+
+
+def test_stage_1_exports_to_diffusers(shared: Path, nemo_python: str, stage_1: Trained) -> None:
+    """NeMo's `y` = [pooled OpenCLIP text | ConcatTimestepEmbedderND of original size | crop | target] is
+    diffusers' text_embeds + time_ids; its tiny UNet's cross-attention width (288) is not one diffusers'
+    config mapping recognises SDXL by (2048, 1280): the family's patch says text_time."""
+    run = launch_export(shared, STAGE_1, nemo_python, f"training=sdxl/{STAGE_1}")
+    record = exported(run, 2)
+    print(record["checks"])  # shown with -s: the numbers docs/export.md quotes
+    assert (record["family"], record["ema"]) == ("sdxl", False)  # the preset keeps no EMA weights
+    assert record["checks"]["unet"]["max_abs"] > 0.5 and "pooled" in record["checks"]["text"]
+    outside = checked_from_outside(nemo_python, run, 2)
+    print(outside)
+    assert outside["pipeline"] == "StableDiffusionXLPipeline" and outside["single_file_differing"] == []
+    assert outside["unet_max_abs_diff"] <= 1e-4 and outside["context_max_abs_diff"] <= 1e-4
+    assert outside["image"][:2] == [64, 64] and outside["image"][2] > 1000

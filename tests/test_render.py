@@ -67,6 +67,14 @@ CASES = {
         "evaluation.coco_root=/fsx/coco2014",
         "evaluation.guidance_scales=[2,5,8]",
     ],
+    # The export on a CPU node of the cluster after the last training part, in the training image.
+    "aws_p5_train_export": [
+        "cluster=aws_p5",
+        "stages=[training,export]",
+        "training.trainer.num_nodes=1",
+        "training.model.global_batch_size=1024",
+        "export.dtype=fp16",
+    ],
     "aws_p5_512_v1_1": [
         "cluster=aws_p5",
         "stages=[data_preparation,training]",

@@ -144,6 +144,47 @@ class Released:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """A trained model's noise schedule and target, in diffusers' scheduler terms where they are the same
+    (NeMo's `beta_schedule` keeps NeMo's name: make_beta_schedule's, which the export maps and checks)."""
+
+    beta_start: float
+    beta_end: float
+    timesteps: int
+    beta_schedule: str
+    # diffusers' prediction_type: "epsilon", "v_prediction" or "sample" (NeMo's eps, v, x0).
+    prediction_type: str
+
+
+# NeMo's parameterization -> diffusers' prediction_type (DDPM.__init__ asserts one of these three).
+PREDICTION_TYPES = MappingProxyType({"eps": "epsilon", "v": "v_prediction", "x0": "sample"})
+# NeMo's make_beta_schedule names (diffusionmodules/util.py) -> diffusers' beta_schedule of the same betas:
+# NeMo's "linear" is linear in sqrt(beta) (diffusers' scaled_linear), its "sqrt_linear" linear in beta.
+DIFFUSERS_BETA_SCHEDULES = MappingProxyType({"linear": "scaled_linear", "sqrt_linear": "linear"})
+
+
+@dataclass(frozen=True)
+class ExportedText:
+    """One caption embedder of the family's model as the export writes it (launcher/jobs/export.py)."""
+
+    # Its weights' prefix in the original single-file layout (what diffusers' from_single_file, ComfyUI and
+    # A1111 read): NeMo's module names below it are the original ones (CompVis's and Stability's embedders
+    # hold the same transformers CLIPTextModel, or open_clip model, under `transformer.` or `model.`).
+    original: str
+    # The pipeline's components it becomes (model_index.json's names).
+    text_encoder: str
+    tokenizer: str
+    # What the pipeline feeds the UNet from it: "last" (the last hidden state, after the final layer norm:
+    # StableDiffusionPipeline.encode_prompt) or "penultimate" (hidden_states[-2], without it:
+    # StableDiffusionXLPipeline.encode_prompt with clip_skip None).
+    reads: str = "last"
+
+
+def no_unet_patch(model: Any) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
 class Diffusers:
     """The family's models as diffusers reads and writes them: what a training started from released weights
     reads of them (launcher/weights.py) and what the export writes (launcher/jobs/export.py)."""
@@ -164,6 +205,19 @@ class Diffusers:
     # Memory data_check needs to load the released UNet into NeMo's and diffusers' (one after the other,
     # fp32) beside the VAE and text encoders: its job asks for at least this (a Slurm size).
     check_mem: str = "32G"
+    # What the export asks. The trained model's noise schedule (from its NeMo config).
+    schedule: Callable[[Any], Schedule] | None = None
+    # Each caption embedder of family.text_encoders(model), in that order, as the export writes it, and the
+    # module NeMo keeps it under (config key -> module path below the model: "cond_stage_model").
+    exported_text: tuple[ExportedText, ...] = ()
+    text_module: Callable[[str], str] = lambda key: key
+    # Keys of diffusers' UNet config that diffusers' create_unet_diffusers_config_from_ldm misjudges for
+    # this family's models (it tells SDXL's vector conditioning by context_dim in [2048, 1280], which a
+    # smaller model does not have): set from the NeMo config.
+    unet_patch: Callable[[Any], dict[str, Any]] = no_unet_patch
+    # The conditioner inputs whose embeddings follow the pooled text in the UNet's vector `y`, in diffusers'
+    # `time_ids` order (SDXL's sizes and crop); () for a UNet without vector conditioning.
+    time_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,15 @@ from typing import Any
 
 from data_prep import latent_format as fmt
 from launcher.errors import ConfigError
-from launcher.families.family import Cache, Inference, Loader, Rehearsal
+from launcher.families.family import (
+    PREDICTION_TYPES,
+    Cache,
+    ExportedText,
+    Inference,
+    Loader,
+    Rehearsal,
+    Schedule,
+)
 
 PIPELINE = "StableDiffusionPipeline"  # model_index.json's class of SD 1.x and 2.x releases
 
@@ -211,3 +219,25 @@ def diffusers_unet(linear_projection: bool) -> Callable[[Mapping[str, Any]], boo
         )
 
     return matches
+
+
+def schedule(model: Any) -> Schedule:
+    """DDPM.__init__ (ldm/ddpm.py) reads these keys of the model config into make_beta_schedule."""
+    return Schedule(
+        beta_start=float(model["linear_start"]),
+        beta_end=float(model["linear_end"]),
+        timesteps=int(model["timesteps"]),
+        beta_schedule=str(model.get("beta_schedule", "linear")),
+        prediction_type=PREDICTION_TYPES[model.get("parameterization", "eps")],
+    )
+
+
+# The one text encoder, LatentDiffusion's `cond_stage_model` (ddpm.py instantiate_cond_stage), under the
+# name CompVis's checkpoints give it; StableDiffusionPipeline reads its last hidden state.
+EXPORTED_TEXT = (
+    ExportedText(original="cond_stage_model.", text_encoder="text_encoder", tokenizer="tokenizer"),
+)
+
+
+def text_module(key: str) -> str:
+    return "cond_stage_model"

@@ -55,6 +55,9 @@ FAMILY = Family(
         released=(SD15,),
         matches=ldm.diffusers_unet(linear_projection=False),
         stages_unet=False,
+        schedule=ldm.schedule,
+        exported_text=ldm.EXPORTED_TEXT,
+        text_module=ldm.text_module,
         text_encoders=(("cond_stage_config", "text_encoder", "tokenizer"),),
     ),
 )

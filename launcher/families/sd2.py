@@ -77,5 +77,8 @@ FAMILY = Family(
         released=(SD21_BASE, SD21),
         matches=ldm.diffusers_unet(linear_projection=True),
         stages_unet=False,
+        schedule=ldm.schedule,
+        exported_text=ldm.EXPORTED_TEXT,
+        text_module=ldm.text_module,
     ),
 )

@@ -18,16 +18,19 @@ from data_prep import latent_format as fmt
 from data_prep import text_cache
 from launcher.families import sdxl_checks
 from launcher.families.family import (
+    PREDICTION_TYPES,
     TEXT_FILE,
     UNET_FILE,
     VAE_FILE,
     Cache,
     Diffusers,
+    ExportedText,
     Family,
     Inference,
     Loader,
     Rehearsal,
     Released,
+    Schedule,
 )
 
 EXAMPLES = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion"
@@ -174,6 +177,72 @@ SDXL_BASE = Released(
     ),
 )
 
+# DiffusionEngine's denoiser (diffusion_engine.py, diffusionmodules/denoiser.py): its discretization's
+# LegacyDDPMDiscretization(linear_start=0.00085, linear_end=0.0120, num_timesteps=1000) defaults
+# (discretizer.py, make_beta_schedule "linear"), and its scaling: what the UNet predicts.
+DISCRETIZATION = (
+    "LegacyDDPMDiscretization",
+    {"linear_start": 0.00085, "linear_end": 0.012, "num_timesteps": 1000},
+)
+SCALINGS = {"EpsScaling": "eps", "VScaling": "v"}
+# The conditioner inputs whose ConcatTimestepEmbedderND outputs follow the pooled text in `y` (in the
+# presets' emb_models order), as diffusers' StableDiffusionXLPipeline orders its add_time_ids.
+TIME_IDS = ("original_size_as_tuple", "crop_coords_top_left", "target_size_as_tuple")
+
+
+def _target(section: Any) -> str:
+    return str((section or {}).get("_target_", "")).rsplit(".", 1)[-1]
+
+
+def schedule(model: Any) -> Schedule:
+    """The denoiser's discretization and scaling; ValueError for one diffusers has no scheduler of."""
+    denoiser = model.get("denoiser_config") or {}
+    discretization, scaling = denoiser.get("discretization_config"), denoiser.get("scaling_config")
+    name, defaults = DISCRETIZATION
+    if _target(discretization) != name or _target(scaling) not in SCALINGS:
+        raise ValueError(
+            f"model.denoiser_config: {_target(discretization)} with {_target(scaling)}: no diffusers scheduler "
+            f"of it here; allowed: {name} with {' or '.join(SCALINGS)}"
+        )
+    given = {key: (discretization or {}).get(key, value) for key, value in defaults.items()}
+    return Schedule(
+        beta_start=float(given["linear_start"]),
+        beta_end=float(given["linear_end"]),
+        timesteps=int(given["num_timesteps"]),
+        beta_schedule="linear",
+        prediction_type=PREDICTION_TYPES[SCALINGS[_target(scaling)]],
+    )
+
+
+def unet_patch(model: Any) -> dict[str, Any]:
+    """SDXL's vector conditioning (num_classes "sequential": label_emb) is diffusers' text_time embedding,
+    whatever the cross-attention width: diffusers' config mapping judges it by context_dim alone."""
+    sizes = [
+        entry.get("emb_model", {}).get("outdim")
+        for _, entry in text_cache.conditioner_embedders(model)
+        if entry.get("input_key") in TIME_IDS
+    ]
+    return {
+        "addition_embed_type": "text_time",
+        "addition_time_embed_dim": int(sizes[0]) if sizes else 256,
+        "class_embed_type": None,
+        "projection_class_embeddings_input_dim": model["unet_config"]["adm_in_channels"],
+    }
+
+
+def text_module(key: str) -> str:
+    """`conditioner_config.emb_models.<i>.emb_model` -> GeneralConditioner's `conditioner.embedders.<i>`."""
+    return "conditioner.embedders." + key.split(".")[2]
+
+
+# Stability's checkpoints name the CLIP ViT-L/14 and OpenCLIP bigG embedders `conditioner.embedders.0` and
+# `.1` (diffusers' single-file converter looks them up there); the pipeline reads hidden_states[-2] of both
+# and the pooled output of the second.
+EXPORTED_TEXT = (
+    ExportedText("conditioner.embedders.0.", "text_encoder", "tokenizer", reads="penultimate"),
+    ExportedText("conditioner.embedders.1.", "text_encoder_2", "tokenizer_2", reads="penultimate"),
+)
+
 FAMILY = Family(
     name="sdxl",
     title="SDXL",
@@ -207,5 +276,10 @@ FAMILY = Family(
         text_encoders=((f"{CONDITIONER}.0.emb_model", "text_encoder", "tokenizer"),),
         # The UNet is 10.3 GB in fp32 (2.57 billion parameters), read once as released and once by NeMo.
         check_mem="64G",
+        schedule=schedule,
+        exported_text=EXPORTED_TEXT,
+        text_module=text_module,
+        unet_patch=unet_patch,
+        time_ids=TIME_IDS,
     ),
 )

@@ -38,12 +38,12 @@ from typing import Any
 from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
 from data_prep.faults import step_main
 from launcher.checkpoints import (
-    ema_twin,
+    chosen,
     final_nemo,
     hparams_of,
     is_ema,
     nemo_model_config,
-    newest,
+    none_finished,
     step_of,
     step_of_nemo,
 )
@@ -62,13 +62,9 @@ from launcher.sampling.text_encoders import (
 
 
 def checkpoint_to_sample(s: SamplingSettings) -> Path:
-    if s.checkpoint:
-        given = Path(s.checkpoint)
-        return ema_twin(given) if s.ema and ema_twin(given).exists() else given
-    found = newest(Path(s.checkpoints_dir), s.ema)
+    found = chosen(Path(s.checkpoints_dir), s.checkpoint, s.ema)
     if found is None:
-        kind = "EMA (-EMA.ckpt) " if s.ema else ""
-        raise SystemExit(f"samples: no finished {kind}checkpoint in {s.checkpoints_dir}")
+        raise SystemExit(f"samples: {none_finished(Path(s.checkpoints_dir), s.ema)}")
     return found
 
 

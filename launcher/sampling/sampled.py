@@ -65,18 +65,19 @@ def checkpoints_dir(cfg: Any) -> Path:
     return TrainingOutputs(run_dir_of(cfg)).checkpoints
 
 
-def given_checkpoint(cfg: Any) -> Path:
-    """samples.checkpoint, refused unless it is a NeMo training checkpoint."""
-    path = Path(cfg.samples.checkpoint)
+def given_checkpoint(cfg: Any, section: str = "samples") -> Path:
+    """`<section>.checkpoint` (samples, export), refused unless it is a NeMo training checkpoint."""
+    key = f"{section}.checkpoint"
+    path = Path(getattr(cfg, section).checkpoint)
     if not path.is_file() or path.suffix != ".ckpt":
         raise ConfigError(
-            "samples.checkpoint",
+            key,
             f"{path} is not an existing .ckpt file; allowed: a training checkpoint "
             "(…/results/checkpoints/*.ckpt), or null for this run's newest",
         )
     if checkpoints.step_of(path) is None:
         raise ConfigError(
-            "samples.checkpoint",
+            key,
             f"{path.name} has no '-step=<N>' in its name as NeMo writes it; allowed: a checkpoint under "
             "NeMo's own name",
         )
@@ -102,13 +103,16 @@ def nemo_to_sample(cfg: Any, stage: str) -> Path:
     return found
 
 
-def newest_checkpoint(cfg: Any) -> Path:
-    found = checkpoints.newest(checkpoints_dir(cfg), ema(cfg))
+def newest_checkpoint(cfg: Any, section: str = "samples", with_ema: bool | None = None) -> Path:
+    """This run's newest finished checkpoint (the EMA kind when `with_ema`, null: when training keeps EMA
+    weights), refused naming `<section>.checkpoint` when there is none."""
+    wanted = ema(cfg) if with_ema is None else with_ema
+    found = checkpoints.newest(checkpoints_dir(cfg), wanted)
     if found is None:
         raise ConfigError(
-            "samples.checkpoint",
+            f"{section}.checkpoint",
             f"is null (this run's newest finished checkpoint) but {checkpoints_dir(cfg)} has no finished "
-            f"{'-EMA ' if ema(cfg) else ''}checkpoint; allowed: a checkpoint path, or stages=[training,samples]",
+            f"{'-EMA ' if wanted else ''}checkpoint; allowed: a checkpoint path, or stages=[training,{section}]",
         )
     return found
 
@@ -130,15 +134,24 @@ def trained_model(cfg: Any, planned: frozenset[str], stage: str = "samples") -> 
             raise ConfigError("samples.checkpoint", f"{error}; allowed: a .nemo NeMo saved") from error
         return OmegaConf.to_container(OmegaConf.create(text)), f"{nemo} (model_config.yaml)"  # type: ignore[return-value]
     path = given_checkpoint(cfg) if cfg.samples.checkpoint else newest_checkpoint(cfg)
-    hparams = checkpoints.hparams_of(path)
+    return hparams_model(path, "samples.checkpoint", "NeMo's conversion of"), str(
+        checkpoints.hparams_of(path)
+    )
+
+
+def hparams_model(checkpoint: Path, key: str, reader: str) -> dict[str, Any]:
+    """The model config a training checkpoint was trained with (its hparams.yaml two folders up), refused
+    naming `key` when there is none (`reader`: who reads it, "NeMo's conversion of")."""
+    from omegaconf import OmegaConf
+
+    hparams = checkpoints.hparams_of(checkpoint)
     if not hparams.is_file():
         raise ConfigError(
-            "samples.checkpoint",
-            f"{hparams} does not exist: NeMo's conversion of {path.name} needs the training's hparams.yaml "
-            "two folders up from the checkpoint",
+            key,
+            f"{hparams} does not exist: {reader} {checkpoint.name} needs the training's hparams.yaml two "
+            "folders up from the checkpoint",
         )
-    model = OmegaConf.to_container(OmegaConf.load(hparams).get("cfg") or {})
-    return model, str(hparams)  # type: ignore[return-value]
+    return OmegaConf.to_container(OmegaConf.load(hparams).get("cfg") or {})  # type: ignore[return-value]
 
 
 def from_cached_text(cfg: Any, planned: frozenset[str]) -> bool:

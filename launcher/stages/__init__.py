@@ -8,6 +8,7 @@ from launcher.stages import (
     data_check,
     data_preparation,
     evaluation,
+    export,
     rehearsal,
     samples,
     training,
@@ -23,6 +24,7 @@ STAGES: tuple[StageSpec, ...] = (
     training.STAGE,
     samples.STAGE,
     evaluation.STAGE,
+    export.STAGE,
 )
 # What `stages` is when neither conf/config.yaml nor the command line sets it.
 DEFAULT_STAGES: tuple[str, ...] = (data_preparation.NAME,)

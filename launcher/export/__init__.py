@@ -1,0 +1,1 @@
+"""What the export job shares with the export stage: its settings, decided at planning time."""
