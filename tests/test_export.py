@@ -131,10 +131,6 @@ CACHED_TEXT = {
     ("model", "message"),
     [
         (
-            {**SD_MODEL, "peft": {"peft_scheme": "sdlora"}},
-            r"a LoRA run \(model.peft\): its adapters are not exported",
-        ),
-        (
             {**SD_MODEL, "beta_schedule": "cosine"},
             r"beta_schedule 'cosine': no diffusers scheduler has its betas",
         ),

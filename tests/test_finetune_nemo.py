@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fixtures.export import exported, launch_export
 from fixtures.nemo import run_nemo_script
 from nemo_cpu.harness import run_data_check, unet_load_report
 
@@ -105,3 +106,24 @@ def test_data_check_refuses_a_unet_one_block_short_or_of_another_width_naming_th
     assert code == 1, report
     (error,) = [e for e in report["errors"] if "training.weights" in e]
     assert "NeMo would train those from random weights" in error and says in error, error
+
+
+@pytest.mark.parametrize("family", ["sd1", "sdxl"])
+def test_a_lora_run_exports_its_merged_model_and_adapters_that_load_lora_weights_reads(
+    finetuned, nemo_python: str, tmp_path: Path, family: str
+) -> None:
+    """The export of a LoRA run: the merged model, checked against NeMo's; the adapters in diffusers' LoRA format,
+    which load_lora_weights puts on the base to give the merged model's output; and less them, the release."""
+    trained = finetuned(family, True)
+    run = launch_export(trained.copy_to(tmp_path), trained.run.name, nemo_python, "export.ema=false")
+    record = exported(run, 2)
+    checks, lora = record["checks"], record["checks"]["lora"]
+    print(checks)  # shown with -s: the numbers docs/export.md quotes
+    assert checks["unet"]["max_abs_diff"] <= 1e-4 and lora["projections"] > 0
+    assert lora["max_abs_diff"] <= 1e-4 and lora["without_adapters_max_abs_diff"] > 100 * lora["max_abs_diff"]
+    release = Path(next(o for o in trained.overrides if o.startswith("training.weights=")).split("=", 1)[1])
+    script = Path(__file__).resolve().parent / "nemo_cpu" / "lora_roundtrip_cpu.py"
+    back = json.loads(
+        run_nemo_script(nemo_python, script, run / "export" / "step_2", release).splitlines()[-1]
+    )
+    assert back["names_differing"] == [] and back["max_abs_diff"] <= 1e-6, back

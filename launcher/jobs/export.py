@@ -11,6 +11,8 @@ each checked against NeMo's own modules before it is renamed into place.
    configs written from the training config, then save_pretrained;
 4. the checks (launcher/jobs/export_check.py): the folder loaded offline by DiffusionPipeline.from_pretrained
    against NeMo's UNet, VAE, text embedders and schedule, then the single file against the folder.
+A LoRA run's checkpoint is the whole model with its adapters merged for steps 2-4, and its adapters are also
+written in diffusers' LoRA format, checked with load_lora_weights (launcher/jobs/export_lora.py).
 Everything is written in <run>/export/.step_<N>.partial/, which replaces step_<N>/ once export.json (what
 was exported and what the checks measured) is written last; a failed check ends the job with one line
 naming what differed and leaves no step_<N>/ of it.
@@ -29,9 +31,10 @@ from data_prep.faults import step_main
 from launcher.checkpoints import chosen, hparams_of, is_ema, none_finished, step_of
 from launcher.export.settings import ExportSettings
 from launcher.families import family_of
-from launcher.jobs import export_check, export_diffusers, export_nemo
+from launcher.jobs import export_check, export_diffusers, export_lora, export_nemo
 from launcher.jobs.export_nemo import ExportError
 from launcher.outputs import ExportFolder
+from launcher.sampling.lora_merge import is_lora
 
 # safetensors metadata of the single file: Stability's ModelSpec names for what a reader cannot infer.
 PREDICTION = {"epsilon": "epsilon", "v_prediction": "v", "sample": "sample"}
@@ -70,8 +73,10 @@ def export(s: ExportSettings, checkpoint: Path, model: Any, out: ExportFolder) -
     from diffusers import DiffusionPipeline
 
     family, dtype = family_of(model), getattr(torch, s.torch_dtype)
+    state, trained = export_nemo.load_state(checkpoint), model
+    if is_lora(trained):  # the whole model, the adapters merged; the adapters themselves written after
+        state, base, model = export_lora.merged_states(trained, state)
     schedule = export_diffusers.schedule_of(model, family)
-    state = export_nemo.load_state(checkpoint)
     single = export_nemo.single_file(state, model, family)
     metadata = {
         "format": "pt",
@@ -95,11 +100,16 @@ def export(s: ExportSettings, checkpoint: Path, model: Any, out: ExportFolder) -
 
     folder = DiffusionPipeline.from_pretrained(out.pipeline, local_files_only=True, torch_dtype=torch.float32)
     measured: dict[str, Any] = {"tensors": export_check.check_filled(folder)}
-    unet = export_nemo.unet(model, state, dtype)
-    measured["unet"] = export_check.check_unet(
-        unet, folder, family, export_nemo.time_embedders(model, family)
-    )
+    unet, time_embedders = export_nemo.unet(model, state, dtype), export_nemo.time_embedders(model, family)
+    measured["unet"] = export_check.check_unet(unet, folder, family, time_embedders)
     del unet
+    if is_lora(trained):
+        adapters = export_nemo.load_state(checkpoint)
+        count = export_lora.write(out.lora, trained, adapters, base, folder.unet.config)
+        inputs = export_check.unet_inputs(folder, family, time_embedders)[2]
+        measured["lora"] = {"projections": count, **export_lora.check(folder, base, out.lora, inputs)}
+        print(f"export: {count} LoRA adapters -> {out.lora}", flush=True)
+        del adapters, base
     measured["vae"] = export_check.check_vae(export_nemo.vae(model, state, dtype), folder)
     measured["text"] = export_check.check_text(folder, texts)
     measured["scheduler"] = export_check.check_scheduler(folder, model, family)

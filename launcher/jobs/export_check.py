@@ -32,7 +32,7 @@ CAPTION = "a photograph of an astronaut riding a horse"
 TIMESTEPS = (1, 999)
 
 
-def _compare(what: str, ours: Any, theirs: Any) -> dict[str, float]:
+def compared(what: str, ours: Any, theirs: Any) -> dict[str, float]:
     import torch
 
     if tuple(ours.shape) != tuple(theirs.shape):
@@ -74,9 +74,12 @@ def _time_inputs(time_embedders: list[tuple[str, Any]], batch: int) -> tuple[Any
     return values, nemo
 
 
-def check_unet(
-    nemo_unet: Any, pipe: Any, family: Family, time_embedders: list[tuple[str, Any]]
-) -> dict[str, float]:
+def unet_inputs(
+    pipe: Any, family: Family, time_embedders: list[tuple[str, Any]]
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    """The same fixed inputs for NeMo's UNet (positional x and t, then keywords) and diffusers' (keywords):
+    integer timesteps, random latents and text context, and with vector conditioning NeMo's `y` of the time
+    embedders against diffusers' text_embeds + time_ids."""
     import torch
 
     assert family.diffusers is not None
@@ -86,7 +89,7 @@ def check_unet(
     x = torch.randn(len(TIMESTEPS), config.in_channels, side, side, generator=generator)
     t = torch.tensor(TIMESTEPS)
     context = torch.randn(len(TIMESTEPS), 77, config.cross_attention_dim, generator=generator)
-    nemo_kwargs: dict[str, Any] = {}
+    nemo_kwargs: dict[str, Any] = {"context": context}
     added: dict[str, Any] = {}
     if family.diffusers.time_ids:
         values, vector = _time_inputs(time_embedders, len(TIMESTEPS))
@@ -95,10 +98,25 @@ def check_unet(
         nemo_kwargs["y"] = torch.cat([pooled, vector], dim=1)
         ids = [values[key] for key in family.diffusers.time_ids if key in values]
         added = {"text_embeds": pooled, "time_ids": torch.cat(ids, dim=1)}
+    theirs = {
+        "sample": x,
+        "timestep": t,
+        "encoder_hidden_states": context,
+        "added_cond_kwargs": added or None,
+    }
+    return (x, t), nemo_kwargs, theirs
+
+
+def check_unet(
+    nemo_unet: Any, pipe: Any, family: Family, time_embedders: list[tuple[str, Any]]
+) -> dict[str, float]:
+    import torch
+
+    positional, nemo_kwargs, theirs_kwargs = unet_inputs(pipe, family, time_embedders)
     with torch.no_grad():
-        ours = nemo_unet(x, t, context=context, **nemo_kwargs)
-        theirs = pipe.unet(x, t, encoder_hidden_states=context, added_cond_kwargs=added or None).sample
-    return _compare("the UNet's output", ours, theirs)
+        ours = nemo_unet(*positional, **nemo_kwargs)
+        theirs = pipe.unet(**theirs_kwargs).sample
+    return compared("the UNet's output", ours, theirs)
 
 
 def check_vae(nemo_vae: Any, pipe: Any) -> dict[str, float]:
@@ -107,7 +125,7 @@ def check_vae(nemo_vae: Any, pipe: Any) -> dict[str, float]:
     config = pipe.vae.config
     z = torch.randn(1, config.latent_channels, 8, 8, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        return _compare("the VAE's decoded image", nemo_vae.decode(z), pipe.vae.decode(z).sample)
+        return compared("the VAE's decoded image", nemo_vae.decode(z), pipe.vae.decode(z).sample)
 
 
 def _nemo_text(texts: list[tuple[TextPart, Any]]) -> tuple[Any, Any]:
@@ -139,12 +157,12 @@ def check_text(pipe: Any, texts: list[tuple[TextPart, Any]]) -> dict[str, Any]:
         raise ExportError(
             f"the text embeddings differ: NeMo's tokens past the first {length} are not padding"
         )
-    measured = {"tokens": _compare("the text encoders' embeddings", ours[:, :length], theirs)}
+    measured = {"tokens": compared("the text encoders' embeddings", ours[:, :length], theirs)}
     theirs_pooled = out[2] if len(out) == 4 else None  # StableDiffusionXLPipeline: (embeds, neg, pooled, neg)
     if (ours_pooled is None) != (theirs_pooled is None):
         raise ExportError("the pooled text embedding: only one of NeMo and the pipeline gives one")
     if ours_pooled is not None:
-        measured["pooled"] = _compare("the pooled text embedding", ours_pooled, theirs_pooled)
+        measured["pooled"] = compared("the pooled text embedding", ours_pooled, theirs_pooled)
     return measured
 
 

@@ -39,7 +39,7 @@ def is_lora(model_config: Any) -> bool:
     return bool((model_config or {}).get("peft"))
 
 
-def _scale(model_config: Any) -> float:
+def scale(model_config: Any) -> float:
     tuning = model_config["peft"]["lora_tuning"]
     alpha = tuning.get("network_alpha")
     return float(alpha) / int(tuning["adapter_dim"]) if alpha else 1.0
@@ -65,33 +65,53 @@ def inner_model(model_config: Any) -> Any:
     return cls.model_provider_func(owner)
 
 
-def merged_state(model_config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
-    """The whole model's state dict (under the Megatron module's `model.`), the adapters folded in."""
-    import torch
-
+def base_state(model_config: Any) -> dict[str, Any]:
+    """The whole model's state dict (under the Megatron module's `model.`) as NeMo builds it from the config:
+    the base weights as training loaded them."""
     inner = inner_model(model_config)
     state = {MODEL_PREFIX + key: value.cpu() for key, value in inner.state_dict().items()}
     del inner
-    scale, merged = _scale(model_config), 0
+    return state
+
+
+def adapted(adapters: dict[str, Any]) -> list[str]:
+    """The module paths (under the Megatron module) of the projections a LoRA checkpoint adapts."""
+    suffix = ADAPTER + "linear_in.weight"
+    return sorted(key.removesuffix(suffix) for key in adapters if key.endswith(suffix))
+
+
+def delta(model_config: Any, adapters: dict[str, Any], path: str) -> Any:
+    """What the adapter of projection `path` adds to its weight: s * B @ A."""
+    a, b = adapters[path + ADAPTER + "linear_in.weight"], adapters.get(path + ADAPTER + "linear_out.weight")
+    if b is None:
+        raise LoraMergeError(f"{path}: an adapter without its linear_out")
+    return scale(model_config) * (b.float() @ a.float())
+
+
+def merged(state: dict[str, Any], model_config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
+    """`state` (base_state's) with what the checkpoint holds besides the adapters, and the adapters folded in."""
+    import torch
+
     saved = [key for key in adapters if ADAPTER not in key]
     foreign = [key for key in saved if key not in state]
     if foreign:
         raise LoraMergeError(f"{foreign[0]}: a tensor the model of this config does not have")
-    state.update((key, adapters[key]) for key in saved)  # what the checkpoint holds besides the adapters
-    for key in sorted(k for k in adapters if k.endswith(ADAPTER + "linear_in.weight")):
-        path = key.removesuffix(ADAPTER + "linear_in.weight")
-        a, b = adapters[key], adapters.get(path + ADAPTER + "linear_out.weight")
-        weight = state.get(path + ".weight")
-        if b is None or weight is None or (b.shape[0], a.shape[1]) != tuple(weight.shape):
-            raise LoraMergeError(
-                f"{key}: no {path}.weight of shape {(None if b is None else b.shape[0], a.shape[1])}"
-            )
-        with torch.no_grad():
-            state[path + ".weight"] = weight + scale * (b.to(weight.dtype) @ a.to(weight.dtype))
-        merged += 1
-    if not merged:
+    state = {**state, **{key: adapters[key] for key in saved}}
+    paths = adapted(adapters)
+    if not paths:
         raise LoraMergeError(f"no adapter among the checkpoint's {len(adapters)} tensors: not a LoRA run's")
+    for path in paths:
+        weight, change = state.get(path + ".weight"), delta(model_config, adapters, path)
+        if weight is None or tuple(change.shape) != tuple(weight.shape):
+            raise LoraMergeError(f"{path}: no weight of shape {tuple(change.shape)} for its adapter")
+        with torch.no_grad():
+            state[path + ".weight"] = weight + change.to(weight.dtype)
     return state
+
+
+def merged_state(model_config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
+    """The whole model's state dict, the adapters folded in."""
+    return merged(base_state(model_config), model_config, adapters)
 
 
 def merged_checkpoint(checkpoint: Path, model_config: Any, out: Path) -> Path:

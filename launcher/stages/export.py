@@ -114,18 +114,13 @@ def _notes(ctx: Context) -> tuple[str, ...]:
 
 def exportable(model: Any, key: str, source: str = "") -> None:
     """A model the export can write: a family with a diffusers pipeline, a schedule diffusers has, its text
-    encoders in the config, no LoRA adapters (not exported yet). `key` is named in a refusal, `source` says
-    where the model config was read (a checkpoint's hparams.yaml)."""
+    encoders in the config (a LoRA run's too: merged, its adapters beside). `key` is named in a refusal,
+    `source` says where the model config was read (a checkpoint's hparams.yaml)."""
     family = family_of(model)
     diffusers, where = family.diffusers, f"{source}: " if source else ""
     if diffusers is None or diffusers.schedule is None:
         raise ConfigError(
             key, f"{where}{family.title} has no diffusers pipeline; allowed: a model of another family"
-        )
-    if model.get("peft"):
-        raise ConfigError(
-            key,
-            f"{where}a LoRA run (model.peft): its adapters are not exported yet; allowed: a fully trained model",
         )
     try:
         schedule = diffusers.schedule(model)
