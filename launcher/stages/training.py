@@ -20,6 +20,7 @@ from launcher.rules import ABS_PATH, PATH_COMPONENT, Nested, Pattern, Range, Slu
 from launcher.spec import Dependency, DependencyKind, JobSpec
 from launcher.stage import DataRole, StageSpec
 from launcher.stages import (
+    training_attempts,
     training_faults,
     training_init,
     training_job,
@@ -341,7 +342,7 @@ def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
 def _on_submit(cfg: Any, jobs: tuple[JobSpec, ...]) -> None:
     if jobs:
         training_record.write(cfg)  # the training this folder holds: another is refused (training_record)
-        training_faults.launch_row(cfg)  # the parts' count of attempts without progress starts afresh
+        training_attempts.launch_row(cfg)  # the parts' count of attempts without progress starts afresh
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
