@@ -116,6 +116,16 @@ def test_tars_not_under_local_root_path(tmp_path: Path) -> None:
     assert "not found under model.data.webdataset.local_root_path" in errors
 
 
+def test_a_config_without_its_family_settings_is_refused_naming_them(tmp_path: Path) -> None:
+    """What differs by family is read from the settings the launcher writes beside the config it renders."""
+    config = make_config(tmp_path, make_dataset(tmp_path))
+    settings_path(config).unlink()
+    code, _, errors = precheck(config, tmp_path)
+    assert code == 1 and errors.startswith(
+        f"{tmp_path}/train.family.json: no such file; the launcher writes it"
+    )
+
+
 def test_png_images_fail_with_jpg_only_message(tmp_path: Path) -> None:
     config = make_config(tmp_path, make_dataset(tmp_path, image_ext="png"))
     code, _, errors = precheck(config, tmp_path)
