@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import write_atomic
-from data_prep.family_settings import FamilySettingsError, read_settings
 from data_prep.faults import step_main
 from data_prep.tar_checks import DataCheckError, load_model_config, planned_world_size, precheck
 from data_prep.wdinfo import WdinfoError
@@ -65,8 +64,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """All checks; returns the report (report['ok'] says whether everything passed)."""
     report: dict[str, Any] = {"training_config": str(args.training_config), "errors": [], "warnings": []}
     try:
-        settings = read_settings(args.training_config)  # the model family's answers, written with the config
-        model = load_model_config(args.training_config, settings)
+        model, settings = load_model_config(args.training_config)  # settings: the model family's answers
         world = args.world_size or planned_world_size(args.training_config)
         precheck(model, settings, world, args.scan_tars, report)
         # NeMo (model check, then loader) only once the plain-Python checks pass.
@@ -87,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 from data_prep.latent_check import loader_errors as latent_errors
 
                 report["errors"].extend(latent_errors(report["loader"], model, mbs))
-    except (DataCheckError, FamilySettingsError, WdinfoError) as exc:
+    except (DataCheckError, WdinfoError) as exc:
         report["errors"].append(str(exc))
     report["ok"] = not report["errors"]
     return report

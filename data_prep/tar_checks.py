@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.family_settings import FamilySettings
+from data_prep.family_settings import FamilySettings, FamilySettingsError, read_settings
 from data_prep.latent_check import check_latent_members, count_errors
 from data_prep.latent_format import MEMBER_EXT
 from data_prep.tario import split_key
@@ -36,11 +36,16 @@ class DataCheckError(Exception):
     """A check failed: the message says what is wrong and what to change."""
 
 
-def load_model_config(path: Path, settings: FamilySettings) -> DictConfig:
+def load_model_config(path: Path) -> tuple[DictConfig, FamilySettings]:
     """The `model` section of a resolved NeMo training config, with the keys its family's loader reads
-    (`settings.model_keys`: SD's first/cond_stage_key; SDXL's loader reads images and captions)."""
+    (`settings.model_keys`: SD's first/cond_stage_key; SDXL's loader reads images and captions), and those
+    settings: written beside the config by the launcher (data_prep.family_settings)."""
     if not path.is_file():
         raise DataCheckError(f"--training-config {path}: no such file")
+    try:
+        settings = read_settings(path)
+    except FamilySettingsError as error:
+        raise DataCheckError(str(error)) from None
     cfg = OmegaConf.load(path)
     model = cfg.get("model") if isinstance(cfg, DictConfig) else None
     if not isinstance(model, DictConfig):
@@ -48,7 +53,7 @@ def load_model_config(path: Path, settings: FamilySettings) -> DictConfig:
     for key in (*settings.model_keys, *REQUIRED_MODEL_KEYS):
         if OmegaConf.select(model, key, default=None) is None:
             raise DataCheckError(f"{path}: model.{key} is missing; the NeMo SD loader needs it")
-    return model
+    return model, settings
 
 
 def planned_world_size(path: Path) -> int:

@@ -245,8 +245,8 @@ def test_nemo_itself_yields_nothing_for_png(tmp_path: Path, nemo_python: str) ->
     # Bypass the pre-check on purpose: confirm that NeMo's own loader really drops .png samples.
     config = make_config(tmp_path, make_dataset(tmp_path, tars=1, per_tar=4, image_ext="png"))
     code = (
-        "import json, pathlib; from data_prep import tar_checks as t, nemo_loader_check as d, family_settings as f; "
-        f"p = pathlib.Path({str(config)!r}); s = f.read_settings(p); m = t.load_model_config(p, s); "
+        "import json, pathlib; from data_prep import tar_checks as t, nemo_loader_check as d; "
+        f"m, s = t.load_model_config(pathlib.Path({str(config)!r})); "
         "r = d.run_nemo_loader(m, s, batches=2, workers=1, mbs=2); "
         "print(json.dumps({'result': r, 'errors': d.loader_errors(r, 2)}))"
     )
