@@ -133,7 +133,10 @@ def test_the_contracts_refuse_the_import(case: str, scratch: Path) -> None:
             pyproject.write_text(config.replace('"sd1 | sd2 | sdxl"', '"sd1 | sd2 | sdxl | toy"'))
         result = lint(scratch)
     finally:
-        path.write_text(before) if before is not None else path.unlink()
+        if before is None:
+            path.unlink()
+        else:
+            path.write_text(before)
         pyproject.write_text(config)
     assert result.returncode != 0, result.stdout[-3000:]
     assert contract in broken(result), result.stdout[-3000:]
