@@ -7,6 +7,9 @@ of one (gloo) and a DataLoader like LatentDiffusion's draws a few batches.
 With --model-check it also builds NeMo's UNet, VAE (staged weights, every key checked) and text
 encoder from the same config on CPU (data_prep.model_check).
 
+What differs by the model's family (the keys the loader needs, its builder and batch keys, the text encoders)
+is read from the settings the launcher writes beside the config (data_prep.family_settings).
+
     python -m data_prep.data_check --training-config CFG.yaml [--batches 4] [--world-size N]
         [--num-workers N] [--micro-batch-size N] [--scan-tars N] [--precheck-only] [--model-check]
         [--report OUT.json]
@@ -24,7 +27,6 @@ from data_prep.atomic import write_atomic
 from data_prep.faults import step_main
 from data_prep.tar_checks import DataCheckError, load_model_config, planned_world_size, precheck
 from data_prep.wdinfo import WdinfoError
-from launcher.families import family_of
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,24 +64,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """All checks; returns the report (report['ok'] says whether everything passed)."""
     report: dict[str, Any] = {"training_config": str(args.training_config), "errors": [], "warnings": []}
     try:
-        model = load_model_config(args.training_config)
+        model, settings = load_model_config(args.training_config)  # settings: the model family's answers
         world = args.world_size or planned_world_size(args.training_config)
-        precheck(model, world, args.scan_tars, report)
+        precheck(model, settings, world, args.scan_tars, report)
         # NeMo (model check, then loader) only once the plain-Python checks pass.
         if args.model_check and not report["errors"] and not args.precheck_only:
             from data_prep.model_check import check_models
 
-            report["models"], model_errors = check_models(model, args.release)
+            report["models"], model_errors = check_models(model, settings, args.release)
             report["errors"].extend(model_errors)
         if not report["errors"] and not args.precheck_only:
             workers = int(model.data.num_workers) if args.num_workers is None else args.num_workers
             mbs = args.micro_batch_size or int(model.micro_batch_size)
             from data_prep.nemo_loader_check import loader_errors, run_nemo_loader
 
-            report["loader"] = run_nemo_loader(model, args.batches, workers, mbs)
+            report["loader"] = run_nemo_loader(model, settings, args.batches, workers, mbs)
             report["errors"].extend(loader_errors(report["loader"], args.batches))
             # The cached latents' shapes, where the family caches latents (SDXL caches text only).
-            if report["latent"] and family_of(model).cache.stores == "latents":
+            if report["latent"] and settings.stores == "latents":
                 from data_prep.latent_check import loader_errors as latent_errors
 
                 report["errors"].extend(latent_errors(report["loader"], model, mbs))

@@ -40,54 +40,23 @@ Design:
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import write_json_atomic
-from data_prep.download_file import FileAsset, FileAssetError, file_digests, stage_file
+from data_prep.download_assets_options import RECORD, Asset, AssetError, assets_of, parse_args
+from data_prep.download_file import FileAssetError, file_digests, stage_file
 from data_prep.faults import step_main
 from data_prep.progress import log, read_json
-from data_prep.staged_files import ARGUMENTS, StagedFileError, Written
+from data_prep.staged_files import StagedFileError
 
 STEP = "download_assets"
-RECORD = ".complete.json"
-
-
-class AssetError(Exception):
-    """The repo, revision or a file is not what the config says: the message says which."""
-
-
-@dataclass(frozen=True)
-class Asset:
-    name: str
-    repo_id: str
-    revision: str
-    local_dir: Path
-    files: tuple[str, ...]
-    # What is written beside the files for NeMo (--nemo-vae, --nemo-unet, --text-folder), in that order.
-    written: tuple[Written, ...] = ()
-    # A model already on shared storage (--local): its files are read there, none downloaded.
-    origin: Path | None = None
-    # {file: sha256} published for the pinned revision (--expect): the Hub's listing must agree.
-    expected: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        if self.origin is not None:
-            return f"{self.name} ({self.origin})"
-        return f"{self.name} ({self.repo_id}@{self.revision[:12]})"
-
-    @property
-    def files_dir(self) -> Path:
-        return self.origin if self.origin is not None else self.local_dir
 
 
 @dataclass(frozen=True)
@@ -239,120 +208,23 @@ def stage(asset: Asset) -> bool:
     return True
 
 
-def parse_asset(words: Sequence[str], written: dict[str, list[Written]], local: bool = False) -> Asset:
-    """One --asset (NAME REPO_ID REVISION LOCAL_DIR FILE...) or --local (NAME SOURCE_DIR LOCAL_DIR FILE...)."""
-    option, head = ("--local", 4) if local else ("--asset", 5)
-    if len(words) < head:
-        shape = "SOURCE_DIR" if local else "REPO_ID REVISION"
-        raise AssetError(f"{option} {' '.join(words)}: expected NAME {shape} LOCAL_DIR FILE...")
-    if local:
-        name, origin, local_dir, *files = words
-        repo_id, revision = "", ""
-    else:
-        name, repo_id, revision, local_dir, *files = words
-    steps = tuple(written.get(name, ()))
-    for step in steps:
-        reads = step.args[:-1] if step.kind != "text-folder" else ()
-        if any(path not in files for path in reads) or step.target in files:
-            raise AssetError(
-                f"--{step.kind} {name} {' '.join(step.args)}: {'/'.join(ARGUMENTS[step.kind][:-1])} must be the "
-                f"asset's files and {ARGUMENTS[step.kind][-1]} none of them"
-            )
-    return Asset(
-        name, repo_id, revision, Path(local_dir), tuple(files), steps, Path(origin) if local else None
-    )
-
-
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
 @step_main(STEP, (AssetError, FileAssetError), status=2)
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m data_prep.download_assets",
-        description="Download named files of Hugging Face model repos at pinned commits into local folders, "
-        f"once: each folder gets {RECORD} last, and a rerun that finds a matching record does nothing. "
-        "The token comes from HF_TOKEN; HF_ENDPOINT picks another hub.",
-    )
-    parser.add_argument(
-        "--asset",
-        nargs="+",
-        action="append",
-        default=[],
-        metavar="NAME REPO_ID REVISION LOCAL_DIR FILE",
-        help="one asset: a name for the log, the model repo, its commit sha, the folder, "
-        "and the repo's files to fetch (repeat --asset for more)",
-    )
-    parser.add_argument(
-        "--file",
-        nargs=4,
-        action="append",
-        default=[],
-        metavar=("NAME", "URL", "SHA256", "PATH"),
-        help="one file from a URL, pinned by its sha256 (data_prep/download_file.py)",
-    )
-    parser.add_argument(
-        "--expect",
-        nargs=3,
-        action="append",
-        default=[],
-        metavar=("NAME", "FILE", "SHA256"),
-        help="the sha256 published for FILE of asset NAME at its revision: the Hub's listing must agree",
-    )
-    parser.add_argument(
-        "--local",
-        nargs="+",
-        action="append",
-        default=[],
-        metavar="NAME SOURCE_DIR LOCAL_DIR FILE",
-        help="one model already on shared storage: its files are read in SOURCE_DIR (none downloaded); "
-        "what is written for NeMo, and the record, go to LOCAL_DIR",
-    )
-    helps = {
-        "nemo-vae": "its VAE file SOURCE with the attention keys renamed as NeMo's AutoencoderKL reads them "
-        "(current diffusers' to_q/to_k/to_v/to_out.0)",
-        "nemo-unet": "its diffusers UNet file SOURCE under NeMo's UNet names (its config.json CONFIG gives "
-        "the layout)",
-        "text-folder": "one folder of links to its text model's folder TEXT and tokenizer's folder TOKENIZER, "
-        "which NeMo's CLIP text encoder reads as one",
-    }
-    for kind, words in ARGUMENTS.items():
-        parser.add_argument(
-            f"--{kind}",
-            nargs=len(words) + 1,
-            action="append",
-            default=[],
-            metavar=("NAME", *words),
-            help=f"after asset NAME is staged, write LOCAL_DIR/{words[-1]}: {helps[kind]}",
-        )
-    args = parser.parse_args(argv)
-    if not args.asset and not args.local and not args.file:
-        parser.error("give at least one --asset, --local or --file")
-    written: dict[str, list[Written]] = {}
-    for kind in ARGUMENTS:
-        for name, *step in getattr(args, kind.replace("-", "_")):
-            written.setdefault(name, []).append(Written(kind, tuple(step)))
-    unknown = sorted(set(written) - {words[0] for words in (*args.asset, *args.local)})
-    if unknown:
-        parser.error(f"--nemo-vae/--nemo-unet/--text-folder name no --asset or --local: {', '.join(unknown)}")
+    args = parse_args(argv)
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # a Slurm log gets one line per file, not a redrawn bar
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     log(STEP, "token: " + ("HF_TOKEN is set" if os.environ.get("HF_TOKEN") else "none (public repos only)"))
-    expected: dict[str, dict[str, str]] = {}
-    for name, file, sha256 in args.expect:
-        expected.setdefault(name, {})[file] = sha256
-    staged = [
-        dataclasses.replace(parse_asset(words, written), expected=expected.get(words[0], {}))
-        for words in args.asset
-    ]
-    staged += [parse_asset(words, written, local=True) for words in args.local]
-    for asset in staged:
+    assets, files = assets_of(args)
+    for asset in assets:
         stage(asset)
-    for name, url, sha256, path in args.file:
-        stage_file(FileAsset(name, url, sha256, Path(path)))
+    for file in files:
+        stage_file(file)
     return 0
 
 

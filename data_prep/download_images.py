@@ -27,7 +27,8 @@ the X-Robots-Tag lines addressed to that token; an image whose X-Robots-Tag carr
 --disallowed-header-directives (default noai,noimageai,noindex,noimageindex, img2dataset's own
 default; "" = obey none) is not stored and counts as failed to download. Each img2dataset process
 downloads one shard at a time with --threads threads and resizes in one thread, so processes
-default to this task's CPUs (at most the shards left) and threads to 32 per process.
+default to this task's CPUs (at most the shards left) and threads to 32 per process (how img2dataset is
+started: data_prep.img2dataset_runner).
 The done marker records the most frequent failure reasons (`errors`); `python -m launcher status`
 shows each partition's success rate.
 
@@ -37,16 +38,13 @@ exports DEMO_BASE_URL; see data_prep.serve). Web URLs never start with `${`.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import math
 import os
 import sys
 import tempfile
 import time
-import types
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -57,7 +55,8 @@ import pyarrow.parquet as pq
 
 from data_prep.atomic import write_json_atomic
 from data_prep.download_images_options import THREADS_PER_PROCESS, ImageOptions, RunOptions, parse_options
-from data_prep.faults import environment_fault, fault_of, naming, step_main
+from data_prep.faults import environment_fault, naming, step_main
+from data_prep.img2dataset_runner import DownloadError, run_img2dataset
 from data_prep.progress import log, read_json, task_cpus
 from data_prep.url_policy import describe, web_mask
 from data_prep.worker_output import captured, os_error
@@ -66,10 +65,6 @@ STEP = "download_images"
 PLACEHOLDER = r"^\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}"  # RE2 syntax, for pyarrow
 TOP_ERRORS = 5
 PROBE_BYTES = 1 << 16  # room for a few images at least
-
-
-class DownloadError(Exception):
-    """The step did not produce a complete partition; the message says what to do."""
 
 
 def workers(opts: RunOptions, cpus: int, shards_left: int) -> tuple[int, int]:
@@ -109,102 +104,6 @@ def shard_stats(folder: Path, num_shards: int) -> tuple[dict[str, dict[str, Any]
         else:
             missing.append(name)
     return stats, missing
-
-
-@contextlib.contextmanager
-def forked_workers() -> Iterator[None]:
-    """img2dataset 1.47.0 starts its logger process and its download pool with `spawn`: each child imports
-    img2dataset again (wandb, albumentations, pandas: about 4 s of CPU) before it downloads anything, two
-    such starts per task. Forked, they share the modules this process has already imported. The logger's
-    queue is made in the fork context too: a spawn-context one starts multiprocessing's resource tracker,
-    which inherits the captured stdout's pipe and holds `captured` for its whole join timeout (5 s a task),
-    then warns of the queue's semaphores as leaked when the step exits at once. The children and what they
-    run are img2dataset's own; only how they start changes."""
-    import multiprocessing
-    import multiprocessing.popen_fork
-
-    main = importlib.import_module("img2dataset.main")  # `img2dataset.main` is the function of that name
-    distributor = importlib.import_module("img2dataset.distributor")
-    logger = importlib.import_module("img2dataset.logger")
-
-    class ForkedLogger(main.LoggerProcess):  # type: ignore[name-defined,misc]
-        _start_method = "fork"
-
-        @staticmethod
-        def _Popen(process: Any) -> Any:
-            return multiprocessing.popen_fork.Popen(process)
-
-    fork = multiprocessing.get_context("fork")
-    fork_only = types.SimpleNamespace(get_context=lambda _method: fork)  # what the logger asks of the module
-    saved = main.LoggerProcess, distributor.get_context, logger.multiprocessing
-    main.LoggerProcess, distributor.get_context, logger.multiprocessing = (
-        ForkedLogger,
-        fork_only.get_context,
-        fork_only,
-    )
-    try:
-        yield
-    finally:
-        main.LoggerProcess, distributor.get_context, logger.multiprocessing = saved
-
-
-@contextlib.contextmanager
-def wandb_not_imported() -> Iterator[None]:
-    """img2dataset's logger imports wandb at import (about 0.8 s of CPU per task) for the W&B logging that
-    download() runs with enable_wandb=False: while img2dataset is imported, a placeholder module stands in
-    (unless wandb is already loaded), and any use of it raises; sys.modules is left as it was."""
-    if "wandb" in sys.modules:
-        yield
-        return
-    placeholder = types.ModuleType("wandb")
-
-    def missing(name: str) -> Any:
-        raise AttributeError(f"wandb.{name}: download_images runs img2dataset with enable_wandb=False")
-
-    placeholder.__getattr__ = missing  # type: ignore[method-assign]
-    sys.modules["wandb"] = placeholder
-    try:
-        yield
-    finally:
-        if sys.modules.get("wandb") is placeholder:
-            del sys.modules["wandb"]
-
-
-def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: int, threads: int) -> None:
-    """img2dataset's Python API; its SIGINT handler calls sys.exit(0), which must not read as success."""
-    os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # else it calls PyPI at import
-    with wandb_not_imported():
-        from img2dataset import download  # heavy import, only where used
-
-    try:
-        with forked_workers():
-            download(
-                url_list=str(url_list),
-                output_folder=str(folder),
-                input_format="parquet",
-                url_col="url",
-                caption_col="caption",
-                output_format="webdataset",
-                encode_format="jpg",
-                image_size=opts.image.image_size,
-                resize_mode=opts.image.resize_mode,
-                encode_quality=opts.image.encode_quality,
-                number_sample_per_shard=opts.image.samples_per_shard,
-                processes_count=processes,
-                thread_count=threads,
-                timeout=opts.timeout,
-                retries=opts.retries,
-                user_agent_token=opts.user_agent_token,
-                disallowed_header_directives=list(opts.disallowed_header_directives),  # [] = obey none
-                incremental_mode="incremental",
-                enable_wandb=False,
-            )
-    except SystemExit as exc:
-        raise DownloadError(f"img2dataset stopped early (exit {exc.code}); rerun to resume") from None
-    except Exception as exc:  # img2dataset raises anything; report it and let a rerun resume
-        if fault_of(exc) is not None:  # a full disk...: the step's one line names it
-            raise
-        raise DownloadError(f"img2dataset failed: {type(exc).__name__}: {exc}; rerun to resume") from exc
 
 
 def summarize(

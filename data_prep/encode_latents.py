@@ -8,7 +8,7 @@
 to every process of every array task (worker = array task x tasks per job + SLURM_PROCID); each tar
 becomes a latent tar of the same name whose samples, in the image tar's key order, each hold one
 `<key>.pickle` member (data_prep.latent_format) computed by NeMo's own VAE and text encoder
-(data_prep.latent_encoder); for SDXL (launcher.families: its cache stores text) a `<key>.pickle` of the caption
+(data_prep.latent_encoder); for SDXL (its cache stores text: data_prep.family_settings) a `<key>.pickle` of the caption
 embedders' outputs and the image as `<key>.png` (data_prep.text_cache, NeMo's precache_mode text).
 A tar is written under a temporary name and renamed, then its count record `_counts/<name>.json` commits
 it; a rerun skips every tar whose record matches this run's fingerprint (the image tar's size, the
@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
+from data_prep.family_settings import read_settings
 from data_prep.faults import step_main
 from data_prep.latent_format import EncodeError
 from data_prep.progress import log, read_json
 from data_prep.tar_writer import build_header, end_of_archive
 from data_prep.tario import BLOCK, ZEROS, index_samples, padded, scan_members
 from data_prep.wdinfo import Wdinfo, WdinfoError, read_wdinfo, write_wdinfo
-from launcher.families import family_of
 
 STEP = "encode_latents"
 COUNTS_DIR = "_counts"
@@ -69,11 +69,11 @@ def my_tars(tars: list[str], worker: int, workers: int) -> list[str]:
     return tars[worker * len(tars) // workers : (worker + 1) * len(tars) // workers]
 
 
-def fingerprint(model: Any) -> str:
-    """What the latents depend on besides the image tar: the encode keys' values and the VAE file."""
+def fingerprint(model: Any, text_only: bool) -> str:
+    """What the latents depend on besides the image tar: the encode keys' values and the VAE file;
+    `text_only`: the family's cache stores the caption embedders' outputs alone."""
     from omegaconf import OmegaConf
 
-    text_only = family_of(model).cache.stores == "text"
     values = {
         key: OmegaConf.to_container(OmegaConf.select(model, key), resolve=True)
         if OmegaConf.is_config(OmegaConf.select(model, key))
@@ -167,9 +167,9 @@ def encode_tar(encoder: Any, source: Path, target: Path, batch_size: int) -> tup
     return written, failed
 
 
-def make_encoder(model: Any, device: str) -> Any:
+def make_encoder(model: Any, device: str, text_only: bool) -> Any:
     """SD: NeMo's VAE and text encoder (cached latents); SDXL: its caption embedders (cached text)."""
-    if family_of(model).cache.stores == "text":
+    if text_only:
         from data_prep.text_cache import TextEncoder
 
         return TextEncoder(model, device)
@@ -182,6 +182,7 @@ def run_encode(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
     model = OmegaConf.load(args.training_config).model
+    text_only = read_settings(args.training_config).stores == "text"
     info = read_wdinfo(args.input_wdinfo)
     tars = my_tars(info.tar_files, args.worker_index, args.num_workers)
     counts = args.output_dir / COUNTS_DIR
@@ -189,7 +190,7 @@ def run_encode(args: argparse.Namespace) -> int:
     for name in tars:  # a killed run's half-written tar: only this worker writes these names
         for leftover in args.output_dir.glob(f".{name}.*{TEMP_SUFFIX}"):
             leftover.unlink(missing_ok=True)
-    print_ = fingerprint(model)
+    print_ = fingerprint(model, text_only)
     todo = [
         name
         for name in tars
@@ -204,7 +205,7 @@ def run_encode(args: argparse.Namespace) -> int:
         import torch
 
         torch.cuda.set_device(int(os.environ.get("SLURM_LOCALID", 0)))
-    encoder = make_encoder(model, device)
+    encoder = make_encoder(model, device, text_only)
     start, done = time.monotonic(), 0
     for name in todo:
         source = args.input_dir / name

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.families import family_of
+from data_prep.family_settings import FamilySettings
 
 CAPTION = "a photograph of an astronaut riding a horse"
 
@@ -137,10 +137,11 @@ def _encode(key: str, section: DictConfig) -> tuple[str, Any]:
     return version, out[0] if isinstance(out, (tuple, list)) else out  # SDXL's pooled output aside
 
 
-def check_text_encoder(model: DictConfig) -> dict[str, Any]:
-    """Each text encoder (SD's cond_stage_config, SDXL's caption embedders); the UNet's cross-attention
-    width is their token widths together (SDXL's conditioner concatenates them)."""
-    found = {key: _encode(key, section) for key, section in family_of(model).text_encoders(model)}
+def check_text_encoder(model: DictConfig, keys: tuple[str, ...]) -> dict[str, Any]:
+    """Each text encoder, at `keys` under `model` (the family's: SD's cond_stage_config, SDXL's caption
+    embedders); the UNet's cross-attention width is their token widths together (SDXL's conditioner
+    concatenates them)."""
+    found = {key: _encode(key, OmegaConf.select(model, key) or OmegaConf.create()) for key in keys}
     widths = [tokens.shape[-1] for _, tokens in found.values()]
     context_dim = model.unet_config.get("context_dim")
     if context_dim is not None and sum(widths) != context_dim:
@@ -158,7 +159,9 @@ def check_text_encoder(model: DictConfig) -> dict[str, Any]:
     return next(iter(reports.values())) if len(reports) == 1 else reports
 
 
-def check_models(model: DictConfig, release: Path | None = None) -> tuple[dict[str, Any], list[str]]:
+def check_models(
+    model: DictConfig, settings: FamilySettings, release: Path | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """Each module checked on its own, so one report names every problem; `release`: training.weights'
     diffusers folder, which the UNet is loaded from and compared with."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as the training job runs: nothing from the Hub
@@ -170,7 +173,7 @@ def check_models(model: DictConfig, release: Path | None = None) -> tuple[dict[s
     checks = (
         ("unet", lambda m: check_unet(m, release)),
         ("vae", check_vae),
-        ("text_encoder", check_text_encoder),
+        ("text_encoder", lambda m: check_text_encoder(m, settings.text_encoders)),
     )
     for name, check in checks:
         try:

@@ -1,5 +1,5 @@
 """data_check's NeMo part: NeMo's own Stable Diffusion (or SDXL) train dataset, built by the builder the
-model's family names (launcher.families: its `cache.loader`) in a real data-parallel world of one (gloo) on CPU,
+model's family names (its settings: data_prep.family_settings) in a real data-parallel world of one (gloo) on CPU,
 and a DataLoader like LatentDiffusion's that draws a few batches, counting the errors webdataset swallows
 (a loader that drops every sample would otherwise look merely slow)."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.families import family_of
+from data_prep.family_settings import FamilySettings
 
 
 def _free_port() -> int:
@@ -43,20 +43,16 @@ def _count_loader_failures(counter: Any, first: Any, _worker_id: int | None = No
     warnings.showwarning = hook  # type: ignore[assignment]
 
 
-def _batch_keys(model: DictConfig) -> tuple[str, str]:
-    """The batch keys of the images (or latents) and captions (or text embeddings) the model reads: SD's
-    first/cond_stage_key; SDXL's DiffusionEngine input_key and the captions its text encoders embed."""
-    return family_of(model).cache.loader.batch_keys(model)
-
-
-def _draw(loader: Any, batches: int, model: DictConfig) -> dict[str, Any]:
-    """Draw up to `batches` batches; shapes of the first, timing of all."""
+def _draw(loader: Any, batches: int, model: DictConfig, batch_keys: tuple[str, str]) -> dict[str, Any]:
+    """Draw up to `batches` batches; shapes of the first, timing of all. `batch_keys`: those of the images
+    (or latents) and captions (or text embeddings) the model reads: SD's first/cond_stage_key; SDXL's
+    DiffusionEngine input_key and the captions its text encoders embed."""
     start = time.perf_counter()
     first_s, drawn, shapes = None, 0, {}
     for batch in loader:
         if drawn == 0:
             first_s = time.perf_counter() - start
-            images, captions = (batch[key] for key in _batch_keys(model))
+            images, captions = (batch[key] for key in batch_keys)
             shapes = {
                 "images": list(images.shape),
                 "images_dtype": str(images.dtype),
@@ -82,7 +78,9 @@ def _draw(loader: Any, batches: int, model: DictConfig) -> dict[str, Any]:
     }
 
 
-def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> dict[str, Any]:
+def run_nemo_loader(
+    model: DictConfig, settings: FamilySettings, batches: int, workers: int, mbs: int
+) -> dict[str, Any]:
     """Build NeMo's SD train dataset in a real world of one and draw batches like LatentDiffusion."""
     import multiprocessing
 
@@ -101,9 +99,7 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
         parallel_state.initialize_model_parallel(1, 1)
         # NeMo's own choice (ddpm.py, diffusion_engine.py build_train_valid_test_datasets), as the family
         # declares it: the builder of the image tars, or of the cached inputs the config reads.
-        loader = family_of(cfg).cache.loader
-        builder = loader.cached if loader.reads_cache(cfg) else loader.images
-        build = getattr(importlib.import_module(loader.module), builder)
+        build = getattr(importlib.import_module(settings.module), settings.builder)
         train_ds, _ = build(cfg, consumed_samples=0)
         failures, first = multiprocessing.Value("i", 0), multiprocessing.Array("c", 300)
         # LatentDiffusion's loader settings; the worker_init_fn only counts swallowed errors.
@@ -117,7 +113,7 @@ def run_nemo_loader(model: DictConfig, batches: int, workers: int, mbs: int) -> 
         )
         with warnings.catch_warnings():  # restores this process's warning hooks afterwards
             _count_loader_failures(failures, first)
-            result = _draw(loader, batches, cfg)
+            result = _draw(loader, batches, cfg, settings.batch_keys)
         del loader  # stop the persistent workers before the process group goes
         return {
             **result,

@@ -11,11 +11,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from data_prep.family_settings import FamilySettings, FamilySettingsError, read_settings
 from data_prep.latent_check import check_latent_members, count_errors
 from data_prep.latent_format import MEMBER_EXT
 from data_prep.tario import split_key
 from data_prep.wdinfo import read_wdinfo, shard_plan
-from launcher.families import family_of
 
 # The keys NeMo's construct_image_augmentations accepts; any other raises inside the map, where
 # webdataset's warn_and_continue swallows it for every sample, so training would see no data.
@@ -36,19 +36,24 @@ class DataCheckError(Exception):
     """A check failed: the message says what is wrong and what to change."""
 
 
-def load_model_config(path: Path) -> DictConfig:
+def load_model_config(path: Path) -> tuple[DictConfig, FamilySettings]:
     """The `model` section of a resolved NeMo training config, with the keys its family's loader reads
-    (launcher.families: SD's first/cond_stage_key; SDXL's loader reads images and captions)."""
+    (`settings.model_keys`: SD's first/cond_stage_key; SDXL's loader reads images and captions), and those
+    settings: written beside the config by the launcher (data_prep.family_settings)."""
     if not path.is_file():
         raise DataCheckError(f"--training-config {path}: no such file")
+    try:
+        settings = read_settings(path)
+    except FamilySettingsError as error:
+        raise DataCheckError(str(error)) from None
     cfg = OmegaConf.load(path)
     model = cfg.get("model") if isinstance(cfg, DictConfig) else None
     if not isinstance(model, DictConfig):
         raise DataCheckError(f"{path}: no 'model' section; pass the resolved NeMo training config")
-    for key in (*family_of(model).cache.loader.model_keys, *REQUIRED_MODEL_KEYS):
+    for key in (*settings.model_keys, *REQUIRED_MODEL_KEYS):
         if OmegaConf.select(model, key, default=None) is None:
             raise DataCheckError(f"{path}: model.{key} is missing; the NeMo SD loader needs it")
-    return model
+    return model, settings
 
 
 def planned_world_size(path: Path) -> int:
@@ -59,20 +64,20 @@ def planned_world_size(path: Path) -> int:
     return nodes * devices if isinstance(nodes, int) and isinstance(devices, int) else 1
 
 
-def check_data_source(model: DictConfig) -> bool:
+def check_data_source(model: DictConfig, settings: FamilySettings) -> bool:
     """Whether NeMo reads cached latents (.pickle members) rather than jpg/txt; refuses settings under
     which it reads neither (synthetic data) or another format (CLIP-embedding tars)."""
     if model.data.get("synthetic_data", False):
         raise DataCheckError(
             "model.data.synthetic_data is true: training feeds random tensors, not your dataset; set it false"
         )
-    loader = family_of(model).cache.loader  # SD: latent keys; SDXL: precache_mode text (data_prep.text_cache)
-    if "cond_stage_key" in loader.model_keys and str(model.cond_stage_key).endswith("clip_encoded"):
+    # A loader that reads cond_stage_key (SD's) would read NeMo's CLIP-embedding tars by this name.
+    if "cond_stage_key" in settings.model_keys and str(model.cond_stage_key).endswith("clip_encoded"):
         raise DataCheckError(
             f"model.cond_stage_key={model.cond_stage_key} selects NeMo's CLIP-embedding tars (.pyd members), "
             "which this launcher does not write; allowed: captions, or captions_encoded for cached latents"
         )
-    return loader.reads_cache(model)
+    return settings.reads_cache  # SD: latent keys; SDXL: precache_mode text (data_prep.text_cache)
 
 
 def check_model_settings(model: DictConfig) -> list[str]:
@@ -242,9 +247,11 @@ def check_tar_members(tar_paths: list[str], report: dict[str, Any], latent: bool
         report["warnings"].extend(warns)
 
 
-def precheck(model: DictConfig, world: int, scan_tars: int, report: dict[str, Any]) -> None:
+def precheck(
+    model: DictConfig, settings: FamilySettings, world: int, scan_tars: int, report: dict[str, Any]
+) -> None:
     """Plain-Python checks; fills report and appends to report['errors'] / report['warnings']."""
-    report["latent"] = latent = check_data_source(model)
+    report["latent"] = latent = check_data_source(model, settings)
     report["errors"].extend(check_model_settings(model))
     wdinfo = read_wdinfos(wdinfo_paths(model))
     root = str(model.data.webdataset.local_root_path)

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
 from data_prep.cpu_model import on_cpu
+from data_prep.family_settings import settings_path
 from launcher import fsdp, latents, weights
 from launcher.config import BackendName
 from launcher.context import Context
@@ -316,15 +317,23 @@ def to_yaml(config: dict[str, Any]) -> str:
     return yaml.dump(config, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=_Dumper)
 
 
-def config_file(ctx: Context) -> tuple[Path, str]:
-    """The resolved config as written beside the scripts; built once per plan, though training,
-    data_check and the encode step all write it."""
-    if "nemo_config" not in ctx.derived:
-        ctx.derived["nemo_config"] = (config_path(ctx), to_yaml(build(ctx)))
-    return ctx.derived["nemo_config"]
+def with_family_settings(path: Path, config: dict[str, Any]) -> tuple[tuple[Path, str], tuple[Path, str]]:
+    """A NeMo config as written, and beside it its model family's answers for the data programs that read
+    it (data_check, encode_latents: data_prep.family_settings)."""
+    model = config["model"]
+    settings = family_of(model).settings_for(model)
+    return (path, to_yaml(config)), (settings_path(path), settings.to_json())
 
 
 def config_files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     """A stage's `files` when its jobs read the config sd_train.py reads (training, data_check, the
-    rehearsal): the one file, written beside the scripts."""
-    return (config_file(ctx),)
+    rehearsal): the config and its family settings, written beside the scripts; built once per plan,
+    though training, data_check and the encode step all write them."""
+    if "nemo_config" not in ctx.derived:
+        ctx.derived["nemo_config"] = with_family_settings(config_path(ctx), build(ctx))
+    return ctx.derived["nemo_config"]
+
+
+def config_file(ctx: Context) -> tuple[Path, str]:
+    """The resolved config as written beside the scripts."""
+    return config_files(ctx)[0]

@@ -59,7 +59,7 @@ class TrainingOutputs:
 
     @property
     def attempts(self) -> Path:
-        """Every attempt of the training's parts, one row per event (launcher.stages.training_faults)."""
+        """Every attempt of the training's parts, one row per event (launcher.stages.training_attempts)."""
         return self.stage_dir / "attempts.tsv"
 
     @property

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from launcher import cli
+from launcher import conf_reading
 from launcher.cli import compose_overrides, hydra_quoted, main
 
 # Printable text with at least one `=`, not starting the way a quoted, list or dict value does.
@@ -111,7 +111,7 @@ def test_conf_is_read_on_libyaml_while_composing_and_omegaconf_is_left_as_it_was
         return load(file)  # type: ignore[arg-type]
 
     monkeypatch.setattr(OmegaConf, "load", staticmethod(spy))
-    monkeypatch.setattr(cli, "_READ", {})  # files this process read before are not read again
+    monkeypatch.setattr(conf_reading, "_READ", {})  # files this process read before are not read again
     assert compose_config(["stages=[training]"]).stages == ["training"]
     assert parsers and set(parsers) == {yaml.cyaml.CParser}
     assert _utils.get_yaml_loader is original
@@ -125,7 +125,7 @@ def test_each_config_file_is_parsed_once_per_process_and_each_composition_gets_i
     loads = []
     load = OmegaConf.load
     monkeypatch.setattr(OmegaConf, "load", staticmethod(lambda file: loads.append(file) or load(file)))
-    monkeypatch.setattr(cli, "_READ", {})
+    monkeypatch.setattr(conf_reading, "_READ", {})
     first = compose_config(["cluster=aws_p5"])
     read = len(loads)
     assert read > 10  # conf/'s files and Hydra's own
@@ -137,7 +137,7 @@ def test_each_config_file_is_parsed_once_per_process_and_each_composition_gets_i
     file = tmp_path / "preset.yaml"
     file.write_text("a: 1\n")
     source = SimpleNamespace(path=str(tmp_path), provider="main", _normalize_file_name=lambda name: name)
-    key = cli._read_key("file", source, "preset.yaml")
+    key = conf_reading._read_key("file", source, "preset.yaml")
     file.write_text("a: 22\n")
-    assert key is not None and cli._read_key("file", source, "preset.yaml") != key
-    assert cli._read_key("file", source, "absent.yaml") is None  # left to Hydra, which names it
+    assert key is not None and conf_reading._read_key("file", source, "preset.yaml") != key
+    assert conf_reading._read_key("file", source, "absent.yaml") is None  # left to Hydra, which names it

@@ -20,15 +20,17 @@ import pytest
 from fixtures.data import make_dataset
 from omegaconf import OmegaConf
 
-from data_prep import data_check, nemo_loader_check
-from launcher.families import registered, sd1
+from data_prep import data_check
+from data_prep.family_settings import read_settings, settings_path
+from launcher.families import family_of, registered, sd1
 from launcher.families.family import Loader
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def make_config(root: Path, wdinfo: Path, local_root: Path | None = None, **model: Any) -> Path:
-    """A resolved NeMo SD training config (the parts the loader reads), as the launcher renders it."""
+    """A resolved NeMo SD training config (the parts the loader reads), as the launcher renders it: with its
+    model family's settings beside it (launcher.nemo_config.with_family_settings)."""
     cfg: dict[str, Any] = {
         "trainer": {"devices": 1, "num_nodes": 1},
         "model": {
@@ -56,6 +58,7 @@ def make_config(root: Path, wdinfo: Path, local_root: Path | None = None, **mode
     cfg["model"].update(model)
     path = root / "train.yaml"
     OmegaConf.save(OmegaConf.create(cfg), path)
+    settings_path(path).write_text(family_of(cfg["model"]).settings_for(cfg["model"]).to_json())
     return path
 
 
@@ -111,6 +114,16 @@ def test_tars_not_under_local_root_path(tmp_path: Path) -> None:
     assert code == 1
     assert report["tars"]["found"] == 0
     assert "not found under model.data.webdataset.local_root_path" in errors
+
+
+def test_a_config_without_its_family_settings_is_refused_naming_them(tmp_path: Path) -> None:
+    """What differs by family is read from the settings the launcher writes beside the config it renders."""
+    config = make_config(tmp_path, make_dataset(tmp_path))
+    settings_path(config).unlink()
+    code, _, errors = precheck(config, tmp_path)
+    assert code == 1 and errors.startswith(
+        f"{tmp_path}/train.family.json: no such file; the launcher writes it"
+    )
 
 
 def test_png_images_fail_with_jpg_only_message(tmp_path: Path) -> None:
@@ -184,9 +197,10 @@ def test_the_models_family_says_which_keys_the_loader_needs_and_whether_it_reads
         assert code == 0 and report["latent"] is False, errors
         _, report, _ = precheck(make_config(tmp_path, wdinfo, toy_cached=True, toy_key=1), tmp_path)
         assert report["latent"] is True  # the jpg tars are then checked as cached ones
-        assert nemo_loader_check._batch_keys(data_check.load_model_config(tmp_path / "train.yaml")) == (
-            "toy_images",
-            "toy_captions",
+        settings = read_settings(tmp_path / "train.yaml")  # what the NeMo loader check builds and draws
+        assert (settings.builder, settings.batch_keys) == (
+            "build_toy_cached_datasets",
+            ("toy_images", "toy_captions"),
         )
     sd_config = make_config(tmp_path, wdinfo, cond_stage_key="captions_clip_encoded")
     assert "CLIP-embedding tars" in precheck(sd_config, tmp_path)[2]  # SD's loader reads cond_stage_key
@@ -232,8 +246,8 @@ def test_nemo_itself_yields_nothing_for_png(tmp_path: Path, nemo_python: str) ->
     config = make_config(tmp_path, make_dataset(tmp_path, tars=1, per_tar=4, image_ext="png"))
     code = (
         "import json, pathlib; from data_prep import tar_checks as t, nemo_loader_check as d; "
-        f"m = t.load_model_config(pathlib.Path({str(config)!r})); "
-        "r = d.run_nemo_loader(m, batches=2, workers=1, mbs=2); "
+        f"m, s = t.load_model_config(pathlib.Path({str(config)!r})); "
+        "r = d.run_nemo_loader(m, s, batches=2, workers=1, mbs=2); "
         "print(json.dumps({'result': r, 'errors': d.loader_errors(r, 2)}))"
     )
     proc = _run_nemo(nemo_python, "-c", code)

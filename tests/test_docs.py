@@ -122,12 +122,14 @@ def test_broken_files_and_anchors_are_found(tmp_path: Path) -> None:
 
 
 def module_names(repo: Path = REPO) -> list[str]:
-    """Every module under launcher/ as docs/architecture.md names it: its path, or a package's folder."""
+    """Every module under launcher/ and data_prep/ as docs/architecture.md names it: its path, or a
+    package's folder."""
     return sorted(
         str(path.parent.relative_to(repo)) + "/"
         if path.name == "__init__.py"
         else str(path.relative_to(repo))
-        for path in (repo / "launcher").rglob("*.py")
+        for package in ("launcher", "data_prep")
+        for path in (repo / package).rglob("*.py")
         if path != repo / "launcher/__init__.py"  # the package the whole page is about
     )
 
@@ -139,6 +141,7 @@ def test_architecture_names_every_module() -> None:
     ]
     assert missing == [], f"docs/architecture.md does not name {', '.join(missing)}"
     assert "launcher/bench/compare.py" in module_names() and "launcher/status/" in module_names()
+    assert "data_prep/family_settings.py" in module_names() and "data_prep/" in module_names()
 
 
 # Where the launcher makes an `afterany` edge (a job that runs whatever the state of the one before), and

@@ -256,7 +256,7 @@ _LOGGER_UNDER_CAPTURE = """
 import importlib, os, sys, tempfile
 os.environ["NO_ALBUMENTATIONS_UPDATE"] = "1"
 from multiprocessing import resource_tracker
-from data_prep.download_images import forked_workers, wandb_not_imported
+from data_prep.img2dataset_runner import forked_workers, wandb_not_imported
 from data_prep.worker_output import captured
 with wandb_not_imported():
     main = importlib.import_module("img2dataset.main")  # the module: `img2dataset.main` is also a function

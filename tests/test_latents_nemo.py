@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -28,6 +29,7 @@ from fixtures.nemo import nemo_python_path
 from nemo_cpu.harness import REPO, render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import TINY_OVERRIDES
 
+from data_prep.family_settings import settings_path
 from launcher.cli import launch
 
 pytestmark = pytest.mark.slow
@@ -185,6 +187,7 @@ def test_data_check_reads_the_latents_with_nemos_precached_loader(shared: Path, 
     # The latent config pointed at the image tars is named, not trained on.
     wrong = shared / "wrong.yaml"
     wrong.write_text(config.read_text().replace("tarfiles_latents", "tarfiles_reorganized"))
+    shutil.copyfile(settings_path(config), settings_path(wrong))  # the same model keys: the same answers
     report = _data_check(nemo_python, wrong, shared / "wrong.json")
     assert not report["ok"] and "no .pickle members" in report["errors"][0]
 

@@ -13,12 +13,13 @@ from conftest import compose_config
 from fixtures.tools import shellcheck_exe
 from omegaconf import OmegaConf
 
+from data_prep.family_settings import read_settings
 from launcher.cli import launch
 from launcher.errors import ConfigError, LauncherError
 from launcher.nemo_version import CPU_NEMO_VERSION, NEMO_CONTAINER
 
 
-def _saved(tmp_path: Path, *extra: str) -> tuple[Path, object]:
+def _saved(tmp_path: Path, *extra: str, name: str | None = None) -> tuple[Path, object]:
     stages = [] if any(e.startswith("stages=") for e in extra) else ["stages=[data_preparation,training]"]
     launch(
         compose_config(
@@ -33,7 +34,9 @@ def _saved(tmp_path: Path, *extra: str) -> tuple[Path, object]:
             ]
         )
     )
-    name = "sd_860m_res_256_synthetic" if any("synthetic" in e for e in extra) else "sd_860m_res_256"
+    name = name or (
+        "sd_860m_res_256_synthetic" if any("synthetic" in e for e in extra) else "sd_860m_res_256"
+    )
     path = tmp_path / f"results/{name}/training/{name}.yaml"
     return path, OmegaConf.load(path)
 
@@ -57,6 +60,41 @@ def test_derived_values_point_at_what_data_preparation_writes(tmp_path: Path) ->
     assert cfg.model.optim.lr == 8.192e-5  # sd_train.yaml leaves it null: it must be set
     reorganize = (tmp_path / "results/sd_860m_res_256/data_preparation/reorganize_tar.sbatch").read_text()
     assert f"--output-dir {tars}" in reorganize
+
+
+def test_beside_each_config_its_familys_answers_for_the_data_programs(tmp_path: Path) -> None:
+    """data_check and encode_latents read them (data_prep imports nothing of the launcher): the dataset
+    builder the config takes, its batch keys, the keys the loader needs, what the cache stores."""
+    images, _ = _saved(tmp_path / "images", "data_preparation.precache.enable=false")
+    off, on = read_settings(images), read_settings(_saved(tmp_path)[0])
+    assert (off.builder, off.reads_cache, off.batch_keys) == (
+        "build_train_valid_datasets",
+        False,
+        ("images", "captions"),
+    )
+    assert (on.builder, on.reads_cache, on.batch_keys) == (
+        "build_train_valid_precached_datasets",
+        True,
+        ("image_encoded", "captions_encoded"),
+    )
+    assert (on.model_keys, on.stores, on.text_encoders) == (
+        ("first_stage_key", "cond_stage_key"),
+        "latents",
+        ("cond_stage_config",),
+    )
+    # SDXL's encode step reads training's config before the switch: its caption embedders, the image tars.
+    name = "sdxl_base_train_res_256_stage_1"
+    config, _ = _saved(
+        tmp_path / "sdxl", f"training=sdxl/{name}", "data_preparation.precache.enable=true", name=name
+    )
+    switched, encode = read_settings(config), read_settings(config.with_name(f"{name}_encode.yaml"))
+    assert (switched.stores, switched.reads_cache, switched.text_encoders) == ("text", True, ())
+    assert (encode.builder, encode.reads_cache, encode.model_keys) == (
+        "build_sdxl_train_valid_datasets",
+        False,
+        (),
+    )
+    assert encode.text_encoders == tuple(f"conditioner_config.emb_models.{i}.emb_model" for i in (0, 1))
 
 
 def test_two_node_aws_p5_dry_run_has_what_nemo_and_slurm_need(tmp_path: Path) -> None:

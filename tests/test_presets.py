@@ -132,7 +132,7 @@ def test_the_cluster_presets_choices_survive_every_dataset(
         assert encode.exclusive is (alone.cluster.exclusive_gpu_jobs and alone.cluster.gpus_per_node > 0)
     # Training (on the GPU presets) reads the latent tars exactly when the switch is on.
     layout = DataLayout(Path(cfg.data_dir))
-    nemo = [text for path, text in plan.files if path.parent.name == "training"]
+    nemo = [text for path, text in plan.files if path.parent.name == "training" and path.suffix == ".yaml"]
     if cluster != "local":
         assert len(nemo) == 1
         assert (str(layout.latent_wdinfo) in nemo[0]) is on

@@ -26,7 +26,7 @@ class EvaluationSettings:
     family: str
     # True: the model the samples job made sampleable, its newest samples/step_<N>/model.nemo: a converted
     # checkpoint, or a copy of a .nemo trained from cached text embeddings with its text encoders back
-    # (launcher.sampling.sampled.evaluated_from_samples). False: the .nemo the samples stage samples,
+    # (launcher.stages.sampled.evaluated_from_samples). False: the .nemo the samples stage samples,
     # `checkpoint` (samples.checkpoint) or the one training saved at its end in `checkpoints_dir`.
     from_samples: bool
     checkpoint: str | None

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from data_prep.family_settings import FamilySettings
+
 # `model` below is a training config's `model` section (a DictConfig or a plain dict: both have .get);
 # `cfg` the launcher's validated root config.
 ModelTest = Callable[[Any], bool]
@@ -63,7 +65,8 @@ class Inference:
 @dataclass(frozen=True)
 class Loader:
     """How NeMo's training reads the family's data: data_check builds NeMo's own dataset with it
-    (data_prep/nemo_loader_check.py) and checks the config and the tars against it (data_prep/tar_checks.py)."""
+    (data_prep/nemo_loader_check.py) and checks the config and the tars against it (data_prep/tar_checks.py),
+    through the answers `Family.settings_for` writes beside the config."""
 
     # NeMo's dataset builders, functions of `module` called (model config, consumed_samples=0): from the
     # image tars, and from the cached inputs data_preparation.precache writes.
@@ -256,3 +259,18 @@ class Family:
     renamed_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Its released models and its models in diffusers' layout; None: none that training can start from.
     diffusers: Diffusers | None = None
+
+    def settings_for(self, model: Any) -> FamilySettings:
+        """Its answers for one training config's `model` section, as the data programs read them (written
+        beside the config: data_prep.family_settings)."""
+        loader = self.cache.loader
+        reads_cache = loader.reads_cache(model)
+        return FamilySettings(
+            module=loader.module,
+            builder=loader.cached if reads_cache else loader.images,
+            reads_cache=reads_cache,
+            batch_keys=tuple(loader.batch_keys(model)),  # type: ignore[arg-type]
+            model_keys=loader.model_keys,
+            stores=self.cache.stores,
+            text_encoders=tuple(key for key, _ in self.text_encoders(model)),
+        )

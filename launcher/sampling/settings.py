@@ -43,7 +43,7 @@ class SamplingSettings:
     # None: the resolution the checkpoint's hparams.yaml trained at.
     resolution: int | None
     precision: str
-    # A model trained from cached text embeddings (launcher.sampling.sampled.from_cached_text): the training
+    # A model trained from cached text embeddings (launcher.stages.sampled.from_cached_text): the training
     # config before the switch (`<training config stem>_encode.yaml`, written with the samples stage's
     # files), whose caption embedders the job puts back into a sampling copy of the .nemo
     # (launcher/sampling/text_encoders.py); None for any other model.

@@ -289,7 +289,7 @@ def _files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     """The encode step builds NeMo's encoders from the training config (precache.encode_config_file)."""
     if not latents.enabled(ctx.cfg):
         return ()
-    return (precache.encode_config_file(ctx),)
+    return precache.encode_config_files(ctx)
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ else the one training saves at its end), refused as the samples stage refuses it
 training it waits for training, not for the samples job. Unless that .nemo was trained from cached text
 embeddings: the samples job writes a copy with its text encoders back (launcher/sampling/text_encoders.py),
 and, as for a converted checkpoint, the evaluation waits for it and generates from the newest one
-(settings.from_samples, launcher.sampling.sampled.evaluated_from_samples): one copy per run, not per task.
+(settings.from_samples, launcher.stages.sampled.evaluated_from_samples): one copy per run, not per task.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from launcher.families import all_samplers
 from launcher.outputs import EvaluationOutputs, SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import FOLDER, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
-from launcher.sampling import sampled
 from launcher.sampling.resolution import trained_size
 from launcher.spec import Array, JobSpec, Resources
 from launcher.stage import AssetNeeds, StageSpec
+from launcher.stages import sampled
 from launcher.stages.common import after, cpu_resources, make_job, require_mounted
 
 NAME = "evaluation"

@@ -25,9 +25,9 @@ from launcher.nemo_python import NemoJob
 from launcher.outputs import ExportOutputs, TrainingOutputs
 from launcher.paths import relative_to_run
 from launcher.rules import ABS_PATH, Choice, Text, described, ruled
-from launcher.sampling import sampled
 from launcher.spec import JobSpec
 from launcher.stage import StageSpec
+from launcher.stages import sampled
 from launcher.stages.common import cpu_resources, make_job, require_mounted
 
 NAME = "export"

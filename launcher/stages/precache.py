@@ -33,14 +33,21 @@ JOB = NemoJob(
 ENCODE_SUFFIX = "_encode.yaml"
 
 
-def encode_config_file(ctx: Context) -> tuple[Path, str]:
-    """The config the encode step builds NeMo's encoders from: training's own (SD: its VAE and text encoder
-    stay in it), or, for a family whose switch replaces the encoders (SDXL's caption embedders by the
-    cache's readers, data_prep.text_cache), training's before the switch, written beside it."""
+def encode_config_files(ctx: Context) -> tuple[tuple[Path, str], ...]:
+    """The config the encode step builds NeMo's encoders from, and its family settings: training's own (SD:
+    its VAE and text encoder stay in it), or, for a family whose switch replaces the encoders (SDXL's
+    caption embedders by the cache's readers, data_prep.text_cache), training's before the switch, written
+    beside it."""
     if not family_of(ctx.cfg.training.model).cache.encodes_from_unswitched_config:
-        return nemo_config.config_file(ctx)
+        return nemo_config.config_files(ctx)
     path = nemo_config.config_path(ctx)
-    return path.with_name(f"{path.stem}{ENCODE_SUFFIX}"), nemo_config.to_yaml(nemo_config.build(ctx, False))
+    return nemo_config.with_family_settings(
+        path.with_name(f"{path.stem}{ENCODE_SUFFIX}"), nemo_config.build(ctx, False)
+    )
+
+
+def encode_config_file(ctx: Context) -> tuple[Path, str]:
+    return encode_config_files(ctx)[0]
 
 
 def nemo_jobs(cfg: Any) -> tuple[NemoJob, ...]:

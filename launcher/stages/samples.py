@@ -31,11 +31,11 @@ from launcher.families import all_samplers
 from launcher.outputs import SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Pattern, Range, SlurmTime, Text, ruled
-from launcher.sampling import sampled
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
 from launcher.spec import JobSpec, Resources
 from launcher.stage import StageSpec
+from launcher.stages import sampled
 from launcher.stages.common import make_job, require_mounted
 from launcher.stages.precache import encode_config_file
 

@@ -1,23 +1,9 @@
 """What a training part does about faults between Slurm jobs: a crash loop stopped, bad nodes left out.
 
-Every attempt of a part (a chained part, or its resubmission) is one or more rows of the run's attempts file
-(TrainingOutputs.attempts: time, Slurm job, event, detail), written by the part's own batch script and read
-by `status` (launcher.stages.training_status). A real launch writes a `launch` row, which starts the count
-afresh. The events:
-- `progress` / `no-progress`: how the attempt ended: a checkpoint newer than its start, or none (with the
-  exit status and the last error line of its log);
-- `restart`: ft_launcher restarted the ranks inside the attempt (in-job recovery) after its newest checkpoint:
-  counted as an attempt without progress (`progress` above counts the checkpoints before it);
-- `stopped`: after training.fault_tolerance.max_attempts_without_progress `no-progress` or `restart` rows in a
-  row, the run's parts still pending were cancelled;
-- `excluded`: a node failed the node check (its name and what the check read); the attempt ends without
-  training and is resubmitted without every node excluded since the launch (`resubmitted`), and the
-  pending parts are updated to leave them out too;
-- `rank-died`: under ft_launcher, a round of the ranks in which a signal killed ranks on one node alone, not
-  a hang (its monitors kill the ranks themselves); a node with node_check.exclude_after_rank_deaths such rows
-  since the launch is `excluded` from the pending parts (the attempt itself trained);
-- `not-excluded`: Slurm would not run the part without those nodes (`sbatch --test-only`: too few left), so
-  the pending parts keep them: their node check still refuses a node that fails it.
+Every attempt of a part (a chained part, or its resubmission) records what happened as rows of the run's
+attempts file (launcher.stages.training_attempts: the events); its EXIT trap, here, counts the attempts
+without progress, stops the chain, and leaves the nodes the node check failed (launcher.stages.
+training_node_check) or ranks died on out of the part's resubmission and of the parts still pending.
 
 All of it is shell in the rendered script, where a person reads it; it runs in the batch step on the host
 (squeue, scontrol, sbatch are Slurm's own), the node check on every node through srun.
@@ -25,55 +11,29 @@ All of it is shell in the rendered script, where a person reads it; it runs in t
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass, field
-from typing import Any
 
 from launcher.config import BackendName
 from launcher.context import Context
 from launcher.outputs import TrainingOutputs
 from launcher.paths import RunPaths
 from launcher.quoting import q
-from launcher.rules import Choice, Each, Range, described, ruled
+from launcher.rules import Range, ruled
 from launcher.stages import training_recovery
-
-CHECKS = ("gpus", "efa", "filesystem")
-LAUNCH, PROGRESS, NO_PROGRESS, RESTART, STOPPED = "launch", "progress", "no-progress", "restart", "stopped"
-EXCLUDED, RESUBMITTED, NOT_RESUBMITTED = "excluded", "resubmitted", "not-resubmitted"
-RANK_DIED, NOT_EXCLUDED = "rank-died", "not-excluded"
-
-
-@dataclass
-class NodeCheckConfig:
-    enable: bool = described(
-        True,
-        help="Check every node of a training part before NeMo starts; a node that fails is left out (--exclude) "
-        "of the part's resubmission and of the parts still pending (Slurm backend).",
-    )
-    checks: list[str] = ruled(
-        Each(Choice(CHECKS)),
-        factory=lambda: list(CHECKS),
-        help="What is checked: gpus (nvidia-smi lists cluster.gpus_per_node GPUs, none with uncorrectable ECC "
-        "errors or an error state), efa (cluster.efa_devices_per_node EFA devices in /sys/class/infiniband; "
-        "skipped when that is null), filesystem (the checkpoint folder writable, with room for the largest "
-        "checkpoint so far, at least min_free_gb).",
-    )
-    min_free_gb: float = ruled(
-        Range(0, integer=False),
-        10.0,
-        help="Free space the checkpoint folder must have before the first checkpoint gives a size (GB).",
-    )
-    timeout_s: int = ruled(
-        Range(1), 30, help="Each probe of the node check (nvidia-smi, df, touch) stops after this."
-    )
-    exclude_after_rank_deaths: int = ruled(
-        Range(0),
-        2,
-        help="Under in-job recovery, a node is also left out of the pending parts once ranks were killed by a "
-        "signal on it alone (no other node's, no hang) in this many of ft_launcher's rounds since the launch; "
-        "after fewer, each part's node check looks at it again. A Python error is not counted (it ends every "
-        "rank, wherever it runs). 0 = never.",
-    )
+from launcher.stages.training_attempts import (
+    EXCLUDED,
+    LAUNCH,
+    NO_PROGRESS,
+    NOT_EXCLUDED,
+    NOT_RESUBMITTED,
+    PROGRESS,
+    RANK_DIED,
+    RECORD,
+    RESTART,
+    RESUBMITTED,
+    STOPPED,
+)
+from launcher.stages.training_node_check import NodeCheckConfig, run_node_check
 
 
 @dataclass
@@ -87,94 +47,6 @@ class FaultToleranceConfig:
         "afresh; 0 = never stop (Slurm backend).",
     )
     node_check: NodeCheckConfig = field(default_factory=NodeCheckConfig)
-
-
-def _node_check_function(ctx: Context, checkpoints: str, hosts: bool) -> list[str]:
-    """The function srun runs on every node: prints `<node> ok` or `<node> FAIL <what it read>`; with `hosts`,
-    first `hostname <host name> <node>` (ft_launcher names a node by its host name)."""
-    nc = ctx.cfg.training.fault_tolerance.node_check
-    gpus, efa = ctx.cfg.cluster.gpus_per_node, ctx.cfg.cluster.efa_devices_per_node
-    t = f"timeout {int(nc.timeout_s)}"
-    checked = {
-        "gpus": bool("gpus" in nc.checks and gpus),
-        "efa": bool("efa" in nc.checks and efa),
-        "filesystem": "filesystem" in nc.checks,
-    }
-    # Only the variables of the checks rendered (shellcheck: none assigned and never read).
-    names = {"gpus": ("out", "count"), "efa": ("count",), "filesystem": ("need", "free", "probe")}
-    more = " ".join(dict.fromkeys(n for check, on in checked.items() if on for n in names[check]))
-    lines = [
-        "node_check() {  # on one node: prints '<node> ok' or '<node> FAIL <what it read>'",
-        f"  local node=$SLURMD_NODENAME dir={q(checkpoints)} problems=''{' ' + more if more else ''}",
-    ]
-    if checked["gpus"]:
-        query = "index,pci.bus_id,ecc.errors.uncorrected.volatile.total"
-        lines += [
-            f"  # GPUs: nvidia-smi lists {gpus}, none with uncorrectable ECC errors or a value like [Unknown Error]",
-            f"  if out=$({t} nvidia-smi --query-gpu={query} --format=csv,noheader 2>&1); then",
-            '    count=$(grep -c . <<<"$out")',
-            f'    [ "$count" -ge {gpus} ] || problems+="nvidia-smi lists $count GPU(s), {gpus} expected; "',
-            "    out=$(awk -F ', ' '{ v = $0; gsub(/\\[N\\/A\\]/, \"\", v) } $3 ~ /^[1-9]/ || v ~ /\\[/' <<<\"$out\")",
-            '    [ -z "$out" ] || problems+="nvidia-smi: ${out//$\'\\n\'/ | }; "',
-            "  else",
-            '    problems+="nvidia-smi failed: $(tail -n 1 <<<"$out"); "',
-            "  fi",
-        ]
-    if checked["efa"]:
-        lines += [
-            f"  # EFA: {efa} devices whose driver is efa (cluster.efa_devices_per_node)",
-            "  count=0",
-            "  for dev in /sys/class/infiniband/*; do",
-            '    [ "$(basename "$(readlink -f "$dev/device/driver")")" = efa ] && count=$((count + 1))',
-            "  done",
-            f'  [ "$count" -ge {efa} ] || problems+="$count EFA device(s) in /sys/class/infiniband, {efa} expected; "',
-        ]
-    if checked["filesystem"]:
-        floor = int(nc.min_free_gb * 1e9)
-        lines += [
-            f"  # Shared file system: writable, room for the largest checkpoint so far (at least {floor} bytes)",
-            '  probe="$dir/.node_check_$node"',
-            f'  {{ {t} mkdir -p "$dir" && {t} touch "$probe" && rm -f "$probe"; }} ||'
-            ' problems+="cannot write in $dir; "',
-            '  need=$(du -sb "$dir"/*.ckpt 2>/dev/null | sort -n | tail -n 1 | cut -f 1)',
-            f"  need=$(( ${{need:-0}} > {floor} ? ${{need:-0}} : {floor} ))",
-            f'  free=$({t} df --output=avail -B 1 "$dir" | tail -n 1)',
-            '  [ "${free:-0}" -ge "$need" ] || problems+="$dir has ${free:-?} bytes free, $need needed; "',
-        ]
-    host = [
-        "  # The host name ft_launcher logs for this node (cloud clusters name their Slurm nodes otherwise)",
-        '  echo "hostname $(hostname) $node"',
-    ]
-    return [
-        *lines,
-        *(host if hosts else []),
-        '  if [ -z "$problems" ]; then echo "$node ok"; else echo "$node FAIL ${problems%; }"; fi',
-        "}",
-    ]
-
-
-def _run_node_check(ctx: Context, checkpoints: str, hosts: bool) -> list[str]:
-    limit_s = int(ctx.cfg.training.fault_tolerance.node_check.timeout_s)
-    return [
-        "",
-        "# The node check (training.fault_tolerance.node_check): a node that fails it is left out (--exclude)",
-        "# of this part's resubmission and of the parts still pending.",
-        *_node_check_function(ctx, checkpoints, hosts),
-        "# Every node at once; a node that does not answer (in the time of its probes, and a minute) fails too.",
-        f'checked=$(timeout {4 * limit_s + 60} srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \\',
-        '  --ntasks-per-node=1 --cpus-per-task=1 bash -c "$(declare -f node_check); node_check" 2>&1) || true',
-        'echo "node check:"; echo "$checked"',
-        *(['node_hosts=$(awk \'$1 == "hostname" { print $2, $3 }\' <<<"$checked")'] if hosts else []),
-        'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
-        '  found=$(grep "^$node " <<<"$checked" || echo "$node FAIL no answer from the node check")',
-        '  if [ "$found" != "$node ok" ]; then',
-        '    bad_nodes+="$node "',
-        f'    record {EXCLUDED} "${{found/ FAIL / }}"',
-        '    echo "error: node check failed on ${found/ FAIL /: }" >&2',
-        "  fi",
-        "done",
-        'if [ -n "$bad_nodes" ]; then exit 1; fi',
-    ]
 
 
 # ft_launcher's line when it restarts the ranks: `[2026-11-28 08:14:21,934] [INFO] ... 2/2 attempts left; will
@@ -371,12 +243,7 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
         'mkdir -p "$checkpoints" && touch "$started"',
         # Set before anything can fail: the EXIT trap reads them under `set -u`.
         "bad_nodes='' node_hosts=''" if exclude_after else "bad_nodes=''",
-        "record() {  # one row (tabs, newlines made spaces): the file written whole, then renamed (atomic)",
-        "  local tmp=\"$attempts.$SLURM_JOB_ID.tmp\" detail=${2//[$'\\t\\n']/ }",
-        '  { cat "$attempts" 2>/dev/null || true',
-        '    printf \'%s\\t%s\\t%s\\t%s\\n\' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$SLURM_JOB_ID" "$1" "$detail"',
-        '  } >"$tmp" && mv -f "$tmp" "$attempts"',
-        "}",
+        *RECORD,
         "pending_parts() {  # this run's parts still queued: this job name, a script in this run's training folder",
         f"  squeue --me --noheader --states=PENDING --name={q(slurm_name)} --format='%i|%o' |",
         f"    awk -F '|' -v dir={q(str(script.parent) + '/')} 'index($2, dir) == 1 {{ print $1 }}'",
@@ -388,18 +255,5 @@ def lines(ctx: Context, job_name: str, slurm_name: str) -> tuple[str, ...]:
         *_end_of_attempt(limit, str(script), in_job, exclude_after),
         "trap 'end_of_attempt $?' EXIT",
     ]
-    check = (
-        _run_node_check(ctx, str(outputs.checkpoints), bool(exclude_after)) if ft.node_check.enable else []
-    )
+    check = run_node_check(ctx, str(outputs.checkpoints), bool(exclude_after)) if ft.node_check.enable else []
     return (*head, *check)
-
-
-def launch_row(cfg: Any) -> None:
-    """A real launch starts the count afresh: a `launch` row (launcher.stages.training's on_submit)."""
-    from launcher import manifest
-    from launcher.paths import run_dir_of
-
-    attempts = TrainingOutputs(run_dir_of(cfg)).attempts
-    old = attempts.read_text() if attempts.is_file() else ""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    manifest.write_atomic(attempts, f"{old}{now}\t-\t{LAUNCH}\tlaunched\n")

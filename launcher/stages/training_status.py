@@ -10,7 +10,7 @@ from launcher.checkpoint_interval import write_seconds_from_log
 from launcher.outputs import TrainingOutputs
 from launcher.paths import logs_glob, newest_log, relative_to_run
 from launcher.quoting import join
-from launcher.stages import training_faults as ft
+from launcher.stages import training_attempts as attempt
 
 
 def checkpoint_write_s(run_dir: Path) -> float | None:
@@ -89,42 +89,42 @@ def init_lines(run_dir: Path) -> list[str]:
 
 
 def fault_lines(run_dir: Path) -> list[str]:
-    """What the parts' attempts file (launcher.stages.training_faults) says since the last launch: attempts
+    """What the parts' attempts file (launcher.stages.training_attempts) says since the last launch: attempts
     with and without progress, the chain stopped with the last error line, the nodes left out and why."""
     path = TrainingOutputs(run_dir).attempts
     rows = [line.split("\t", 3) for line in path.read_text().splitlines()] if path.is_file() else []
     rows = [row for row in rows if len(row) == 4]
-    launches = [i for i, (_, _, event, _) in enumerate(rows) if event == ft.LAUNCH]
+    launches = [i for i, (_, _, event, _) in enumerate(rows) if event == attempt.LAUNCH]
     rows = rows[launches[-1] + 1 :] if launches else rows
-    ended = [event for _, _, event, _ in rows if event in (ft.PROGRESS, ft.NO_PROGRESS)]
-    restarts = sum(1 for _, _, event, _ in rows if event == ft.RESTART)
+    ended = [event for _, _, event, _ in rows if event in (attempt.PROGRESS, attempt.NO_PROGRESS)]
+    restarts = sum(1 for _, _, event, _ in rows if event == attempt.RESTART)
     counted = f", {restarts} in-job restart(s) after their newest checkpoint" if restarts else ""
     lines = (
-        [f"attempts: {len(ended)}, {ended.count(ft.PROGRESS)} with a new checkpoint{counted}"]
+        [f"attempts: {len(ended)}, {ended.count(attempt.PROGRESS)} with a new checkpoint{counted}"]
         if ended
         else []
     )
     last_error = "?"
     for _, job, event, detail in rows:
-        if event in (ft.NO_PROGRESS, ft.RESTART):
+        if event in (attempt.NO_PROGRESS, attempt.RESTART):
             last_error = detail
-        elif event == ft.STOPPED:
+        elif event == attempt.STOPPED:
             lines += [f"stopped: {detail}", f"  last error (job {job}): {last_error}"]
-        elif event == ft.EXCLUDED:
+        elif event == attempt.EXCLUDED:
             node, _, why = detail.partition(" ")
             lines.append(f"node left out: {node} ({why}; found by job {job})")
-        elif event == ft.RANK_DIED:
+        elif event == attempt.RANK_DIED:
             node, _, what = detail.partition(" ")
             where = "a node not known by that host name" if node == "-" else node
             lines.append(f"rank died on {where}: {what} (job {job})")
-        elif event == ft.NOT_EXCLUDED:
+        elif event == attempt.NOT_EXCLUDED:
             nodes, _, why = detail.partition(" ")
             lines.append(
                 f"not left out after all: {nodes} (Slurm would not run the part without them: {why}; job {job})"
             )
-        elif event == ft.RESUBMITTED:
+        elif event == attempt.RESUBMITTED:
             lines.append(f"job {job} resubmitted as {detail}")
-        elif event == ft.NOT_RESUBMITTED:
+        elif event == attempt.NOT_RESUBMITTED:
             lines.append(f"job {job} not resubmitted: {detail}")
     return lines
 

@@ -1,0 +1,72 @@
+"""What the data programs need of a training config's model family, decided at planning time and written
+beside the config (`<config stem>.family.json`).
+
+How NeMo's loader reads a config's data (its dataset builder, the batch keys, the keys it needs) and what
+the cached inputs store differ by the model's family. The planner asks the family (launcher.families:
+`Family.settings_for`) and writes its answers for that one config here; data_check and encode_latents
+read them and never ask which family it is, so data_prep imports nothing of the launcher. Stdlib only.
+
+    >>> settings_path(Path("/r/training/sd_860m_res_256.yaml"))
+    PosixPath('/r/training/sd_860m_res_256.family.json')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SUFFIX = ".family.json"
+
+
+class FamilySettingsError(Exception):
+    """The settings beside a training config are missing or unreadable: the message names the file."""
+
+
+@dataclass(frozen=True)
+class FamilySettings:
+    # NeMo's module of the family's dataset builders, and the builder (called with the model config and
+    # consumed_samples=0) this config's data take: from the image tars, or from the cached inputs.
+    module: str
+    builder: str
+    # The config has training read the cached inputs (data_preparation.precache) rather than the image tars.
+    reads_cache: bool
+    # (batch key of the images or latents, batch key of the captions or text embeddings) the loader yields.
+    batch_keys: tuple[str, str]
+    # Keys under `model` the builders read besides data.* and micro_batch_size (refused when missing).
+    model_keys: tuple[str, ...]
+    # What the family's cached inputs hold: "latents" (the VAE's moments and the text encoder's output) or
+    # "text" (the caption embedders' outputs, the images kept).
+    stores: str
+    # The key under `model` of each text encoder NeMo builds from the config.
+    text_encoders: tuple[str, ...]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+
+def settings_path(config: Path) -> Path:
+    return config.with_name(config.stem + SUFFIX)
+
+
+def read_settings(config: Path) -> FamilySettings:
+    """The settings the launcher wrote beside `config` (a NeMo training config it rendered)."""
+    path = settings_path(config)
+    try:
+        raw = json.loads(path.read_text())
+        return FamilySettings(
+            **{
+                **raw,
+                "batch_keys": tuple(raw["batch_keys"]),
+                "model_keys": tuple(raw["model_keys"]),
+                "text_encoders": tuple(raw["text_encoders"]),
+            }
+        )
+    except FileNotFoundError as error:
+        raise FamilySettingsError(
+            f"{path}: no such file; the launcher writes it beside the training config it renders "
+            f"({config.name}): pass a config of a planned run"
+        ) from error
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise FamilySettingsError(f"{path}: not the family settings the launcher writes ({error})") from error
