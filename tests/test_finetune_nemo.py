@@ -7,6 +7,7 @@ diffusers'; NeMo's training script trains from it, full and LoRA."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 from fixtures.export import exported, launch_export
 from fixtures.nemo import run_nemo_script
 from nemo_cpu.harness import run_data_check, unet_load_report
+
+from data_prep.family_settings import settings_path
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +97,8 @@ def test_data_check_refuses_a_unet_one_block_short_or_of_another_width_naming_th
     config["model"]["unet_config"][key] = value
     changed = tmp_path / run.config.name
     changed.write_text(yaml.safe_dump(config))
+    settings = settings_path(run.config)  # what the planner wrote beside it for data_check
+    shutil.copyfile(settings, settings_path(changed))
     release = Path(next(o for o in run.overrides if o.startswith("training.weights=")).split("=", 1)[1])
     code, report = run_data_check(
         nemo_python,
