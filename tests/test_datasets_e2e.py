@@ -149,13 +149,15 @@ def test_pd12m_on_the_real_slurm_cluster_ends_in_data_nemo_reads(
     pd12m: Pd12mHost,
     nemo_python: str,
 ) -> None:
-    # gpus_per_node=0: data_check plans a data-parallel world of one (5 tars cannot feed 8 ranks).
+    # gpus_per_node=0 on one node: a CPU partition's training there is one process, so data_check plans a
+    # data-parallel world of one (5 tars cannot feed the preset's 8 nodes).
     data = _launch(
         slurm_shared,
         "cluster=slurm",
         "data_preparation.precache.enable=false",  # the slurm preset's latents: not this test's
         "container=none",
         "cluster.gpus_per_node=0",
+        "training.trainer.num_nodes=1",
         *_pd12m(
             pd12m, "stages=[data_preparation,data_check]", *DATA_ONLY, f"data_check.python={nemo_python}"
         ),

@@ -138,7 +138,7 @@ def test_a_failed_export_ends_in_one_line_and_leaves_no_step_folder(
     fake = folder / "other--step=9.ckpt"
     subprocess.run([nemo_python, "-c", _NOT_SD, str(fake)], check=True, timeout=120)
     line = "the checkpoint holds no model.model.diffusion_model.* tensors: not a NeMo Stable Diffusion checkpoint"
-    with pytest.raises(LauncherError, match=re.escape(f"export: export: error: {line}")):
+    with pytest.raises(LauncherError, match=re.escape(f"export: error: {line}")):
         launch_export(shared, TINY_RUN, nemo_python, f"export.checkpoint='{fake}'", "export.ema=false")
     run = shared / "results" / TINY_RUN
     log = next((run / "export" / "logs").glob("export_*.out")).read_text()

@@ -155,7 +155,7 @@ def test_a_plan_only_nemo_can_refuse_fails_the_rehearsal_and_no_gpu_job_starts(
     # status: the rehearsal's line, and the job's own last line as why it failed (not srun's after it).
     shown = " ".join(_status(run).split())  # rich wraps long lines at the terminal's width
     assert f"rehearsal: FAILED: {line.removeprefix('rehearsal: error: ')}" in shown
-    assert f"why jobs failed (the last error line of their logs): rehearsal: {line}" in shown
+    assert f"why jobs failed (the last error line of their logs): {line}" in shown
 
 
 def test_an_sdxl_plan_rehearses_with_nemos_sd_xl_train(

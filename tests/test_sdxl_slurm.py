@@ -156,7 +156,8 @@ def test_assets_data_model_check_and_three_chained_stages_run_and_status_reads_t
 
     # The assets job staged the SDXL VAE under NeMo's names, converted once from the Hub's file.
     staged = json.loads((shared / "models/sdxl-vae/.complete.json").read_text())
-    assert staged["nemo_vae"]["renamed"] == 16
+    (written,) = staged["written"]
+    assert written["kind"] == "nemo-vae" and written["args"][1] == "diffusion_pytorch_model.safetensors"
     assert "16 key(s) renamed" in _log(runs[STAGE_1], "pretrained_assets", first["pretrained_assets"])
     # data_check: NeMo's SDXL loader read the demo's tars (stored at the training side, the tiny 64 px), and
     # NeMo built the UNet, the staged VAE (every key loaded) and both text encoders.
