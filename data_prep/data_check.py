@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"training_config": str(args.training_config), "errors": [], "warnings": []}
     try:
         model, settings = load_model_config(args.training_config)  # settings: the model family's answers
+        report["family"] = settings.family
         world = args.world_size or planned_world_size(args.training_config)
         precheck(model, settings, world, args.scan_tars, report)
         # NeMo (model check, then loader) only once the plain-Python checks pass.

@@ -26,14 +26,18 @@ class FamilySettingsError(Exception):
 
 @dataclass(frozen=True)
 class FamilySettings:
+    # The family's name (launcher.families): a job that finds another family for the config runs without
+    # a plugin the planner had, and refuses.
+    family: str
     # NeMo's module of the family's dataset builders, and the builder (called with the model config and
     # consumed_samples=0) this config's data take: from the image tars, or from the cached inputs.
     module: str
     builder: str
     # The config has training read the cached inputs (data_preparation.precache) rather than the image tars.
     reads_cache: bool
-    # (batch key of the images or latents, batch key of the captions or text embeddings) the loader yields.
-    batch_keys: tuple[str, str]
+    # The batch keys the loader yields: the images' (or latents'), the captions' (or text embeddings'), then
+    # any others the model reads.
+    batch_keys: tuple[str, ...]
     # Keys under `model` the builders read besides data.* and micro_batch_size (refused when missing).
     model_keys: tuple[str, ...]
     # What the family's cached inputs hold: "latents" (the VAE's moments and the text encoder's output) or

@@ -43,16 +43,16 @@ def _count_loader_failures(counter: Any, first: Any, _worker_id: int | None = No
     warnings.showwarning = hook  # type: ignore[assignment]
 
 
-def _draw(loader: Any, batches: int, model: DictConfig, batch_keys: tuple[str, str]) -> dict[str, Any]:
+def _draw(loader: Any, batches: int, model: DictConfig, batch_keys: tuple[str, ...]) -> dict[str, Any]:
     """Draw up to `batches` batches; shapes of the first, timing of all. `batch_keys`: those of the images
-    (or latents) and captions (or text embeddings) the model reads: SD's first/cond_stage_key; SDXL's
-    DiffusionEngine input_key and the captions its text encoders embed."""
+    (or latents) and captions (or text embeddings) the model reads (SD's first/cond_stage_key; SDXL's
+    DiffusionEngine input_key and the captions its text encoders embed), then any others it reads."""
     start = time.perf_counter()
     first_s, drawn, shapes = None, 0, {}
     for batch in loader:
         if drawn == 0:
             first_s = time.perf_counter() - start
-            images, captions = (batch[key] for key in batch_keys)
+            images, captions, *others = (batch[key] for key in batch_keys)
             shapes = {
                 "images": list(images.shape),
                 "images_dtype": str(images.dtype),
@@ -64,6 +64,7 @@ def _draw(loader: Any, batches: int, model: DictConfig, batch_keys: tuple[str, s
             if hasattr(captions, "shape"):  # cached text embeddings: a tensor, no caption to show
                 shapes.update(captions=list(captions.shape), captions_dtype=str(captions.dtype))
                 del shapes["caption_example"]
+            shapes.update({key: list(value.shape) for key, value in zip(batch_keys[2:], others, strict=True)})
         drawn += 1
         if drawn == batches:
             break

@@ -33,6 +33,7 @@ from launcher import (
     backends,
     conf_reading,
     data_owner,
+    discovery,
     groups,
     hydra_errors,
     manifest,
@@ -65,6 +66,7 @@ def host_facts() -> Facts:
         cpu_count=os.cpu_count() or 1,
         nemo_python=str(nemo) if nemo.exists() else None,
         sbatch=shutil.which("sbatch"),
+        plugins=discovery.snapshot(),
     )
 
 
@@ -163,6 +165,9 @@ def compose_config(overrides: list[str], with_hydra: bool = False) -> DictConfig
         conf_reading.files_read_once(),  # after initialize: Hydra registers its file source there
     ):
         switched = [stage_switch(override) for override in overrides]
+        brought = groups.search_path()[1:]
+        if brought:  # the families' own conf groups (their training presets), after conf/
+            switched.append(f"hydra.searchpath=[{','.join(p.as_uri() for p in brought)}]")
         return compose(config_name="config", overrides=switched, return_hydra_config=with_hydra)
 
 

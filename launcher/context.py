@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from launcher.config import Runtime
+from launcher.discovery import RUN_PLUGINS
 from launcher.layout import DataLayout
 
 
@@ -26,6 +27,9 @@ class Facts:
     probed: Mapping[str, Any] = field(default_factory=dict, hash=False)
     # Slurm's sbatch on this host's PATH (None: no Slurm client here, a real Slurm launch is refused).
     sbatch: str | None = "sbatch"
+    # The installed distributions that bring families or stages, as the run folder's plugins/ holds them
+    # for the jobs: (path below plugins/, text) (launcher.discovery.snapshot).
+    plugins: tuple[tuple[PurePosixPath, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,12 @@ class Context:
     @property
     def code_dir(self) -> str:
         return self.cfg.container.code_dir or self.facts.code_dir
+
+    @property
+    def plugins_dir(self) -> Path | None:
+        """The run folder's copy of the plugin distributions, which the jobs that run this repository's code
+        import from (None: no plugin installed)."""
+        return self.run_dir / RUN_PLUGINS if self.facts.plugins else None
 
     def module(self, name: str, *args: object) -> tuple[str, ...]:
         """argv that runs one of this repo's modules with the job's interpreter."""

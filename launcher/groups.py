@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from launcher import families
 from launcher.paths import fitted
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -24,15 +25,25 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 _FOLLOWS = re.compile(r"^\s*-\s*(?:optional\s+)?(\w+):\s*\$\{cluster\}\s*$", re.MULTILINE)
 
 
+def search_path() -> tuple[Path, ...]:
+    """conf/, then the conf folders the model families bring (Family.conf), as Hydra searches them."""
+    brought = (family.conf for family in families.FAMILIES if family.conf is not None)
+    return (CONF, *dict.fromkeys(brought))
+
+
 def names() -> list[str]:
-    """Every group folder under conf/."""
-    return sorted(p.name for p in CONF.iterdir() if p.is_dir())
+    """Every group folder under conf/ and the families' conf folders."""
+    return sorted({p.name for conf in search_path() for p in conf.iterdir() if p.is_dir()})
 
 
 def options(group: str) -> list[str]:
     """The presets of a group, as `group=<option>` takes them (`stable_diffusion/860m_res_256_pretrain`)."""
-    folder = CONF / group
-    return sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
+    found = {
+        str(p.relative_to(conf / group).with_suffix(""))
+        for conf in search_path()
+        for p in (conf / group).rglob("*.yaml")
+    }
+    return sorted(found)
 
 
 def follows_cluster() -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from launcher.context import Context, Facts
 from launcher.paths import run_dir_of
-from launcher.registry import STAGES, planned
+from launcher.registry import STAGES, needs_of, planned
 from launcher.spec import Dependency, JobSpec, Plan
 from launcher.stage import StageSpec
 
@@ -22,10 +22,15 @@ def _sinks(jobs: tuple[JobSpec, ...]) -> tuple[str, ...]:
 
 def _direct_needs(cfg: Any, stage: StageSpec, present: dict[str, StageSpec]) -> tuple[str, ...]:
     """The planned stages this one needs, less those it already waits for through another of them."""
-    needs = [name for name in stage.needs(cfg) if name in present]
+    planned_stages = tuple(present.values())
+    needs = [name for name in needs_of(cfg, stage, planned_stages) if name in present]
 
     def reaches(name: str, target: str) -> bool:
-        return any(n == target or reaches(n, target) for n in present[name].needs(cfg) if n in present)
+        return any(
+            n == target or reaches(n, target)
+            for n in needs_of(cfg, present[name], planned_stages)
+            if n in present
+        )
 
     return tuple(n for n in needs if not any(reaches(other, n) for other in needs if other != n))
 
@@ -54,6 +59,8 @@ def build_plan(cfg: Any, facts: Facts, stages: Sequence[StageSpec] = STAGES) -> 
     sinks: dict[str, tuple[str, ...]] = {}
     jobs: tuple[JobSpec, ...] = ()
     files: dict[Path, str] = {}
+    if ctx.plugins_dir is not None:
+        files.update((ctx.plugins_dir / path, text) for path, text in facts.plugins)
     notes: tuple[str, ...] = ()
     for stage in present.values():
         waits_for = tuple(job for need in _direct_needs(cfg, stage, present) for job in sinks[need])

@@ -32,14 +32,27 @@ def root_config_type(stages: Sequence[StageSpec] = STAGES) -> type:
 RootConfig = root_config_type()
 
 
+def needs_of(cfg: Any, stage: StageSpec, stages: Sequence[StageSpec] = STAGES) -> tuple[str, ...]:
+    """The stages `stage` needs: its own `needs`, each with the stages that extend it (StageSpec.extends),
+    but for those that extend the same stage as `stage` (they run side by side)."""
+    own = stage.needs(cfg)
+    extending = tuple(
+        s.name for s in stages if s.extends in own and s.name != stage.name and s.extends != stage.extends
+    )
+    return (*own, *extending)
+
+
 def planned(cfg: Any, stages: Sequence[StageSpec] = STAGES) -> tuple[StageSpec, ...]:
-    """The chosen stages, plus every `auto` stage that a planned stage needs, in pipeline order."""
+    """The chosen stages, plus every `auto` stage that a planned stage needs or that extends a planned
+    stage, in pipeline order."""
     by_name = {stage.name: stage for stage in stages}
     chosen = set(cfg.stages)
     pending = list(chosen)
     while pending:
-        stage = by_name[pending.pop()]
-        for need in (*stage.needs(cfg), *stage.uses(cfg)):
+        name = pending.pop()
+        stage = by_name[name]
+        extending = tuple(s.name for s in stages if s.extends == name)
+        for need in (*stage.needs(cfg), *stage.uses(cfg), *extending):
             if need not in chosen and by_name[need].auto(cfg):
                 chosen.add(need)
                 pending.append(need)

@@ -1,7 +1,8 @@
 """The stage contract: everything the launcher knows about a stage, declared in the stage's own module.
 
 A stage module (launcher/stages/<name>.py) ends with `STAGE = StageSpec(...)`; launcher/stages/__init__.py
-lists them in pipeline order (STAGES) and launcher/registry.py reads that list. The core modules (cli,
+lists them in pipeline order (STAGES), with the stages of plugins (launcher.discovery), and
+launcher/registry.py reads that list. The core modules (cli,
 validate, pipeline, preflight, data_owner, summary...) reach a stage only through these fields and never
 name one (tests/test_core_names_no_stage.py). docs/adding-a-stage.md says how to add one.
 """
@@ -123,6 +124,10 @@ class StageSpec:
     uses: Callable[[Any], tuple[str, ...]] = no_stages
     # Planned whenever a planned stage needs it, not only when named in `stages` (assets, data_check).
     auto: Callable[[Any], bool] = never
+    # A stage of a plugin that adds steps to an earlier stage (a family's own data step after data
+    # preparation): placed right after that stage in pipeline order, planned with it when `auto` says
+    # yes, and every stage that needs that stage needs this one too.
+    extends: str | None = None
     # Its jobs need GPUs: refused on a cluster with cluster.gpus_per_node=0, unless `cpu_partition`: its jobs
     # also run on a Slurm CPU partition (cluster.backend slurm, gpus_per_node 0), one process per node.
     gpus: bool = False

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest.register_assert_rewrite("fixtures")
 # The fixtures: the Slurm cluster (fixtures/slurm.py), NeMo on CPU and its tiny model (fixtures/nemo.py),
 # a small tmpfs (fixtures/disk.py). Plain helpers are imported from fixtures/ by the tests that use them.
-pytest_plugins = ["fixtures.disk", "fixtures.finetune", "fixtures.nemo", "fixtures.slurm"]
+pytest_plugins = ["fixtures.disk", "fixtures.finetune", "fixtures.nemo", "fixtures.plugins", "fixtures.slurm"]
 
 from fixtures.run_shared import remove_run_folder  # noqa: E402
 
@@ -33,6 +33,10 @@ from launcher.validate import to_schema  # noqa: E402
 
 # Facts fixed so that rendered scripts do not depend on this machine: a checkout with its NeMo venv, as
 # tests/run.sh makes it (the NeMo jobs' interpreter without a container: launcher.nemo_python).
+# The text encoder of an SD 1.x model config (what its family claims): for the tests' hand-made configs.
+SD_TEXT_ENCODER = {
+    "_target_": "nemo.collections.multimodal.modules.stable_diffusion.encoders.modules.FrozenCLIPEmbedder"
+}
 FIXED_FACTS = Facts(
     python="/opt/venv/bin/python",
     code_dir="/opt/launcher",

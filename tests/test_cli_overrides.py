@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, SD_TEXT_ENCODER
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hypothesis import given
 from hypothesis import strategies as st
@@ -80,7 +80,8 @@ def test_the_documented_checkpoint_command_works_as_written(tmp_path: Path) -> N
     folder.mkdir(parents=True)
     Path(checkpoint).write_bytes(b"not read before the job")
     crop = {"augmentations": {"resize_smallest_side": 256, "center_crop_h_w": "256, 256"}}
-    (folder.parent / "hparams.yaml").write_text(yaml.safe_dump({"cfg": {"data": {"train": crop}}}))
+    model = {"cond_stage_config": SD_TEXT_ENCODER, "data": {"train": crop}}
+    (folder.parent / "hparams.yaml").write_text(yaml.safe_dump({"cfg": model}))
     (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
     argv = [word for word in words[2:] if word != given] + [
         f"samples.checkpoint={checkpoint}",  # as the shell passes it: one word, no Hydra quoting

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SD_TEXT_ENCODER
 from fixtures.data import make_dataset
 from omegaconf import OmegaConf
 
@@ -36,6 +37,7 @@ def make_config(root: Path, wdinfo: Path, local_root: Path | None = None, **mode
         "model": {
             "first_stage_key": "images",
             "cond_stage_key": "captions",
+            "cond_stage_config": SD_TEXT_ENCODER,
             "micro_batch_size": 4,
             "data": {
                 "num_workers": 2,
@@ -185,7 +187,7 @@ def test_the_models_family_says_which_keys_the_loader_needs_and_whether_it_reads
     )
     cache = dataclasses.replace(sd1.FAMILY.cache, loader=loader)
     toy = dataclasses.replace(
-        sd1.FAMILY, name="toy", matches=lambda model: "toy_cached" in model, cache=cache
+        sd1.FAMILY, name="toy", matches=lambda model: "toy_cached" in model, cache=cache, refines="sd1"
     )
     wdinfo = make_dataset(tmp_path, tars=1)
     with registered(toy):

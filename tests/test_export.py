@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import FIXED_FACTS
+from conftest import FIXED_FACTS, SD_TEXT_ENCODER
 
 from launcher.cli import main
 from launcher.errors import ConfigError
@@ -27,7 +27,12 @@ from launcher.validate import check_facts
 
 GPU = ["cluster=slurm", "cluster.gpus_per_node=8", "training.trainer.num_nodes=1", "data_check.enable=false"]
 CKPT = "stable-diffusion--reduced_train_loss=0.99-step={step}-consumed_samples=8.0{tail}.ckpt"
-SD_MODEL = {"linear_start": 0.00085, "linear_end": 0.012, "timesteps": 1000, "cond_stage_config": {"x": 1}}
+SD_MODEL = {
+    "linear_start": 0.00085,
+    "linear_end": 0.012,
+    "timesteps": 1000,
+    "cond_stage_config": SD_TEXT_ENCODER,
+}
 
 
 def _checkpoints(run: Path, *names: str, model: dict[str, Any] | None = None) -> Path:
@@ -134,7 +139,7 @@ CACHED_TEXT = {
             {**SD_MODEL, "beta_schedule": "cosine"},
             r"beta_schedule 'cosine': no diffusers scheduler has its betas",
         ),
-        ({"cond_stage_config": {"x": 1}}, r"the noise schedule: 'linear_start'"),
+        ({"cond_stage_config": SD_TEXT_ENCODER}, r"the noise schedule: 'linear_start'"),
         (
             {
                 **CACHED_TEXT,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FIXED_FACTS, compose_config
+from conftest import FIXED_FACTS, SD_TEXT_ENCODER, compose_config
 
 from launcher.errors import ConfigError
 from launcher.jobs.rehearsal_config import GROUPS, derive, tiny_width
@@ -139,7 +139,7 @@ def test_a_family_without_a_rehearsal_is_refused_at_planning() -> None:
     from launcher import families
 
     sdxl = families.family_of({"conditioner_config": {"emb_models": []}})
-    toy = dataclasses.replace(sdxl, name="toy", matches=lambda model: True, rehearsal=None)
+    toy = dataclasses.replace(sdxl, name="toy", matches=lambda model: True, rehearsal=None, refines="sdxl")
     with (
         families.registered(toy),
         pytest.raises(ConfigError, match=r"^rehearsal\.enable: is true, but its family "),
@@ -270,7 +270,7 @@ def test_latents_of_another_resolution_are_a_finding() -> None:
             "train": {"augmentations": {"center_crop_h_w": crop}},
             "webdataset": {"local_root_path": "/d"},
         }
-        return OmegaConf.create({"model": {"data": data}})
+        return OmegaConf.create({"model": {"cond_stage_config": SD_TEXT_ENCODER, "data": data}})
 
     probe = Probe()
     probe.unet_input = [1, 4, 32, 32]  # 256 px latents

@@ -171,11 +171,14 @@ def test_every_package_of_two_modules_or_more_has_an_exhaustive_layers_contract(
 
 
 def test_every_launcher_module_is_shared_with_the_jobs_or_forbidden_to_them() -> None:
-    """A new planner module is forbidden to the job programs from the start, or declared shared."""
+    """A new planner module is forbidden to the job programs from the start, or declared shared. The
+    in-tree plugins hold both (a plugin's family and job programs, and its stage): their own contract in
+    pyproject.toml keeps a plugin's family and programs off the planner."""
     (contract,) = [c for c in _contracts("forbidden") if c["name"] == JOBS]
     shared, forbidden = set(contract["source_modules"]), set(contract["forbidden_modules"])
     assert shared & forbidden == set()
-    assert {f"launcher.{name}" for name in _children(REPO / "launcher")} == shared | forbidden
+    children = {f"launcher.{name}" for name in _children(REPO / "launcher")}
+    assert children - {"launcher.plugins"} == shared | forbidden
 
 
 def _started(path: Path) -> bool:

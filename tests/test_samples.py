@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import FIXED_FACTS
+from conftest import FIXED_FACTS, SD_TEXT_ENCODER
 from nemo_file import write_nemo
 
 from data_prep import text_cache
@@ -35,7 +35,10 @@ def _checkpoints(run: Path, *names: str, crop: str = "256, 256") -> Path:
     folder.mkdir(parents=True)
     for name in names:
         (folder / name).write_bytes(b"not read before the job")
-    model = {"data": {"train": {"augmentations": {"resize_smallest_side": 256, "center_crop_h_w": crop}}}}
+    model = {
+        "cond_stage_config": SD_TEXT_ENCODER,
+        "data": {"train": {"augmentations": {"resize_smallest_side": 256, "center_crop_h_w": crop}}},
+    }
     (folder.parent / "hparams.yaml").write_text(yaml.safe_dump({"cfg": model}))
     return folder
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from conftest import SD_TEXT_ENCODER
 from PIL import Image
 
 from launcher.sampling.settings import SamplingSettings
@@ -25,7 +26,10 @@ def _run_folder(root: Path, crop: str = "128, 128") -> Path:
     for step in (2, 4):
         for tail in ("", "-EMA"):
             (checkpoints / CKPT.format(step=step, tail=tail)).write_text("stand-in checkpoint")
-    model = {"data": {"train": {"augmentations": {"center_crop_h_w": crop}}}}
+    model = {
+        "cond_stage_config": SD_TEXT_ENCODER,
+        "data": {"train": {"augmentations": {"center_crop_h_w": crop}}},
+    }
     (checkpoints.parent / "hparams.yaml").write_text(yaml.safe_dump({"cfg": model}))
     return root
 

@@ -41,6 +41,7 @@ FAMILY = Family(
     synthetic_keys=ldm.synthetic_keys,
     rehearsal=ldm.REHEARSAL,
     published_rates={256: {"H100": 100.0}},
+    refines="sd1",
 )
 '''
 
@@ -82,5 +83,6 @@ def test_a_family_from_one_file_carries_the_whole_chain_in_a_dry_run(
     evaluation = json.loads((run / "evaluation" / "evaluation.json").read_text())
     assert (evaluation["family"], evaluation["generate_script"]) == ("toy", "/opt/toy/generate.py")
     assert "Toy LDM at 256 px" in " ".join(out.split())  # its own published speed in the cost line
-    # Gone with its block: the same launch is an SD one again.
-    assert families.family_of({"toy": True}).name != "toy"
+    # Gone with its block: the same model is an SD one again.
+    clip = "nemo.collections.multimodal.modules.stable_diffusion.encoders.modules.FrozenCLIPEmbedder"
+    assert families.family_of({"toy": True, "cond_stage_config": {"_target_": clip}}).name == "sd1"

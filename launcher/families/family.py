@@ -3,7 +3,9 @@ object per family (launcher/families/<name>.py) and asked by the stages and the 
 outside launcher/families/ asks which family a config is: it asks the family (docs/adding-a-family.md).
 
 A family is recognised from the training config's `model` section, as diffusers picks a pipeline from a
-model's own model_index.json: the first registered family whose `matches` says yes (launcher.families).
+model's own model_index.json: the one family whose `matches` says yes (one that `refines` another is asked
+before it; launcher.families). Families come from this package, launcher/plugins/ and installed
+distributions' entry points (launcher.discovery).
 This module is data and types only; it imports nothing of the planner, so job programs may import it.
 """
 
@@ -74,8 +76,9 @@ class Loader:
     cached: str
     # The config has training read the cached inputs rather than the image tars.
     reads_cache: ModelTest
-    # (batch key of the images or latents, batch key of the captions or text embeddings) the loader yields.
-    batch_keys: Callable[[Any], tuple[str, str]]
+    # The batch keys the loader yields: the images' (or latents') and the captions' (or text embeddings'),
+    # then any others the family's model reads (ControlNet's hint); data_check draws a batch and reads each.
+    batch_keys: Callable[[Any], tuple[str, ...]]
     # Keys under `model` the builders read besides data.* and micro_batch_size (refused when missing).
     model_keys: tuple[str, ...] = ()
     module: str = "nemo.collections.multimodal.data.stable_diffusion.stable_diffusion_dataset"
@@ -230,6 +233,9 @@ class Family:
     # Its name in settings files and the data it writes ("sd1", "sd2", "sdxl"), and in messages.
     name: str
     title: str
+    # Says yes to the training configs of this family; no two families say yes to one config, unless one
+    # `refines` the other: the name of the family whose models this one specializes (its `matches` says yes
+    # to some of that family's configs, which are then this family's).
     matches: ModelTest
     # (key under `model`, config) of each text encoder NeMo builds from the config.
     text_encoders: TextEncoders
@@ -259,6 +265,13 @@ class Family:
     renamed_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Its released models and its models in diffusers' layout; None: none that training can start from.
     diffusers: Diffusers | None = None
+    refines: str | None = None
+    # A folder of conf groups it brings (training presets: <conf>/training/<folder>/<preset>.yaml), on
+    # Hydra's search path after conf/ (launcher.groups).
+    conf: Path | None = None
+    # Its assets' defaults {asset name: AssetConfig's keys} for the assets it names that conf/assets/ does
+    # not set (an entry of `assets` conf/assets/default.yaml has, it keeps).
+    asset_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
 
     def settings_for(self, model: Any) -> FamilySettings:
         """Its answers for one training config's `model` section, as the data programs read them (written
@@ -266,6 +279,7 @@ class Family:
         loader = self.cache.loader
         reads_cache = loader.reads_cache(model)
         return FamilySettings(
+            family=self.name,
             module=loader.module,
             builder=loader.cached if reads_cache else loader.images,
             reads_cache=reads_cache,

@@ -6,14 +6,17 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from data_prep.latent_format import uses_open_clip
 from launcher.families import ldm
 from launcher.families.family import TEXT_FILE, UNET_FILE, VAE_FILE, Diffusers, Family, Released
 
+# NeMo's CLIP ViT-L/14 text encoders (encoders/modules.py): transformers' model, or Megatron's.
+CLIP_EMBEDDERS = ("FrozenCLIPEmbedder", "FrozenMegatronCLIPEmbedder")
+
 
 def _matches(model: Any) -> bool:
-    """A latent-diffusion config (no SDXL conditioner) whose text encoder is not OpenCLIP."""
-    return not model.get("conditioner_config") and not uses_open_clip(model)
+    """A latent-diffusion config (no SDXL conditioner) whose text encoder is NeMo's CLIP ViT-L/14 one."""
+    target = str((model.get("cond_stage_config") or {}).get("_target_", ""))
+    return not model.get("conditioner_config") and target.rsplit(".", 1)[-1] in CLIP_EMBEDDERS
 
 
 # Stable Diffusion v1.5: Runway's release, kept on the Hub by the stable-diffusion-v1-5 mirror (with

@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import write_atomic
+from data_prep.family_settings import FamilySettingsError, read_settings
 from data_prep.faults import step_main
+from launcher.errors import ConfigError
+from launcher.families import as_planned
 from launcher.jobs.rehearsal_config import STEPS, derive, tiny_width
 
 CONFIG_NAME = "training.yaml"
@@ -64,6 +67,10 @@ def prepare(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
             f"{args.training_config}: no such file (the training config the launcher wrote)"
         )
     planned = OmegaConf.to_container(OmegaConf.load(args.training_config), resolve=True)
+    try:  # the family the planner found, found here too (a plugin's, from the run folder's copy)
+        family = as_planned(planned["model"], read_settings(args.training_config).family)  # type: ignore[index]
+    except (ConfigError, FamilySettingsError) as error:
+        raise RehearsalFailed(str(error)) from error
     shutil.rmtree(args.workdir, ignore_errors=True)  # a relaunch rehearses from scratch
     args.sample.unlink(missing_ok=True)
     args.report.unlink(missing_ok=True)
@@ -74,6 +81,7 @@ def prepare(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     data = config["model"]["data"]
     report = {
         "training_config": str(args.training_config),
+        "family": family.name,
         "config": str(path),
         "unet_channels": [tiny_width(unet), unet.get("model_channels")],
         "data": "synthetic" if data.get("synthetic_data") else data.get("train", {}).get("dataset_path"),

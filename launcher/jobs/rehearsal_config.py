@@ -101,7 +101,8 @@ def derive(
     """(the rehearsal's config, what it changed) from the resolved training config.
 
     >>> planned = {"trainer": {"devices": 8, "num_nodes": 4, "max_steps": 82500},
-    ...            "model": {"micro_batch_size": 128, "unet_config": {"model_channels": 320, "num_heads": 8}}}
+    ...            "model": {"micro_batch_size": 128, "unet_config": {"model_channels": 320, "num_heads": 8},
+    ...                      "cond_stage_config": {"_target_": "x.FrozenCLIPEmbedder"}}}
     >>> config, changes = derive(planned, Path("/r/rehearsal/work/results"))
     >>> config["model"]["unet_config"]["model_channels"], config["trainer"]["devices"]
     (32, 1)

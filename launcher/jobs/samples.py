@@ -47,7 +47,7 @@ from launcher.checkpoints import (
     step_of,
     step_of_nemo,
 )
-from launcher.families import named
+from launcher.families import as_planned, named
 from launcher.jobs.nemo_cpu import patch_for_cpu
 from launcher.sampling.grid import grid_image
 from launcher.sampling.infer_config import program, program_config
@@ -268,7 +268,8 @@ def main(argv: list[str]) -> int:
     out = s.outputs
     step_dir = out.step_dir(step)
     step_dir.mkdir(parents=True, exist_ok=True)
-    print(f"samples: checkpoint {checkpoint} (step {step})", flush=True)
+    family = as_planned(model, s.family)  # a plugin's family found here as the planner found it
+    print(f"samples: checkpoint {checkpoint} (step {step}), a {family.title} model, {s.sampler}", flush=True)
     trained = trained_size(model)
     size = (s.resolution, s.resolution) if s.resolution else trained
     if size is None:

@@ -1,7 +1,9 @@
 """The image size a diffusion model was trained at, read from its NeMo model config by its family
 (launcher.families: SD's crop of `data.train.augmentations`, SDXL's square of `resize_smallest_side`).
 
->>> trained_size({"data": {"train": {"augmentations": {"resize_smallest_side": 256, "center_crop_h_w": "256, 256"}}}})
+>>> sd = {"cond_stage_config": {"_target_": "x.FrozenCLIPEmbedder"}}
+>>> crop = {"resize_smallest_side": 256, "center_crop_h_w": "256, 256"}
+>>> trained_size({**sd, "data": {"train": {"augmentations": crop}}})
 (256, 256)
 >>> xl = {"conditioner_config": {"emb_models": [{}]}}
 >>> trained_size({**xl, "data": {"train": {"augmentations": {"resize_smallest_side": 512}}}})

@@ -95,13 +95,19 @@ class AssetsCore:
     )
 
 
+def _asset_field(name: str) -> Any:
+    """An asset's section: the defaults its family brings (Family.asset_defaults), else conf/assets/'s."""
+    defaults = families.asset_defaults().get(name, {})
+    return field(default_factory=lambda: AssetConfig(**defaults))
+
+
 # One pinned Hub repo per asset that some model family stages (Family.assets: the trained family's are
 # staged), then the single-file assets a planned stage may need (StageSpec.assets: evaluation's FID
 # network) and the job's resources.
 AssetsConfig = make_dataclass(
     "AssetsConfig",
     [
-        *((name, AssetConfig, field(default_factory=AssetConfig)) for name in families.asset_names()),
+        *((name, AssetConfig, _asset_field(name)) for name in families.asset_names()),
         ("inception", FileAssetConfig, field(default_factory=FileAssetConfig)),
         ("resources", JobResources, field(default_factory=JobResources)),
     ],

@@ -6,16 +6,21 @@ from pathlib import PurePosixPath
 
 from launcher.config import JobResources, Runtime
 from launcher.context import Context
+from launcher.discovery import RUN_PLUGINS_VARIABLE
 from launcher.errors import ConfigError
 from launcher.spec import Array, Container, Dependency, JobSpec, Resources
 
 
 def job_env(ctx: Context, extra: dict[str, str], with_code: bool) -> tuple[tuple[str, str], ...]:
     """Cluster and user variables; PYTHONPATH only for jobs that run this repo's code (NeMo's own
-    script must keep the image's PYTHONPATH)."""
+    script must keep the image's PYTHONPATH). Where plugins are installed, every job names the run
+    folder's copy (launcher.discovery reads it), and PYTHONPATH holds it too (a plugin's own programs)."""
     env = {**ctx.cfg.cluster.env, **ctx.cfg.env, **extra}
+    plugins = ctx.plugins_dir
+    if plugins is not None:
+        env[RUN_PLUGINS_VARIABLE] = str(plugins)
     if with_code:
-        env["PYTHONPATH"] = ctx.code_dir
+        env["PYTHONPATH"] = ctx.code_dir if plugins is None else f"{ctx.code_dir}:{plugins}"
     return tuple(sorted((str(k), str(v)) for k, v in env.items()))
 
 
