@@ -11,6 +11,7 @@ This module is data and types only; it imports nothing of the planner, so job pr
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,28 @@ def no_refusal(cfg: Any) -> None:
     return None
 
 
+def job_function(reference: str) -> Callable[..., Any]:
+    """The job-side function a family names as "module:function" (a family imports no job program: the
+    job that calls it imports it)."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class InferenceProgram:
+    """The family's NeMo inference script as the samples job and the evaluation drive it, by the job-side
+    functions ("module:function", job_function) that speak its config and its outputs."""
+
+    # The name the script's config is written under (<name>.yaml beside the images).
+    name: str
+    # (sampling settings, (height, width), .nemo file, output folder) -> the script's config.
+    config: str
+    # (sampling settings, prompt row, image column) -> the file name the script gives that image.
+    image_name: str
+    # (evaluation settings, array task, local rank) -> exit status: the evaluation's images drawn.
+    generate: str
+
+
 @dataclass(frozen=True)
 class Inference:
     """How NeMo draws images from a trained model of the family (the samples and evaluation stages)."""
@@ -48,9 +71,8 @@ class Inference:
     # (evaluation.generate_script null), as the container holds them.
     infer_script: str
     generate_script: str
-    # The job-side driver that writes the script's config: "sd_infer" (sd_infer.py, generate_fid_images.py)
-    # or "sd_xl_infer" (launcher/jobs/samples.py, launcher/jobs/generate.py).
-    program: str
+    # How the job programs drive the scripts (sd_infer.py's config and image names, or sd_xl_infer.py's).
+    program: InferenceProgram
     # True: a training .ckpt is converted to a .nemo (NeMo's convert_ckpt_to_nemo.py, the EMA twin when
     # training kept one) and that is sampled; False: the .nemo training saves at its end (or a given .nemo).
     converts_checkpoints: bool

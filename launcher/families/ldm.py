@@ -17,6 +17,7 @@ from launcher.families.family import (
     Cache,
     ExportedText,
     Inference,
+    InferenceProgram,
     Loader,
     Rehearsal,
     Schedule,
@@ -33,7 +34,12 @@ INFERENCE = Inference(
     samplers=("PLMS", "DDIM", "DPM"),
     infer_script=f"{EXAMPLES}/sd_infer.py",
     generate_script=f"{EXAMPLES}/generate_fid_images.py",
-    program="sd_infer",
+    program=InferenceProgram(
+        name="sd_infer",
+        config="launcher.sampling.infer_config:infer_config",
+        image_name="launcher.jobs.samples:image_named_by_prompt",
+        generate="launcher.jobs.generate:generate_fid",
+    ),
     converts_checkpoints=True,
     # make_ddim_timesteps (diffusionmodules/util.py) strides the training timesteps.
     strided_samplers=("PLMS", "DDIM"),

@@ -27,6 +27,7 @@ from launcher.families.family import (
     ExportedText,
     Family,
     Inference,
+    InferenceProgram,
     Loader,
     Rehearsal,
     Released,
@@ -49,7 +50,12 @@ INFERENCE = Inference(
     infer_script=f"{EXAMPLES}/sd_xl_infer.py",
     # NeMo has no FID script for SDXL: each generation task runs sd_xl_infer.py on its share of the captions.
     generate_script=f"{EXAMPLES}/sd_xl_infer.py",
-    program="sd_xl_infer",
+    program=InferenceProgram(
+        name="sd_xl_infer",
+        config="launcher.sampling.infer_config:xl_samples_config",
+        image_name="launcher.jobs.samples:image_numbered",
+        generate="launcher.jobs.generate:generate_with_infer",
+    ),
     converts_checkpoints=False,
 )
 

@@ -39,6 +39,7 @@ from data_prep.faults import step_main
 from launcher.checkpoints import hparams_of
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.families import named
+from launcher.families.family import job_function
 from launcher.jobs.samples import nemo_env, nemo_to_sample, stored_model_config
 from launcher.sampling.infer_config import infer_section, program, trainer_and_model, xl_infer_config
 from launcher.sampling.resolution import trained_size
@@ -196,15 +197,11 @@ def generate_with_infer(s: EvaluationSettings, task: int, local: int) -> int:
     return 0
 
 
-# Each inference program's generation (launcher.families: `inference.program`).
-GENERATORS = {"sd_infer": generate_fid, "sd_xl_infer": generate_with_infer}
-
-
 @step_main("evaluation")
 def main(argv: list[str]) -> int:
     s = EvaluationSettings.from_json(Path(argv[0]).read_text())
     task, local = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")), int(os.environ.get("SLURM_LOCALID", "0"))
-    return GENERATORS[program(s)](s, task, local)
+    return job_function(program(s).generate)(s, task, local)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

@@ -48,9 +48,10 @@ from launcher.checkpoints import (
     step_of_nemo,
 )
 from launcher.families import as_planned, named
+from launcher.families.family import job_function
 from launcher.jobs.nemo_cpu import patch_for_cpu
 from launcher.sampling.grid import grid_image
-from launcher.sampling.infer_config import program, program_config
+from launcher.sampling.infer_config import program
 from launcher.sampling.lora_merge import is_lora, merged_checkpoint, merged_nemo
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
@@ -122,22 +123,31 @@ def sample(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, step_dir
 
     images, partial = step_dir / "images", step_dir / ".images.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    script, written = program(s), program_config(s, size, nemo_file, partial)
-    config = step_dir / f"{script}.yaml"
+    script = program(s)
+    written = job_function(script.config)(s, size, nemo_file, partial)
+    config = step_dir / f"{script.name}.yaml"
     write_atomic(config, OmegaConf.to_yaml(OmegaConf.create(written)))
     argv = [s.nemo_python, "-u", s.infer_script, "--config-path", str(step_dir), "--config-name", config.name]
-    _run(argv, f"sample (NeMo's {script}.py)")
+    _run(argv, f"sample (NeMo's {script.name}.py)")
     shutil.rmtree(images, ignore_errors=True)
     partial.rename(images)
     return images
 
 
-def image_name(s: SamplingSettings, row: int, column: int) -> str:
-    """What NeMo names an image: sd_infer after the prompt's start and its index; sd_xl_infer counts
-    `{n:09}.png` over the prompts in order (perform_save_locally), each prompt's images together."""
-    if program(s) == "sd_xl_infer":
-        return f"{row * s.images_per_prompt + column:09}.png"
+def image_named_by_prompt(s: SamplingSettings, row: int, column: int) -> str:
+    """What sd_infer names an image: after the prompt's start and its index."""
     return f"{s.prompts[row][:NAME_CHARS]}_{column}.png"
+
+
+def image_numbered(s: SamplingSettings, row: int, column: int) -> str:
+    """What sd_xl_infer names an image: `{n:09}.png` counted over the prompts in order
+    (perform_save_locally), each prompt's images together."""
+    return f"{row * s.images_per_prompt + column:09}.png"
+
+
+def image_name(s: SamplingSettings, row: int, column: int) -> str:
+    """The name the family's inference script gives an image (its program's `image_name`)."""
+    return job_function(program(s).image_name)(s, row, column)  # type: ignore[no-any-return]
 
 
 def image_rows(s: SamplingSettings, images: Path) -> list[tuple[str, list[Path]]]:

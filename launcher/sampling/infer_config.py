@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.families import named
+from launcher.families.family import InferenceProgram
 from launcher.sampling.settings import SamplingSettings
 
 
@@ -127,19 +128,17 @@ def xl_infer_config(
     }
 
 
-def program(s: Any) -> str:
+def program(s: Any) -> InferenceProgram:
     """The inference program of settings `s`'s family (samples' or the evaluation's)."""
     return named(s.family).inference.program
 
 
-def program_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
-    """The config of the family's inference program (`inference.program`): sd_infer's or sd_xl_infer's."""
-    if program(s) == "sd_xl_infer":
-        given = {
-            "prompts": s.prompts,
-            "scale": s.guidance_scale,
-            "seed": s.seed,
-            "per_prompt": s.images_per_prompt,
-        }
-        return xl_infer_config(s, size, nemo_file, out, **given)
-    return infer_config(s, size, nemo_file, out)
+def xl_samples_config(s: SamplingSettings, size: tuple[int, int], nemo_file: Path, out: Path) -> dict:
+    """sd_xl_infer's config for the samples job: its prompts, guidance, seed and images per prompt."""
+    given = {
+        "prompts": s.prompts,
+        "scale": s.guidance_scale,
+        "seed": s.seed,
+        "per_prompt": s.images_per_prompt,
+    }
+    return xl_infer_config(s, size, nemo_file, out, **given)
