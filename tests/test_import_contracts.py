@@ -36,7 +36,7 @@ LAUNCHER_OVER_DATA_PREP = (
 LAUNCHER_LAYERS = "The launcher's layers: a module imports only from the layers below it"
 NEW_FAMILY = "launcher/families/toy.py"
 # Each import that passed `lint-imports` before (issue 47), as (file, line added to it), and the contract
-# that refuses it. A new family is declared in the families' independent layer, as adding-a-family.md says.
+# that refuses it. A new built-in family is declared in the families' independent layer (pyproject.toml).
 REFUSED = {
     "a job program imports launcher.sizing": ("launcher/jobs/score.py", "from launcher import sizing", JOBS),
     "a job program imports launcher.latents": (
