@@ -68,7 +68,11 @@ def dry_run_argv(repo: Path, tmp: str) -> list[str]:
 def measure(trees: dict[str, Path], runs: int) -> dict[str, list[tuple[float, float]]]:
     """Every tree's dry run `runs` times, interleaved, after one warm-up each (.pyc, page cache)."""
     with tempfile.TemporaryDirectory() as tmp:
-        argvs = {name: dry_run_argv(tree, tmp) for name, tree in trees.items()}
+        # A shared folder per tree: a dry run writes its run folder, and an older tree cannot read the
+        # manifest a newer one left there.
+        argvs = {
+            name: dry_run_argv(tree, f"{tmp}/{index}") for index, (name, tree) in enumerate(trees.items())
+        }
         argvs["python -c pass"] = [sys.executable, "-c", "pass"]
         for argv in argvs.values():
             timed_once(argv)
