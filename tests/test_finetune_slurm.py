@@ -99,7 +99,9 @@ def test_a_lora_fine_tune_from_the_hub_on_two_cpu_nodes_runs_end_to_end(
         -3000:
     ]
     first = [set(samples) for step, _, samples in batches_drawn(training) if step == 0]
-    assert len(first) == 2 and not first[0] & first[1], first  # each process its own share of the data
+    # Each process drew its own first batch. Not disjoint ones: the preset draws shards at random with
+    # replacement on each rank (infinite_sampler), so two ranks may draw one sample.
+    assert len(first) == 2, first
     assert "cpu_training: patched" in training
     samples = next(run.glob("samples/logs/samples_*.out")).read_text()
     assert "LoRA: the adapters of" in samples, samples[-3000:]
