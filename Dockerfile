@@ -46,6 +46,7 @@ RUN python3 -m venv --without-pip /opt/venv \
     && python3 -m pip --python /opt/venv/bin/python install --no-cache-dir \
         "img2dataset==${IMG2DATASET_VERSION}" "webdataset>=0.2.86,<0.3" "huggingface_hub>=0.24" \
         "pyarrow>=14" "fsspec>=2024.6" "pandas>=2,<3" "omegaconf>=2.3,<2.4" "pillow>=10" \
+        "opencv-python-headless==4.14.0.94" \
         "matplotlib==3.10.8" "tensorboard==2.21.0" \
     && /opt/venv/bin/python -c 'import pathlib, sysconfig; \
         pth = pathlib.Path(sysconfig.get_paths()["purelib"], "sd_launcher.pth"); \

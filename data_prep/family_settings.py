@@ -45,6 +45,9 @@ class FamilySettings:
     stores: str
     # The key under `model` of each text encoder NeMo builds from the config.
     text_encoders: tuple[str, ...]
+    # The members each sample of the image tars must have (<key>.jpg, <key>.txt, then any the family's loader
+    # reads, such as ControlNet's <key>.png hint).
+    members: tuple[str, ...]
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
@@ -65,6 +68,7 @@ def read_settings(config: Path) -> FamilySettings:
                 "batch_keys": tuple(raw["batch_keys"]),
                 "model_keys": tuple(raw["model_keys"]),
                 "text_encoders": tuple(raw["text_encoders"]),
+                "members": tuple(raw["members"]),
             }
         )
     except FileNotFoundError as error:

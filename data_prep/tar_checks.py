@@ -30,6 +30,8 @@ REQUIRED_MODEL_KEYS = (
     "data.webdataset.local_root_path",
 )
 _TAR_BLOCK = 512
+# The members check_members checks itself: every other member a family's loader reads has its own check.
+IMAGE_PAIR = ("jpg", "txt")
 
 
 class DataCheckError(Exception):
@@ -159,6 +161,7 @@ def scan_tar(path: str) -> dict[str, Any]:
         "keys": len(exts),
         "jpg_txt_samples": sum(1 for e in exts.values() if {"jpg", "txt"} <= e),
         "pickle_samples": sum(1 for e in exts.values() if MEMBER_EXT in e),
+        "keys_with": {ext: sum(1 for e in exts.values() if ext in e) for ext in set().union(*exts.values())},
         "extensions": sorted(set().union(*exts.values())) if exts else [],
     }
 
@@ -185,6 +188,26 @@ def check_members(scan: dict[str, Any]) -> tuple[list[str], list[str]]:
             f"{path}: no .jpg members (found {sorted(found)}); NeMo's SD loader reads <key>.jpg + <key>.txt"
         ], []
     return [f"{path}: no key has both .jpg and .txt (found {sorted(found)}); captions must be <key>.txt"], []
+
+
+def check_family_members(scan: dict[str, Any], members: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The members the family's loader reads besides <key>.jpg + <key>.txt (ControlNet's <key>.png hint): a
+    tar without one is refused (NeMo's map raises a KeyError per sample, which its loader swallows, so
+    training would draw no batch), a tar where only some keys have it warned about (NeMo skips those)."""
+    errors, warnings = [], []
+    for member in (m for m in members if m not in IMAGE_PAIR):
+        count = scan["keys_with"].get(member, 0)
+        if count == 0:
+            errors.append(
+                f"{scan['path']}: no .{member} members (found {scan['extensions']}); the model family's loader "
+                f"reads <key>.{member} beside <key>.jpg + <key>.txt and NeMo would drop every sample"
+            )
+        elif count < scan["keys"]:
+            warnings.append(
+                f"{scan['path']}: {scan['keys'] - count} of {scan['keys']} keys lack a .{member} member; "
+                "NeMo skips them"
+            )
+    return errors, warnings
 
 
 def plan_report(wdinfo: dict[str, Any], world: int, workers: int, infinite: bool) -> dict[str, Any]:
@@ -233,8 +256,11 @@ def plan_messages(plan: dict[str, Any], chunk: int) -> tuple[list[str], list[str
     return [], warns
 
 
-def check_tar_members(tar_paths: list[str], report: dict[str, Any], latent: bool = False) -> None:
-    """Scan each tar's headers; a broken tar is one error, the others are still scanned."""
+def check_tar_members(
+    tar_paths: list[str], report: dict[str, Any], latent: bool, members: tuple[str, ...]
+) -> None:
+    """Scan each tar's headers; a broken tar is one error, the others are still scanned. `members`: those
+    each sample of image tars must have (FamilySettings.members)."""
     report["scans"] = []
     for path in tar_paths:
         try:
@@ -242,7 +268,11 @@ def check_tar_members(tar_paths: list[str], report: dict[str, Any], latent: bool
         except DataCheckError as exc:
             report["errors"].append(str(exc))
             continue
-        errs, warns = (check_latent_members if latent else check_members)(report["scans"][-1])
+        scan = report["scans"][-1]
+        errs, warns = check_latent_members(scan) if latent else check_members(scan)
+        if not latent and not errs:
+            errs, more = check_family_members(scan, members)
+            warns = [*warns, *more]
         report["errors"].extend(errs)
         report["warnings"].extend(warns)
 
@@ -280,7 +310,7 @@ def precheck(
                 f"{len(odd)} tars have a size that is not a whole number of 512-byte "
                 f"blocks (truncated), e.g. {odd[0]}; re-create them"
             )
-        check_tar_members(tar_paths[: scan_tars or None], report, latent)
+        check_tar_members(tar_paths[: scan_tars or None], report, latent, settings.members)
         report["errors"].extend(
             count_errors(report["scans"], wdinfo["total_key_count"], len(tar_paths), latent)
         )

@@ -35,6 +35,12 @@ LAUNCHER_OVER_DATA_PREP = (
 )
 LAUNCHER_LAYERS = "The launcher's layers: a module imports only from the layers below it"
 NEW_FAMILY = "launcher/families/toy.py"
+PLUGIN_INDEPENDENCE = "Plugins never import one another (each is one package: launcher/plugins/<name>/)"
+PLUGIN_OFF_PLANNER = "A plugin's family and job programs run in the jobs: they never import the planner"
+PLUGIN_PROGRAMS = (
+    "A plugin's job program is started (python -m launcher.plugins.<name>.<program>), never imported"
+)
+FAMILIES_ARE_DATA = "Model families are data for the planner and the jobs: they import neither"
 # Each import that passed `lint-imports` before (issue 47), as (file, line added to it), and the contract
 # that refuses it. A new built-in family is declared in the families' independent layer (pyproject.toml).
 REFUSED = {
@@ -83,6 +89,16 @@ REFUSED = {
         LAUNCHER_OVER_DATA_PREP,
     ),
     "a module in no layer": ("launcher/newcomer.py", "VALUE = 1", LAUNCHER_LAYERS),
+    "a plugin's family imports the planner": (
+        "launcher/plugins/controlnet/family.py",
+        "from launcher import cli",
+        PLUGIN_OFF_PLANNER,
+    ),
+    "a plugin's stage imports its job program": (
+        "launcher/plugins/controlnet/stage.py",
+        "from launcher.plugins.controlnet import hints",
+        PLUGIN_PROGRAMS,
+    ),
 }
 
 
@@ -198,3 +214,31 @@ def test_every_program_is_protected() -> None:
     assert "launcher.jobs" in protected  # every module in it
     assert data_steps == {m for m in protected if m.startswith("data_prep.")}
     assert {"data_prep.data_check", "data_prep.encode_latents"} <= data_steps
+
+
+def _in_tree_plugins() -> list[str]:
+    return sorted(p.parent.name for p in (REPO / "launcher" / "plugins").glob("*/__init__.py"))
+
+
+def test_each_in_tree_plugin_sits_in_its_contracts() -> None:
+    """A plugin is one package apart from the others, its family is data like the built-in ones, and its
+    family and job programs (modules started with python -m) are kept off the planner as the jobs' are."""
+    (independence,) = [c for c in _contracts("independence") if c["name"] == PLUGIN_INDEPENDENCE]
+    (off_planner,) = [c for c in _contracts("forbidden") if c["name"] == PLUGIN_OFF_PLANNER]
+    (jobs,) = [c for c in _contracts("forbidden") if c["name"] == JOBS]
+    (data,) = [c for c in _contracts("forbidden") if c["name"] == FAMILIES_ARE_DATA]
+    (programs,) = [c for c in _contracts("protected") if c["name"] == PLUGIN_PROGRAMS]
+    assert off_planner["forbidden_modules"] == jobs["forbidden_modules"]
+    exhaustive = {
+        c for contract in _contracts("layers") if contract.get("exhaustive") for c in contract["containers"]
+    }
+    assert _in_tree_plugins(), "no in-tree plugin found"
+    for name in _in_tree_plugins():
+        package = REPO / "launcher" / "plugins" / name
+        module = f"launcher.plugins.{name}"
+        started = {f"{module}.{p.stem}" for p in package.glob("*.py") if _started(p)}
+        assert module in independence["modules"]
+        assert module in exhaustive
+        assert f"{module}.family" in data["source_modules"]
+        assert {f"{module}.family", *started} <= set(off_planner["source_modules"])
+        assert started <= set(programs["protected_modules"])

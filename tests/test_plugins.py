@@ -55,7 +55,8 @@ def test_every_preset_has_one_family_whatever_the_order_of_registration(
     toy = _family("toy", "toy", refines="sd1")
     registered = [*families.FAMILIES, toy]
     expected = {preset: families.family_of(model).name for preset, model in preset_models.items()}
-    assert set(expected.values()) == {"sd1", "sd2", "sdxl"}
+    assert set(expected.values()) == {"sd1", "sd2", "sdxl", "controlnet"}
+    assert expected["controlnet/sd15_512"] == "controlnet"  # it refines sd1: its preset is an SD 1.5 one
     for order in itertools.permutations(registered):
         monkeypatch.setattr(families, "FAMILIES", list(order))
         assert {preset: families.family_of(model).name for preset, model in preset_models.items()} == expected
@@ -157,6 +158,8 @@ def test_no_plugin_is_installed_in_the_test_venv() -> None:
     assert discovery.entry_points(discovery.STAGES_GROUP, StageSpec) == ()
     assert discovery.snapshot() == ()
     assert [family.name for family in families.FAMILIES][:3] == ["sd1", "sd2", "sdxl"]
+    assert "controlnet" in [family.name for family in families.FAMILIES]  # launcher/plugins/controlnet/
+    assert "controlnet_hints" in {stage.name for stage in STAGES}
     assert {stage.name for stage in BUILT_IN} <= {stage.name for stage in STAGES}
 
 

@@ -104,6 +104,9 @@ class Loader:
     # Keys under `model` the builders read besides data.* and micro_batch_size (refused when missing).
     model_keys: tuple[str, ...] = ()
     module: str = "nemo.collections.multimodal.data.stable_diffusion.stable_diffusion_dataset"
+    # The members each sample of the image tars must have (<key>.<member>): data_check refuses tars without
+    # one (NeMo's builders drop a sample that lacks one) and warns when only some samples have it.
+    members: tuple[str, ...] = ("jpg", "txt")
 
 
 @dataclass(frozen=True)
@@ -309,4 +312,5 @@ class Family:
             model_keys=loader.model_keys,
             stores=self.cache.stores,
             text_encoders=tuple(key for key, _ in self.text_encoders(model)),
+            members=loader.members,
         )

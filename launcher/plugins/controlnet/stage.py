@@ -1,0 +1,72 @@
+"""controlnet_hints: ControlNet's own data step, after data preparation (it extends that stage): one CPU
+job that writes a <key>.png hint (Canny edges) beside every sample of the prepared tars, which data_check
+and training then wait for. Planned whenever the trained family is ControlNet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.config import JobResources
+from launcher.context import Context
+from launcher.errors import ConfigError
+from launcher.families import family_of
+from launcher.plugins.controlnet.family import NAME as FAMILY
+from launcher.rules import Range, ruled
+from launcher.spec import JobSpec
+from launcher.stage import DataRole, StageSpec
+from launcher.stages.common import cpu_resources, make_job
+
+NAME = "controlnet_hints"
+PROGRAM = "launcher.plugins.controlnet.hints"
+# cv2.Canny's gradient-magnitude thresholds; 100/200 as ControlNet's own Canny annotator
+# (lllyasviel/ControlNet gradio_canny2image.py defaults).
+THRESHOLD = Range(1, 1000)
+
+
+@dataclass
+class ControlnetHintsConfig:
+    """The hints ControlNet trains on: Canny edges of each image, by OpenCV."""
+
+    low_threshold: int = ruled(
+        THRESHOLD, 100, help="Canny's lower hysteresis threshold (cv2.Canny threshold1)."
+    )
+    high_threshold: int = ruled(
+        THRESHOLD, 200, help="Canny's upper hysteresis threshold (cv2.Canny threshold2); above low_threshold."
+    )
+    resources: JobResources = field(default_factory=JobResources)
+
+
+def plan(ctx: Context) -> tuple[JobSpec, ...]:
+    hints = ctx.cfg.controlnet_hints
+    argv = ctx.module(
+        PROGRAM, ctx.layout.tar_dir, "--low", hints.low_threshold, "--high", hints.high_threshold
+    )
+    return (make_job(ctx, stage=NAME, name=NAME, argv=argv, resources=cpu_resources(ctx, hints.resources)),)
+
+
+def is_controlnet(cfg: Any) -> bool:
+    return family_of(cfg.training.model).name == FAMILY
+
+
+def check(cfg: Any, planned: frozenset[str]) -> None:
+    hints = cfg.controlnet_hints
+    if hints.high_threshold <= hints.low_threshold:
+        raise ConfigError(
+            f"{NAME}.high_threshold",
+            f"{hints.high_threshold} is not above {NAME}.low_threshold ({hints.low_threshold}); allowed: "
+            "a larger upper threshold (Canny keeps edges above it, and those above the lower one joined to them)",
+        )
+
+
+STAGE = StageSpec(
+    name=NAME,
+    config=ControlnetHintsConfig,
+    plan=plan,
+    needs=lambda cfg: ("data_preparation",),
+    auto=is_controlnet,
+    extends="data_preparation",
+    data_role=DataRole.writes,
+    check=check,
+    notes=lambda ctx: (f"{NAME}: Canny edges as <key>.png hints beside the prepared tars",),
+)
