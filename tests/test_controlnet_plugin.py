@@ -1,0 +1,183 @@
+"""ControlNet on SD 1.5, the in-tree plugin (launcher/plugins/controlnet/), fast: its preset planned through
+assets, data preparation, its hints step, data_check and training in a dry run; its refusals before anything
+is submitted; its hints step on real tars; data_check's refusal of tars without the hint member.
+tests/test_controlnet_nemo.py runs NeMo's own code on the hints, tests/test_controlnet_slurm.py the jobs."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from conftest import compose_config
+from PIL import Image
+
+from data_prep.tar_checks import check_tar_members
+from launcher.cli import launch
+from launcher.errors import ConfigError
+from launcher.families import family_of
+from launcher.plugins.controlnet import family as controlnet
+from launcher.plugins.controlnet.hints import add_hints
+from launcher.validate import to_schema
+
+PRESET = "training=controlnet/sd15_512"
+RUN = "controlnet_sd15_512"
+
+
+def _argv(tmp_path: Path, *overrides: str) -> list[str]:
+    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
+    return [
+        "cluster=aws_p5",
+        f"cluster.shared_dir={tmp_path}",
+        f"container.mounts=[{tmp_path}:{tmp_path}]",
+        f"container.image={tmp_path}/nemo.sqsh",
+        PRESET,
+        "stages=[data_preparation,data_check,training]",
+        "data_preparation.precache.enable=false",  # on in the GPU cluster presets: refused for ControlNet
+        "dry_run=true",
+        *overrides,
+    ]
+
+
+def _refusal(tmp_path: Path, *overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as error:
+        launch(compose_config(_argv(tmp_path, *overrides)))
+    return error.value
+
+
+def test_the_preset_is_planned_with_its_asset_and_its_hints_step(tmp_path: Path) -> None:
+    run = launch(compose_config(_argv(tmp_path, "+controlnet_hints.low_threshold=50")))
+    jobs = {job["name"]: job for job in json.loads((run / "manifest.json").read_text())["jobs"]}
+    assert list(jobs) == [
+        "pretrained_assets",
+        "download_parquet",
+        "download_images",
+        "reorganize_tar",
+        "generate_wdinfo",
+        "controlnet_hints",
+        "data_check",
+        RUN,
+    ]
+    assert "controlnet_hints" in " ".join(jobs["data_check"]["depends_on"])
+    script = (run / "controlnet_hints" / "controlnet_hints.sbatch").read_text()
+    assert f"-m launcher.plugins.controlnet.hints {tmp_path}/data_512/tarfiles_reorganized" in script
+    assert "--low 50 \\" in script and "--high 200" in script
+    assets = (run / "assets" / "pretrained_assets.sbatch").read_text()
+    assert f"--asset sd15_ckpt stable-diffusion-v1-5/stable-diffusion-v1-5 {'451f4fe1'}" in assets
+    assert f"{tmp_path}/models/sd15-ckpt v1-5-pruned-emaonly.ckpt" in assets
+    settings = json.loads((run / "training" / f"{RUN}.family.json").read_text())
+    assert settings["family"] == "controlnet" and settings["members"] == ["jpg", "txt", "png"]
+    assert settings["batch_keys"] == ["images", "captions", "hint"]
+    training = (run / "training" / f"{RUN}.sbatch").read_text()
+    assert "/opt/NeMo/examples/multimodal/text_to_image/controlnet/controlnet_train.py" in training
+
+
+def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) -> None:
+    """The preset's fallback (before the family's asset defaults are merged) is that asset's own default,
+    and a user's assets.sd15_ckpt.local_dir reaches both keys."""
+    cfg = to_schema(compose_config(_argv(tmp_path)))
+    model = cfg.training.model
+    assert family_of(model).name == "controlnet"
+    ckpt = f"{cfg.assets.sd15_ckpt.local_dir}/{controlnet.CKPT_FILE}"
+    assert ckpt == f"{tmp_path}/models/sd15-ckpt/{controlnet.CKPT_FILE}"
+    assert model["unet_config"]["from_pretrained"] == ckpt
+    assert model["control_stage_config"]["params"]["from_pretrained_unet"] == ckpt
+    assert model["image_logger"] is None and model["control_key"] == "hint" and cfg.training.weights is None
+    composed = compose_config(_argv(tmp_path))  # as the run's config.yaml is written: no sd15_ckpt entry
+    assert composed.training.model.unet_config.from_pretrained == ckpt
+    moved = to_schema(compose_config(_argv(tmp_path, f"+assets.sd15_ckpt.local_dir={tmp_path}/elsewhere")))
+    assert moved.training.model["control_stage_config"]["params"]["from_pretrained_unet"].startswith(
+        f"{tmp_path}/elsewhere/"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "says"),
+    [
+        ("data_preparation.precache.enable=true", "data_preparation.precache.enable", "image tars"),
+        (
+            "+training.model.image_logger={batch_frequency:1000,max_images:4}",
+            "training.model.image_logger",
+            "iterator",
+        ),
+        ("training.model.control_key=edges", "training.model.control_key", "allowed: hint"),
+        ("training.model.control_stage_config.params.hint_channels=1", "hint_channels", "allowed: 3"),
+        ("training.model.control_stage_config.params.from_NeMo=false", "params.from_NeMo", "loads nothing"),
+        ("stages=[training,samples]", "stages", "not built"),
+        ("rehearsal=true", "rehearsal.enable", "not built"),
+        ("+controlnet_hints.high_threshold=90", "controlnet_hints.high_threshold", "not above"),
+        ("+controlnet_hints.low_threshold=0", "controlnet_hints.low_threshold", "from 1 to 1000"),
+    ],
+    ids=lambda value: str(value)[:40],
+)
+def test_what_controlnet_cannot_train_is_refused_naming_the_key(
+    tmp_path: Path, override: str, key: str, says: str
+) -> None:
+    error = _refusal(tmp_path, override)
+    assert key in str(error.key) and says in str(error), str(error)
+    assert not (tmp_path / "results").exists()  # refused before anything is written
+
+
+def _jpeg(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    image = np.zeros((64, 64, 3), np.uint8)
+    image[16:48, 8 + seed : 40 + seed] = rng.integers(128, 255, 3)  # a bright square on black: its edges
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def _tar(path: Path, samples: dict[str, dict[str, bytes]]) -> Path:
+    with tarfile.open(path, "w:") as tar:
+        for key, members in samples.items():
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+
+
+def test_the_hints_step_writes_canny_edges_beside_each_image_once(tmp_path: Path) -> None:
+    samples = {f"{i:04d}": {"jpg": _jpeg(i), "txt": f"caption {i}".encode()} for i in range(3)}
+    samples["0003"] = {"jpg": b"not a jpeg", "txt": b"broken"}
+    path = _tar(tmp_path / "000000.tar", samples)
+    assert add_hints(path, 100, 200) == {"written": 3, "kept": 0, "undecodable": 1}
+    members = _members(path)
+    assert list(members)[:3] == ["0000.jpg", "0000.txt", "0000.png"]  # each hint right after its sample
+    for i in range(3):
+        gray = cv2.imdecode(np.frombuffer(samples[f"{i:04d}"]["jpg"], np.uint8), cv2.IMREAD_GRAYSCALE)
+        hint = np.asarray(Image.open(io.BytesIO(members[f"{i:04d}.png"])))
+        assert np.array_equal(hint, cv2.Canny(gray, 100, 200)) and 0 < (hint > 0).mean() < 0.5
+        assert members[f"{i:04d}.jpg"] == samples[f"{i:04d}"]["jpg"]
+    before = path.stat().st_ino
+    assert add_hints(path, 100, 200) == {"written": 0, "kept": 3, "undecodable": 1}
+    assert path.stat().st_ino == before  # nothing to add: the tar is not rewritten
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_data_check_refuses_tars_without_the_hint_and_warns_on_some(tmp_path: Path) -> None:
+    images = {f"{i:04d}": {"jpg": _jpeg(i), "txt": b"a caption"} for i in range(4)}
+    plain = _tar(tmp_path / "plain.tar", images)
+    some = _tar(tmp_path / "some.tar", {**images, "0000": {**images["0000"], "png": b"hint"}})
+    members = controlnet.LOADER.members
+    report: dict = {"errors": [], "warnings": []}
+    check_tar_members([str(plain), str(some)], report, False, members)
+    assert len(report["errors"]) == 1 and "plain.tar: no .png members" in report["errors"][0]
+    assert report["warnings"] == [f"{some}: 3 of 4 keys lack a .png member; NeMo skips them"]
+    sd: dict = {"errors": [], "warnings": []}  # SD's members: the same tars pass
+    check_tar_members(
+        [str(plain)],
+        sd,
+        False,
+        family_of({"cond_stage_config": {"_target_": "x.FrozenCLIPEmbedder"}}).cache.loader.members,
+    )
+    assert sd["errors"] == [] and sd["warnings"] == []
