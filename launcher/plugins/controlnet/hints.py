@@ -20,7 +20,8 @@ import numpy as np
 from data_prep.atomic import atomic_path
 from data_prep.tario import split_key
 from data_prep.wdinfo import read_wdinfo
-from launcher.plugins.controlnet.family import HINT_MEMBER
+from launcher.families import named
+from launcher.plugins.controlnet.family import HINT_MEMBER, NAME
 
 IMAGE_MEMBER = "jpg"
 
@@ -86,13 +87,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    family = named(NAME)  # the family this job's own process finds (launcher.discovery), as the planner did
     tars = read_wdinfo(args.tar_dir / "wdinfo.pkl").tar_files
     total = {"written": 0, "kept": 0, "undecodable": 0}
     for name in tars:
         for key, count in add_hints(args.tar_dir / name, args.low, args.high).items():
             total[key] += count
     print(
-        f"controlnet_hints: {len(tars)} tars, {total['written']} Canny hints written "
+        f"controlnet_hints ({family.title}): {len(tars)} tars, {total['written']} Canny hints written "
         f"(thresholds {args.low}/{args.high}), {total['kept']} samples kept their hint, "
         f"{total['undecodable']} images did not decode",
         flush=True,
