@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_config
+from fixtures.nemo import copy_folders
+from nemo_cpu.tiny import TINY_OVERRIDES
 
 from launcher import manifest
 from launcher.cli import launch
@@ -34,8 +36,7 @@ def _launch(shared: Path, nemo_python: str, *overrides: str) -> Path:
                 "data_preparation=demo",
                 "data_preparation.precache.enable=false",  # refused for ControlNet
                 "training=controlnet/sd15_512",
-                "assets.enable=false",  # data_check's model check is off: no model is read
-                "data_check.model_check=false",
+                "assets.enable=false",  # the tiny assets are staged already (or no model is read)
                 f"data_check.python={nemo_python}",
                 "data_check.batches=2",
                 "data_check.micro_batch_size=2",
@@ -58,9 +59,12 @@ def _states(cluster, run: Path) -> dict[str, tuple[set[str], str]]:
 
 
 def test_the_hints_job_writes_a_hint_beside_every_sample_and_data_check_reads_it(
-    slurm_cluster, slurm_shared: Path, nemo_python: str
+    slurm_cluster, slurm_shared: Path, nemo_python: str, tiny_assets: Path
 ) -> None:
-    run = _launch(slurm_shared, nemo_python, "stages=[data_preparation,data_check]")
+    """data_check's model check too: NeMo's ControlledUnetModel, the VAE and CLIP built from the config."""
+    copy_folders(tiny_assets, slurm_shared, "models")
+    tiny = [o for o in TINY_OVERRIDES if "_batch_size=" not in o and ".accelerator=" not in o]
+    run = _launch(slurm_shared, nemo_python, "stages=[data_preparation,data_check]", *tiny)
     jobs = _states(slurm_cluster, run)
     for name, (states, log) in jobs.items():
         assert states == {"COMPLETED"}, (name, states, log[-4000:])
@@ -77,6 +81,7 @@ def test_the_hints_job_writes_a_hint_beside_every_sample_and_data_check_reads_it
     report = json.loads((run / "data_check" / "report.json").read_text())
     assert report["ok"] and report["family"] == "controlnet", report["errors"]
     assert report["loader"]["hint"] == [2, 64, 64, 3], report["loader"]
+    assert set(report["models"]) == {"unet", "vae", "text_encoder"}, report["models"]
 
 
 def test_a_plan_on_tars_without_hints_is_refused_by_data_check_naming_png(
@@ -87,6 +92,7 @@ def test_a_plan_on_tars_without_hints_is_refused_by_data_check_naming_png(
         slurm_shared,
         nemo_python,
         "stages=[data_check]",
+        "data_check.model_check=false",  # the tars alone are checked
         f"data_dir={slurm_demo}/data",  # read only: the run folder is under slurm_shared
     )
     jobs = _states(slurm_cluster, run)
