@@ -98,8 +98,15 @@ def _choices(*overrides: str) -> dict[str, str | None]:
 
 
 def _options(group: str) -> list[str]:
-    folder = CONF / group
-    return sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
+    """The group's presets in conf/ and in the conf folders the families bring (launcher/plugins/)."""
+    from launcher import families
+
+    roots = [CONF, *(family.conf for family in families.FAMILIES if family.conf)]
+    return sorted(
+        str(p.relative_to(root / group).with_suffix(""))
+        for root in roots
+        for p in (root / group).rglob("*.yaml")
+    )
 
 
 def test_each_group_holds_one_kind() -> None:
