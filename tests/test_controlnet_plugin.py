@@ -109,6 +109,11 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
         ("training.model.control_stage_config.params.from_NeMo=false", "params.from_NeMo", "loads nothing"),
         ("stages=[training,samples]", "stages", "not built"),
         ("rehearsal=true", "rehearsal.enable", "not built"),
+        (
+            "training.weights=hf://stable-diffusion-v1-5/stable-diffusion-v1-5",
+            "training.weights",
+            "no diffusers",
+        ),
         ("+controlnet_hints.high_threshold=90", "controlnet_hints.high_threshold", "not above"),
         ("+controlnet_hints.low_threshold=0", "controlnet_hints.low_threshold", "from 1 to 1000"),
     ],
