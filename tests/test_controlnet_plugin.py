@@ -22,6 +22,7 @@ from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.plugins.controlnet import family as controlnet
 from launcher.plugins.controlnet.hints import add_hints
+from launcher.plugins.controlnet.stage import ControlnetHintsConfig
 from launcher.validate import to_schema
 
 PRESET = "training=controlnet/sd15_512"
@@ -50,7 +51,7 @@ def _refusal(tmp_path: Path, *overrides: str) -> ConfigError:
 
 
 def test_the_preset_is_planned_with_its_asset_and_its_hints_step(tmp_path: Path) -> None:
-    run = launch(compose_config(_argv(tmp_path, "+controlnet_hints.low_threshold=50")))
+    run = launch(compose_config(_argv(tmp_path, "controlnet_hints.low_threshold=50")))
     jobs = {job["name"]: job for job in json.loads((run / "manifest.json").read_text())["jobs"]}
     assert list(jobs) == [
         "pretrained_assets",
@@ -88,6 +89,9 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
     assert model["control_stage_config"]["params"]["from_pretrained_unet"] == ckpt
     assert model["image_logger"] is None and model["control_key"] == "hint" and cfg.training.weights is None
     composed = compose_config(_argv(tmp_path))  # as the run's config.yaml is written: no sd15_ckpt entry
+    # The preset composes the hints step's keys (so they are set without `+`), as its schema's defaults.
+    assert dict(composed.controlnet_hints) == {"low_threshold": 100, "high_threshold": 200}
+    assert (ControlnetHintsConfig().low_threshold, ControlnetHintsConfig().high_threshold) == (100, 200)
     assert composed.training.model.unet_config.from_pretrained == ckpt
     moved = to_schema(compose_config(_argv(tmp_path, f"+assets.sd15_ckpt.local_dir={tmp_path}/elsewhere")))
     assert moved.training.model["control_stage_config"]["params"]["from_pretrained_unet"].startswith(
@@ -114,8 +118,8 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
             "training.weights",
             "no diffusers",
         ),
-        ("+controlnet_hints.high_threshold=90", "controlnet_hints.high_threshold", "not above"),
-        ("+controlnet_hints.low_threshold=0", "controlnet_hints.low_threshold", "from 1 to 1000"),
+        ("controlnet_hints.high_threshold=90", "controlnet_hints.high_threshold", "not above"),
+        ("controlnet_hints.low_threshold=0", "controlnet_hints.low_threshold", "from 1 to 1000"),
     ],
     ids=lambda value: str(value)[:40],
 )
