@@ -111,7 +111,9 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
         ("training.model.control_key=edges", "training.model.control_key", "allowed: hint"),
         ("training.model.control_stage_config.params.hint_channels=1", "hint_channels", "allowed: 3"),
         ("training.model.control_stage_config.params.from_NeMo=false", "params.from_NeMo", "loads nothing"),
-        ("stages=[training,samples]", "stages", "not built"),
+        ("stages=[training,samples]", "stages", "names samples, but drawing from ControlNet SD 1.5"),
+        ("stages=[samples]", "stages", "not built yet"),
+        ("stages=[training,evaluation]", "stages", "names evaluation, but drawing from"),
         ("rehearsal=true", "rehearsal.enable", "not built"),
         (
             "training.weights=hf://stable-diffusion-v1-5/stable-diffusion-v1-5",
@@ -126,7 +128,10 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
 def test_what_controlnet_cannot_train_is_refused_naming_the_key(
     tmp_path: Path, override: str, key: str, says: str
 ) -> None:
-    error = _refusal(tmp_path, override)
+    coco = (
+        (f"evaluation.coco_root={tmp_path}",) if "evaluation" in override else ()
+    )  # checked before the family
+    error = _refusal(tmp_path, override, *coco)
     assert key in str(error.key) and says in str(error), str(error)
     assert not (tmp_path / "results").exists()  # refused before anything is written
 

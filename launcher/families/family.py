@@ -286,6 +286,8 @@ class Family:
     # why the rehearsal cannot run it (then `rehearsal` may be None).
     rehearsal: Rehearsal | None = None
     rehearsal_refusal: str | None = None
+    # Why its trained models cannot be drawn from yet: the samples and evaluation stages are refused naming it.
+    inference_refusal: str | None = None
     # Keys earlier versions of the launcher had for this family alone: old key -> the key that replaced it.
     renamed_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Its released models and its models in diffusers' layout; None: none that training can start from.

@@ -41,8 +41,14 @@ def sampler(cfg: Any, section: str) -> str:
 
 
 def check_sampler(cfg: Any, section: str) -> None:
-    """`<section>.sampler` must be one of the trained family's samplers."""
+    """The trained family can be drawn from, and `<section>.sampler` is one of its samplers."""
     given, fam = getattr(cfg, section).sampler, family(cfg)
+    if fam.inference_refusal:
+        raise ConfigError(
+            "stages",
+            f"names {section}, but {fam.inference_refusal}; allowed with a {fam.title} preset: stages without "
+            f"{section}",
+        )
     if given is not None and given not in fam.inference.samplers:
         raise ConfigError(
             f"{section}.sampler",

@@ -23,8 +23,6 @@ HINT_MEMBER = "png"  # transform_fn reads sample["png"]
 CONTROL_KEY = "hint"  # tuple_to_dict yields it under this name whatever model.control_key says
 CKPT_ASSET = "sd15_ckpt"
 CKPT_FILE = "v1-5-pruned-emaonly.ckpt"
-# Stages that draw from the trained model: NeMo's controlnet_infer.py is not wired into them yet.
-DRAWING_STAGES = ("samples", "evaluation")
 
 
 def matches(model: Any) -> bool:
@@ -95,13 +93,6 @@ def check(cfg: Any) -> None:
             "is false: ControlNet.load_from_unet then loads nothing (the control stage stays random); "
             "allowed: true, with from_pretrained_unet a checkpoint of CompVis's names",
         )
-    drawing = [name for name in DRAWING_STAGES if name in cfg.stages]
-    if drawing:
-        raise ConfigError(
-            "stages",
-            f"names {drawing[0]}, which is not built for {TITLE} yet (NeMo's controlnet_infer.py draws from "
-            f"hint images); allowed: stages without {' and '.join(DRAWING_STAGES)}",
-        )
 
 
 # GFLOP per 256 px training image on NeMo's own modules (torch's FlopCounterMode, batch 1, the preset's
@@ -137,7 +128,8 @@ FAMILY = Family(
             }
         }
     ),
-    inference=ldm.INFERENCE,  # refused in `check` (DRAWING_STAGES)
+    inference=ldm.INFERENCE,  # sd_infer.py's: refused (inference_refusal) until controlnet_infer.py is wired
+    inference_refusal=f"drawing from {TITLE} (NeMo's controlnet_infer.py, fed hint images) is not built yet",
     cache=CACHE,
     trained_size=ldm.trained_size,
     check=check,
