@@ -81,15 +81,22 @@ def check(cfg: Any) -> None:
             f"{model.get('control_key')!r}: NeMo's controlnet dataset yields the hint as {CONTROL_KEY!r}; "
             f"allowed: {CONTROL_KEY}",
         )
-    params = (model.get("control_stage_config") or {}).get("params") or {}
-    if int(params.get("hint_channels", 0)) != 3:
+    # NeMo's from_config_dict takes the ControlNet's arguments under `params` (the preset's, as NVIDIA's:
+    # maybe_update_config_version moves them beside `_target_`) or already beside it.
+    stage = model.get("control_stage_config") or {}
+    params, where = (
+        (stage["params"], "control_stage_config.params")
+        if stage.get("params")
+        else (stage, "control_stage_config")
+    )
+    if params.get("hint_channels") != 3:
         raise ConfigError(
-            "training.model.control_stage_config.params.hint_channels",
+            f"training.model.{where}.hint_channels",
             f"{params.get('hint_channels')}: the hints are RGB images (<key>.png); allowed: 3",
         )
     if params.get("from_pretrained_unet") and not params.get("from_NeMo", True):
         raise ConfigError(
-            "training.model.control_stage_config.params.from_NeMo",
+            f"training.model.{where}.from_NeMo",
             "is false: ControlNet.load_from_unet then loads nothing (the control stage stays random); "
             "allowed: true, with from_pretrained_unet a checkpoint of CompVis's names",
         )
