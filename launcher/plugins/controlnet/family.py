@@ -104,7 +104,8 @@ def check(cfg: Any) -> None:
 
 # GFLOP per 256 px training image on NeMo's own modules (torch's FlopCounterMode, batch 1, the preset's
 # sizes): SD's step from images (launcher/cost.py: UNet forward + backward, VAE encoder, text encoder) plus
-# the control stage's forward + backward (3x its 62.7 GFLOP forward with a 256 px hint).
+# the control stage's forward + backward (3x its 62.7 GFLOP forward with a 256 px hint:
+# benchmarks/bench_controlnet_flops.py).
 STEP_GFLOP_256 = 537.7 + 272.7 + 13.1 + 3 * 62.7
 
 
