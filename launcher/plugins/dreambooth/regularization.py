@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,12 +67,30 @@ def draw(cfg: Any, script: str) -> int:
     return len(list(final.iterdir()))
 
 
+def one_process_world() -> None:
+    """NeMo's inference setup forces Lightning's TorchElasticEnvironment (parts/utils.py), which reads the
+    world torchrun would describe: here one process, at a free port (a launcher's own values kept)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    world = {
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+    }
+    for name, value in world.items():
+        os.environ.setdefault(name, value)
+
+
 def main(argv: list[str]) -> int:
     from omegaconf import OmegaConf
 
     config, script = Path(argv[0]), argv[1]
     cfg = OmegaConf.load(config)
     wanted = int(cfg.model.data.num_reg_images)
+    one_process_world()
     held = draw(cfg, script)
     print(f"dreambooth_regularization: {held} images (asked {wanted})", flush=True)
     return 0 if held >= wanted else 1

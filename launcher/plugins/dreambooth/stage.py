@@ -30,8 +30,8 @@ PROGRAM = "launcher.plugins.dreambooth.regularization"
 
 @dataclass
 class DreamBoothConfig:
-    # The data source: null here, conf/dreambooth/default.yaml's values where a DreamBooth preset brings
-    # that file (the presets interpolate them: ${dreambooth.<key>}).
+    # Null here: conf/dreambooth/default.yaml's values where a DreamBooth preset brings that file into the
+    # root config (its keys then need no `+`; the presets interpolate the data source's: ${dreambooth.<key>}).
     instance_dir: str | None = ruled(
         Text(),
         None,
@@ -48,10 +48,12 @@ class DreamBoothConfig:
         None,
         help="Where the regularization images are written (model.data.num_reg_images) and read.",
     )
-    sampler: str = ruled(Choice(("PLMS", "DDIM", "DPM")), "PLMS", help="NeMo's sampler for them.")
-    inference_steps: int = ruled(Range(1, 1000), 50, help="Sampling steps per image.")
-    guidance_scale: float = ruled(Range(1, 30, integer=False), 7.5, help="Classifier-free guidance scale.")
-    time_limit: str = ruled(SlurmTime(), "02:00:00", help="The regularization job's time limit.")
+    sampler: str | None = ruled(Choice(("PLMS", "DDIM", "DPM")), None, help="NeMo's sampler for them.")
+    inference_steps: int | None = ruled(Range(1, 1000), None, help="Sampling steps per image.")
+    guidance_scale: float | None = ruled(
+        Range(1, 30, integer=False), None, help="Classifier-free guidance scale."
+    )
+    time_limit: str | None = ruled(SlurmTime(), None, help="The regularization job's time limit.")
 
 
 def is_dreambooth(cfg: Any) -> bool:
@@ -73,6 +75,9 @@ def _config(ctx: Context) -> dict[str, Any]:
     config["infer"] = {
         "unconditional_guidance_scale": db.guidance_scale,
         "num_images_per_prompt": data["num_images_per_prompt"],
+        # All of a prompt's images in one batch: prepare_reg_data names a call's images by their index in
+        # a batch, so with pipeline()'s default batch of 1 each call's images overwrite one another.
+        "batch_size": data["num_images_per_prompt"],
         "height": data["resolution"],
         "width": data["resolution"],
         "down_factor": 8,
