@@ -45,6 +45,15 @@ def report_images_and_losses() -> None:
     MegatronDreamBooth.training_step = step
 
 
+def patch_dreambooth_apex() -> str:
+    """MegatronDreamBooth.__init__ refuses to start without apex (its HAVE_APEX), though nothing of apex it
+    imports (amp, AttnMaskType) is used by it: as nlp_overrides' flag in patch_for_cpu."""
+    from nemo.collections.multimodal.models.text_to_image.dreambooth import dreambooth
+
+    dreambooth.HAVE_APEX = True
+    return "dreambooth.HAVE_APEX -> True"
+
+
 def main() -> None:
     if sys.argv[1:2] == ["regularization"]:
         patched = patch_infer_for_cpu()
@@ -54,7 +63,7 @@ def main() -> None:
         sys.argv = [PROGRAM, *sys.argv[2:]]
         runpy.run_module(PROGRAM, run_name="__main__")
         return
-    patched = patch_for_cpu()
+    patched = [*patch_for_cpu(), patch_dreambooth_apex()]
     report_images_and_losses()
 
     def missing() -> None:
