@@ -1,12 +1,17 @@
-"""NeMo's DreamBooth on CPU, for tests: the plugin's regularization job and NeMo's own dreambooth.py, the CUDA/apex
-calls replaced as for SD (launcher/jobs/nemo_cpu.py, sd_infer_cpu.patch_infer_for_cpu).
+"""NeMo's DreamBooth (examples/multimodal/text_to_image/dreambooth/dreambooth.py) on CPU, for tests: NVIDIA's own
+file, named by NEMO_DREAMBOOTH (it is not in NeMo's wheel: the tests take it from NeMo's git tree at the targeted
+tag; nothing stands in for it), with the CUDA/apex-only calls replaced as for SD (launcher/jobs/nemo_cpu.py,
+sd_infer_cpu.patch_infer_for_cpu). Given where the launcher gives dreambooth.py (training.run.script), it is
+used two ways:
 
-    <nemo python> tests/nemo_cpu/dreambooth_cpu.py regularization CONFIG SCRIPT    # the dreambooth stage's job
-    NEMO_DREAMBOOTH=<dreambooth.py> <nemo python> tests/nemo_cpu/dreambooth_cpu.py --config-path D --config-name N
+    <nemo python> tests/nemo_cpu/dreambooth_cpu.py --config-path D --config-name N   # training: NeMo's main()
+    <nemo python> -m launcher.plugins.dreambooth.regularization CONFIG tests/nemo_cpu/dreambooth_cpu.py
 
-The training runs NVIDIA's own file (examples/multimodal/text_to_image/dreambooth/dreambooth.py, not in NeMo's
-wheel: the tests take it from NeMo's git tree at the targeted tag); nothing stands in for it. Not CPU patches:
-each image DreamBoothDataset opens and each training step's loss are printed, for the tests to assert on.
+The second (the dreambooth stage's job) loads this file as NeMo's script (runpy.run_path) and calls its
+`prepare_reg_data`: NeMo's own, re-exported here once the inference calls are patched.
+
+Not CPU patches: each image DreamBoothDataset opens, and each training step's loss with the model's trainable
+and total parameter counts, are printed for the tests to assert on.
 """
 
 from __future__ import annotations
@@ -23,26 +28,7 @@ from sd_train_cpu import run_entry
 
 from launcher.jobs.nemo_cpu import patch_for_cpu
 
-PROGRAM = "launcher.plugins.dreambooth.regularization"
-
-
-def report_images_and_losses() -> None:
-    from nemo.collections.multimodal.data.dreambooth.dreambooth_dataset import DreamBoothDataset
-    from nemo.collections.multimodal.models.text_to_image.dreambooth.dreambooth import MegatronDreamBooth
-
-    get_image, training_step = DreamBoothDataset.get_image, MegatronDreamBooth.training_step
-
-    def image(self: Any, path: Any) -> Any:
-        print(f"dreambooth_cpu: image {path}", flush=True)
-        return get_image(self, path)
-
-    def step(self: Any, dataloader_iter: Any) -> Any:
-        loss = training_step(self, dataloader_iter)
-        print(f"dreambooth_cpu: step={self.trainer.global_step} loss={float(loss)}", flush=True)
-        return loss
-
-    DreamBoothDataset.get_image = image
-    MegatronDreamBooth.training_step = step
+SCRIPT = "NEMO_DREAMBOOTH"
 
 
 def patch_dreambooth_apex() -> str:
@@ -54,24 +40,52 @@ def patch_dreambooth_apex() -> str:
     return "dreambooth.HAVE_APEX -> True"
 
 
+def report_images_and_losses() -> None:
+    import torch
+    from nemo.collections.multimodal.data.dreambooth.dreambooth_dataset import DreamBoothDataset
+    from nemo.collections.multimodal.models.text_to_image.dreambooth.dreambooth import MegatronDreamBooth
+
+    get_image, training_step = DreamBoothDataset.get_image, MegatronDreamBooth.training_step
+
+    def image(self: Any, path: Any) -> Any:
+        print(f"dreambooth_cpu: image {path}", flush=True)
+        return get_image(self, path)
+
+    def step(self: Any, dataloader_iter: Any) -> Any:
+        loss = training_step(self, dataloader_iter)
+        # torch's own walk: DreamBooth.parameters() (NeMo's) yields only what its optimizer trains.
+        every = list(torch.nn.Module.parameters(self.model))
+        trainable = sum(p.numel() for p in every if p.requires_grad)
+        total = sum(p.numel() for p in every)
+        print(
+            f"dreambooth_cpu: step={self.trainer.global_step} loss={float(loss)} trainable={trainable} "
+            f"total={total}",
+            flush=True,
+        )
+        return loss
+
+    DreamBoothDataset.get_image = image
+    MegatronDreamBooth.training_step = step
+
+
+def nemo_script() -> str:
+    script = os.environ.get(SCRIPT)
+    if not script:
+        raise SystemExit(f"{SCRIPT}: NeMo's dreambooth.py is required (no replica of it here)")
+    return script
+
+
 def main() -> None:
-    if sys.argv[1:2] == ["regularization"]:
-        patched = patch_infer_for_cpu()
-        sys.argv.remove(CPU_OVERRIDE)  # a Hydra override: the job's config already trains on CPU
-        for line in patched:
-            print(f"dreambooth_cpu: patched {line}", flush=True)
-        sys.argv = [PROGRAM, *sys.argv[2:]]
-        runpy.run_module(PROGRAM, run_name="__main__")
-        return
     patched = [*patch_for_cpu(), patch_dreambooth_apex()]
     report_images_and_losses()
-
-    def missing() -> None:
-        raise SystemExit("NEMO_DREAMBOOTH: NeMo's dreambooth.py is required (no replica of it here)")
-
-    run_entry("dreambooth_cpu", patched, "NEMO_DREAMBOOTH", missing, "nothing")
+    run_entry("dreambooth_cpu", patched, SCRIPT, lambda: None, "nothing")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    nemo_script()
     main()
+else:  # loaded as NeMo's script by the regularization job
+    for line in patch_infer_for_cpu():
+        print(f"dreambooth_cpu: patched {line}", flush=True)
+    sys.argv.remove(CPU_OVERRIDE)  # a Hydra override, for sd_infer.py: the job's config already says cpu
+    prepare_reg_data = runpy.run_path(nemo_script(), run_name="dreambooth_script")["prepare_reg_data"]

@@ -29,7 +29,21 @@ def trained_size(model: Any) -> tuple[int, int] | None:
     return (int(side), int(side)) if side else None
 
 
+# NeMo's LoRA for DreamBooth cannot start: MegatronDreamBooth._check_and_add_adapter calls model_utils, which its
+# module never imports (tests/test_dreambooth_nemo.py runs it and expects this NameError).
+LORA_BUG = (
+    "NeMo's dreambooth.py cannot add LoRA adapters: MegatronDreamBooth._check_and_add_adapter calls "
+    "model_utils.import_class_by_path, which nemo/collections/multimodal/models/text_to_image/dreambooth/"
+    "dreambooth.py never imports (NameError when the adapters are added; line 670 at NeMo v2.0.0, 675 at v2.4.0)"
+)
+
+
 def check(cfg: Any) -> None:
+    if cfg.training.model.get("peft"):
+        raise ConfigError(
+            "training.model.peft",
+            f"{LORA_BUG}; allowed: null, the full DreamBooth (training=dreambooth/sd15_512)",
+        )
     chosen = [name for name in NOT_BUILT if name in cfg.stages]
     if cfg.rehearsal.enable and "rehearsal" not in chosen:
         chosen.insert(0, "rehearsal")
