@@ -44,6 +44,12 @@ def check(cfg: Any) -> None:
             "training.model.peft",
             f"{LORA_BUG}; allowed: null, the full DreamBooth (training=dreambooth/sd15_512)",
         )
+    if "data_check" in cfg.stages:  # NeMo's web-dataset loader on tars DreamBooth never reads
+        raise ConfigError(
+            "stages",
+            "data_check reads the prepared tars, which DreamBooth does not train on; the dreambooth stage checks "
+            "its instance folder (dreambooth.instance_dir) instead. Allowed: stages without data_check",
+        )
     chosen = [name for name in NOT_BUILT if name in cfg.stages]
     if cfg.rehearsal.enable and "rehearsal" not in chosen:
         chosen.insert(0, "rehearsal")
