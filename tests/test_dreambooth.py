@@ -109,6 +109,7 @@ def test_the_lora_preset_is_refused_naming_nemos_bug(tmp_path: Path) -> None:
         ("[data_preparation,training]", "data_preparation"),
         ("[training,samples]", "samples"),
         ("[training,export]", "export"),
+        ("[data_check,training]", "data_check"),
     ],
 )
 def test_stages_that_do_not_apply_are_refused(tmp_path: Path, stages: str, refused: str) -> None:
