@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.dreambooth import DREAMBOOTH_CPU, REG_IMAGES, instance_folder, nemo_dreambooth, overrides
-from fixtures.nemo import copy_folders
+from fixtures.finetune import hub_models
 from hf_fake_hub import FakeHub
 
 from launcher import manifest
@@ -31,14 +31,7 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
     slurm_cluster, slurm_shared: Path, nemo_python: str, tiny_assets: Path, tiny_repos: dict[str, Path]
 ) -> None:
     shared = slurm_shared
-    served = copy_folders(tiny_assets, shared / "hub", "models") / "models"
-    assets = compose_config([]).assets
-    models = {
-        REPO_ID: {COMMIT: tiny_repos["sd1"]},
-        assets.text_encoder.repo_id: {
-            assets.text_encoder.revision: served / Path(assets.text_encoder.local_dir).name
-        },
-    }
+    models = hub_models(shared, tiny_assets, {REPO_ID: {COMMIT: tiny_repos["sd1"]}})
     instance = instance_folder(shared / "instance")
     script = nemo_dreambooth(shared)
     given = overrides(False, f"hf://{REPO_ID}@{COMMIT}", instance)
