@@ -109,3 +109,30 @@ def test_nemo_dreambooth_lora_fails_as_the_launcher_says(
     assert done.returncode != 0
     assert "NameError: name 'model_utils' is not defined" in done.stderr, done.stderr[-3000:]
     assert "_check_and_add_adapter" in done.stderr
+
+
+def test_a_crashed_attempt_s_whole_images_are_kept_and_its_half_written_one_dropped(
+    dreamboothed: DreamBoothRun, nemo_python: str, tmp_path: Path
+) -> None:
+    """The job's staging (launcher/plugins/dreambooth/regularization.py): what a killed attempt left beside the
+    folder is read back, the whole image kept and counted, the truncated one deleted; NeMo draws the rest."""
+    config = OmegaConf.load(dreamboothed.run / "dreambooth" / "regularization.yaml")
+    final = tmp_path / "regularization"
+    config.model.data.regularization_dir = str(final)
+    config.infer.out_path = str(final)
+    (tmp_path / "dreambooth").mkdir()
+    OmegaConf.save(config, tmp_path / "dreambooth" / "regularization.yaml")
+    staged = tmp_path / f".{final.name}.part"
+    staged.mkdir()
+    kept = sorted(dreamboothed.regularization.iterdir())[0]
+    (staged / "earlier_0_0.png").write_bytes(kept.read_bytes())
+    (staged / "earlier_0_1.png").write_bytes(kept.read_bytes()[:200])  # killed while writing
+    done = run_regularization(nemo_python, tmp_path, nemo_dreambooth(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = sorted(path.name for path in final.iterdir())
+    assert "earlier_0_0.png" in names and "earlier_0_1.png" not in names, names
+    # NeMo counted the kept one and drew the 2 missing in (2 // 2 + 1) calls of 2 (prepare_reg_data's loop
+    # draws one call more than it needs), numbered after it; nothing half-written, nothing left staged.
+    assert len(names) == 1 + (2 // 2 + 1) * 2 and not staged.exists(), names
+    assert "a photo of a dog_0_1.png" in names
+    assert all((final / name).read_bytes().startswith(PNG) for name in names)
