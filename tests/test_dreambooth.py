@@ -10,9 +10,11 @@ import yaml
 from conftest import FIXED_FACTS, compose_config
 from fixtures.dreambooth import instance_folder, write_png
 
-from launcher.errors import ConfigError
+from launcher import preflight
+from launcher.errors import ConfigError, LauncherError
 from launcher.families import family_of
 from launcher.pipeline import build_plan
+from launcher.registry import RootConfig
 from launcher.spec import Plan
 from launcher.stages import STAGES
 from launcher.validate import check_facts, to_schema
@@ -20,9 +22,9 @@ from launcher.validate import check_facts, to_schema
 FULL = "training=dreambooth/sd15_512"
 
 
-def _plan(tmp_path: Path, *overrides: str, instance: Path | None = None) -> Plan:
-    folder = instance or instance_folder(tmp_path / "instance")
-    cfg = to_schema(
+def _cfg(tmp_path: Path, *overrides: str) -> RootConfig:
+    folder = instance_folder(tmp_path / "instance")
+    return to_schema(
         compose_config(
             [
                 "cluster=aws_p5",
@@ -31,10 +33,15 @@ def _plan(tmp_path: Path, *overrides: str, instance: Path | None = None) -> Plan
                 "stages=[training]",
                 f"dreambooth.instance_dir={folder}",
                 FULL,
+                "dry_run=true",
                 *overrides,
             ]
         )
     )
+
+
+def _plan(tmp_path: Path, *overrides: str) -> Plan:
+    cfg = _cfg(tmp_path, *overrides)
     check_facts(cfg, FIXED_FACTS)
     return build_plan(cfg, FIXED_FACTS)
 
@@ -142,17 +149,35 @@ def _bad_folder(tmp_path: Path, case: str) -> Path:
         ("hidden", ".DS_Store is a suffix-less file"),
         ("folder", "more is a folder"),
         ("fake", "fake.png is not a png image"),
+        ("missing", "missing is not a folder"),
     ],
 )
 def test_a_bad_instance_folder_is_refused_naming_the_file(tmp_path: Path, case: str, said: str) -> None:
+    """A preflight problem: it refuses a real launch, and is a warning in a dry run (which may run on a
+    host that does not see the cluster's file system)."""
+    folder = tmp_path / "missing" if case == "missing" else _bad_folder(tmp_path, case)
+    found = preflight.check(_cfg(tmp_path, f"dreambooth.instance_dir={folder}")).problems
+    (problem,) = [p for p in found if "dreambooth" in p]  # aws_p5's image is not here either
+    assert problem.startswith("dreambooth.instance_dir: ")
+    assert said in problem and "allowed: a folder holding image files only" in problem
+    with pytest.raises(LauncherError, match=r"dreambooth\.instance_dir"):
+        preflight.run(_cfg(tmp_path, f"dreambooth.instance_dir={folder}", "dry_run=false"))
+
+
+def test_a_good_instance_folder_passes_the_preflight(tmp_path: Path) -> None:
+    found = preflight.check(_cfg(tmp_path))
+    assert not [p for p in found.problems if "dreambooth" in p]
+    assert f"dreambooth: 3 instance images in {tmp_path / 'instance'}" in found.notes
+
+
+def test_no_instance_folder_is_refused_by_the_config_alone(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refused:
-        _plan(tmp_path, instance=_bad_folder(tmp_path, case))
-    assert refused.value.key == "dreambooth.instance_dir"
-    assert said in str(refused.value) and "allowed: a folder holding image files only" in str(refused.value)
+        _plan(tmp_path, "dreambooth.instance_dir=null")
+    assert refused.value.key == "dreambooth.instance_dir" and "is not set" in str(refused.value)
 
 
-def test_no_instance_folder_is_refused(tmp_path: Path) -> None:
-    for value in ("null", str(tmp_path / "missing")):
-        with pytest.raises(ConfigError) as refused:
-            _plan(tmp_path, f"dreambooth.instance_dir={value}")
-        assert refused.value.key == "dreambooth.instance_dir"
+def test_an_instance_folder_the_container_does_not_see_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        seen = ",".join(f"{tmp_path}/{name}:{tmp_path}/{name}" for name in ("data_512", "results", "models"))
+        _plan(tmp_path, f"container.mounts=[{seen}]")
+    assert refused.value.key == "dreambooth.instance_dir" and "container mount" in str(refused.value)

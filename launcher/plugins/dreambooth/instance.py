@@ -23,11 +23,16 @@ ALLOWED = (
 )
 
 
-def check(value: str | None, key: str = KEY) -> int:
-    """The number of instance images; refused naming `key`, the file and what is allowed."""
+def check_set(value: str | None, key: str = KEY) -> str:
+    """The config alone: the folder is named."""
     if not value:
         raise ConfigError(key, f"is not set: DreamBooth trains on one subject's images; allowed: {ALLOWED}")
-    folder = Path(value)
+    return value
+
+
+def check(value: str | None, key: str = KEY) -> int:
+    """The number of instance images; refused naming `key`, the file and what is allowed."""
+    folder = Path(check_set(value, key))
     if not folder.is_dir():
         raise ConfigError(key, f"{folder} is not a folder; allowed: {ALLOWED}")
     entries = sorted(folder.iterdir())

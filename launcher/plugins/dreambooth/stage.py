@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher import nemo_config, nemo_python
-from launcher.context import Context, Facts
+from launcher.config import Runtime
+from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.nemo_python import NemoJob
@@ -20,8 +21,8 @@ from launcher.plugins.dreambooth import instance
 from launcher.plugins.dreambooth.family import NAME as FAMILY
 from launcher.rules import FOLDER, Choice, Range, SlurmTime, Text, ruled
 from launcher.spec import JobSpec, Resources
-from launcher.stage import StageSpec
-from launcher.stages.common import make_job
+from launcher.stage import Findings, StageSpec
+from launcher.stages.common import make_job, require_mounted
 
 NAME = "dreambooth"
 JOB = NemoJob("dreambooth_regularization")
@@ -135,11 +136,22 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
             "training.model.data.num_reg_images",
             f"{data.get('num_reg_images')!r} with with_prior_preservation true: allowed: 1 or more",
         )
+    instance.check_set(cfg.dreambooth.instance_dir)
+    if cfg.container.runtime is Runtime.pyxis:  # the jobs see these folders at the same place
+        for key in ("instance_dir", "regularization_dir"):
+            value = getattr(cfg.dreambooth, key)
+            if value:
+                require_mounted(f"dreambooth.{key}", value, cfg.container.mounts)
     nemo_config.check(cfg)
 
 
-def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:
-    instance.check(cfg.dreambooth.instance_dir)
+def _preflight(cfg: Any, planned: frozenset[str]) -> Findings:
+    """The instance folder on this host (a dry run off the cluster may not see it: a warning there)."""
+    try:
+        count = instance.check(cfg.dreambooth.instance_dir)
+    except ConfigError as error:
+        return Findings(problems=[str(error)])
+    return Findings(notes=[f"dreambooth: {count} instance images in {cfg.dreambooth.instance_dir}"])
 
 
 def _notes(ctx: Context) -> tuple[str, ...]:
@@ -161,7 +173,7 @@ STAGE = StageSpec(
     auto=is_dreambooth,
     extends="assets",
     check=_check,
-    host_check=_host_check,
+    preflight=_preflight,
     nemo_jobs=lambda cfg: (JOB,) if _prior(cfg) else (),
     files=_files,
     notes=_notes,
