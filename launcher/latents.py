@@ -27,7 +27,8 @@ SWITCH = CACHE_SWITCH
 def enabled(cfg: Any) -> bool:
     """Training reads latents: the switch is on and the data is real (synthetic data has no tars)."""
     synthetic = cfg.training.model.get("data", {}).get("synthetic_data")
-    return bool(cfg.data_preparation.precache.enable) and not synthetic
+    own_source = not family_of(cfg.training.model).reads_prepared_data  # no tars at all
+    return bool(cfg.data_preparation.precache.enable) and not synthetic and not own_source
 
 
 def training_overrides(cfg: Any, layout: DataLayout) -> dict[str, Any]:

@@ -279,16 +279,16 @@ def build(ctx: Context, cached_inputs: bool = True) -> dict[str, Any]:
     }
     if tr.exp_manager.get("max_time_per_run") is None:
         exp_manager["max_time_per_run"] = max_time_per_run(ctx.cfg)
+    data = {
+        "train": {"dataset_path": [str(layout.wdinfo)]},
+        "webdataset": {"local_root_path": str(layout.tar_dir)},
+    }
     derived = {
         "name": tr.run.name,
         "trainer": {"devices": s.gpus_per_node, "num_nodes": s.nodes},
         "exp_manager": exp_manager,
-        "model": {
-            "data": {
-                "train": {"dataset_path": [str(layout.wdinfo)]},
-                "webdataset": {"local_root_path": str(layout.tar_dir)},
-            }
-        },
+        # A family that reads a source of its own (Family.reads_prepared_data) gets no dataset paths.
+        "model": {"data": data} if family_of(tr.model).reads_prepared_data else {},
     }
     base = OmegaConf.create(
         {"trainer": dict(tr.trainer), "exp_manager": dict(tr.exp_manager), "model": dict(tr.model)}

@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures.finetune import SD_CROP
+from fixtures.finetune import SD_CROP, hub_models
 from fixtures.launches import REPO, run_status
-from fixtures.nemo import copy_folders
 from hf_fake_hub import FakeHub
 from nemo_cpu.harness import SD_TRAIN_CPU, batches_drawn, samples_on_cpu
 from nemo_cpu.tiny_diffusers import FINETUNE_OVERRIDES
@@ -37,14 +36,7 @@ def test_a_lora_fine_tune_from_the_hub_on_two_cpu_nodes_runs_end_to_end(
     slurm_cluster, slurm_shared: Path, nemo_python: str, tiny_assets: Path, tiny_repos: dict[str, Path]
 ) -> None:
     shared = slurm_shared
-    served = copy_folders(tiny_assets, shared / "hub", "models") / "models"
-    assets = compose_config([]).assets
-    models = {
-        REPO_ID: {COMMIT: tiny_repos["sd1"]},
-        assets.text_encoder.repo_id: {
-            assets.text_encoder.revision: served / Path(assets.text_encoder.local_dir).name
-        },
-    }
+    models = hub_models(shared, tiny_assets, {REPO_ID: {COMMIT: tiny_repos["sd1"]}})
     with FakeHub({}, models=models) as hub:
         launch(
             compose_config(

@@ -55,7 +55,7 @@ def test_every_preset_has_one_family_whatever_the_order_of_registration(
     toy = _family("toy", "toy", refines="sd1")
     registered = [*families.FAMILIES, toy]
     expected = {preset: families.family_of(model).name for preset, model in preset_models.items()}
-    assert set(expected.values()) == {"sd1", "sd2", "sdxl", "controlnet"}
+    assert set(expected.values()) == {"sd1", "sd2", "sdxl", "controlnet", "dreambooth"}
     assert expected["controlnet/sd15_512"] == "controlnet"  # it refines sd1: its preset is an SD 1.5 one
     for order in itertools.permutations(registered):
         monkeypatch.setattr(families, "FAMILIES", list(order))

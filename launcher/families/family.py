@@ -293,6 +293,11 @@ class Family:
     # Its released models and its models in diffusers' layout; None: none that training can start from.
     diffusers: Diffusers | None = None
     refines: str | None = None
+    # Its training reads data_preparation's tars under data_dir (through `cache.loader`); False: a data source
+    # of its own that its plugin's stage checks (DreamBooth's instance folder): training then needs neither
+    # data_preparation nor data_check, gets no dataset paths and no latents switch, and data_preparation
+    # planned with it is refused.
+    reads_prepared_data: bool = True
     # A folder of conf groups it brings (training presets: <conf>/training/<folder>/<preset>.yaml), on
     # Hydra's search path after conf/ (launcher.groups).
     conf: Path | None = None

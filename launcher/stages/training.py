@@ -120,8 +120,10 @@ def _nemo_jobs(cfg: Any) -> tuple[NemoJob, ...]:
 
 
 def _needs(cfg: Any) -> tuple[str, ...]:
-    """The prepared data (unless synthetic), the data check and the rehearsal that guard it, the staged
-    CLIP and VAE."""
+    """The prepared data and the data check that guards it (unless synthetic, or the family reads a source
+    of its own), the rehearsal, the staged CLIP and VAE."""
+    if not families.family_of(cfg.training.model).reads_prepared_data:
+        return ("assets", "rehearsal")
     synthetic = cfg.training.model.get("data", {}).get("synthetic_data")
     data = () if synthetic else ("data_preparation",)
     return ("assets", *data, "data_check", "rehearsal")
@@ -141,6 +143,20 @@ def _check_data_read(cfg: Any, planned: frozenset[str]) -> None:
         f"data_preparation would fetch {fetched}, that nothing reads: training.model.data.synthetic_data=true "
         f"trains on random data; plan without it: stages=[{rest}] (or set training.model.data.synthetic_data"
         "=false to train on it)",
+    )
+
+
+def _check_own_source(cfg: Any, planned: frozenset[str]) -> None:
+    """Data preparation planned for a family whose training reads a source of its own (Family.
+    reads_prepared_data false): refused, naming the stages to plan instead."""
+    family = families.family_of(cfg.training.model)
+    if "data_preparation" not in planned or family.reads_prepared_data:
+        return
+    rest = ",".join(name for name in cfg.stages if name != "data_preparation")
+    raise ConfigError(
+        "stages",
+        f"data_preparation makes web-dataset tars that {family.title} training does not read (it reads a data "
+        f"source of its own, docs/{family.name}.md); plan without it: stages=[{rest or 'training'}]",
     )
 
 
@@ -179,6 +195,7 @@ def _check_cpu_partition(cfg: Any) -> None:
 
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     _check_data_read(cfg, planned)
+    _check_own_source(cfg, planned)
     _check_cpu_partition(cfg)
     nemo_config.check(cfg)
     training_init.check(cfg)

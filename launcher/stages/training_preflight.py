@@ -13,6 +13,7 @@ from typing import Any
 from data_prep.latent_format import MEMBER_EXT
 from launcher import latents, nemo_config
 from launcher.config import Runtime
+from launcher.families import family_of
 from launcher.layout import DataLayout
 from launcher.stage import Findings
 
@@ -74,6 +75,8 @@ def check(cfg: Any, planned: frozenset[str]) -> Findings:
     """What training will run and, unless this launch prepares it (or it is synthetic), the data it reads."""
     found = Findings(problems=nemo_files(cfg))
     if "data_preparation" in planned or cfg.training.model.get("data", {}).get("synthetic_data"):
+        return found
+    if not family_of(cfg.training.model).reads_prepared_data:  # a source its plugin's stage checks
         return found
     wdinfo = Path(latents.training_wdinfo(cfg))
     if not wdinfo.exists():

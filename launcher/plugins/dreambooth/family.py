@@ -1,0 +1,80 @@
+"""DreamBooth: NeMo's MegatronDreamBooth (examples/multimodal/text_to_image/dreambooth/dreambooth.py), an SD 1.x
+model trained on one instance folder and prompt, with prior preservation on images its base model drew.
+Claimed by what only its configs have (`model.data.instance_dir`), so it refines SD 1.x; it starts from the
+same released weights (SD 1.5's) and reads no prepared data (Family.reads_prepared_data)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ConfigError
+from launcher.families import sd1
+
+NAME = "dreambooth"
+# The stages a DreamBooth run cannot use yet: its checkpoints are MegatronDreamBooth's (unet/vae/text_encoder
+# module names), which the samples, evaluation and export jobs do not read; the rehearsal and the sweep run
+# sd_train.py's MegatronLatentDiffusion.
+NOT_BUILT = ("rehearsal", "benchmark", "samples", "evaluation", "export")
+
+
+def matches(model: Any) -> bool:
+    return "instance_dir" in (model.get("data") or {})
+
+
+def trained_size(model: Any) -> tuple[int, int] | None:
+    """DreamBoothDataset resizes and crops every image to data.resolution (a square)."""
+    side = (model.get("data") or {}).get("resolution")
+    return (int(side), int(side)) if side else None
+
+
+# NeMo's LoRA for DreamBooth cannot start: MegatronDreamBooth._check_and_add_adapter calls model_utils, which its
+# module never imports (tests/test_dreambooth_nemo.py runs it and expects this NameError).
+LORA_BUG = (
+    "NeMo's dreambooth.py cannot add LoRA adapters: MegatronDreamBooth._check_and_add_adapter calls "
+    "model_utils.import_class_by_path, which nemo/collections/multimodal/models/text_to_image/dreambooth/"
+    "dreambooth.py never imports (NameError when the adapters are added; line 670 at NeMo v2.0.0, 675 at v2.4.0)"
+)
+
+
+def check(cfg: Any) -> None:
+    if cfg.training.model.get("peft"):
+        raise ConfigError(
+            "training.model.peft",
+            f"{LORA_BUG}; allowed: null, the full DreamBooth (training=dreambooth/sd15_512)",
+        )
+    if "data_check" in cfg.stages:  # NeMo's web-dataset loader on tars DreamBooth never reads
+        raise ConfigError(
+            "stages",
+            "data_check reads the prepared tars, which DreamBooth does not train on; the dreambooth stage checks "
+            "its instance folder (dreambooth.instance_dir) instead. Allowed: stages without data_check",
+        )
+    chosen = [name for name in NOT_BUILT if name in cfg.stages]
+    if cfg.rehearsal.enable and "rehearsal" not in chosen:
+        chosen.insert(0, "rehearsal")
+    if chosen:
+        rest = ",".join(name for name in cfg.stages if name not in NOT_BUILT) or "training"
+        raise ConfigError(
+            "rehearsal.enable" if chosen[0] == "rehearsal" and "rehearsal" not in cfg.stages else "stages",
+            f"{chosen[0]} is not built for DreamBooth (docs/dreambooth.md: its checkpoints are "
+            f"MegatronDreamBooth's); allowed: stages=[{rest}] with rehearsal.enable=false",
+        )
+
+
+FAMILY = dataclasses.replace(
+    sd1.FAMILY,
+    name=NAME,
+    title="DreamBooth SD 1.x",
+    matches=matches,
+    refines=sd1.FAMILY.name,
+    trained_size=trained_size,
+    synthetic_keys=None,  # MegatronDreamBooth reads DreamBoothDataset only
+    check=check,
+    rehearsal=None,
+    rehearsal_refusal="the rehearsal runs sd_train.py's MegatronLatentDiffusion, not dreambooth.py",
+    # Also when samples, evaluation or export are planned alone from a given checkpoint.
+    inference_refusal="its checkpoints are MegatronDreamBooth's, which sd_infer.py does not read (docs/dreambooth.md)",
+    reads_prepared_data=False,
+    conf=Path(__file__).resolve().parent / "conf",
+)

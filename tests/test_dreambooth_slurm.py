@@ -1,0 +1,75 @@
+"""DreamBooth end to end on the real test cluster (issue 47), on a CPU partition: `stages=[training]` of the
+plugin's full preset plans the assets job (the tiny SD 1.x repo from the fake Hub as training.weights), the
+dreambooth stage's regularization job (NeMo's own prepare_reg_data drawing with that base model) and NeMo's own
+dreambooth.py (through the launcher's CPU runner), which trains 2 steps on the instance folder and the images the
+job drew, without drawing any itself.
+
+Parts that are STAND-INS: the fake Hub on 127.0.0.1 (tests/hf_fake_hub.py) and no container; everything else is
+the launcher's scripts on Slurm and NeMo's code (NVIDIA's dreambooth.py from NeMo's git tree)."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures.dreambooth import DREAMBOOTH_CPU, REG_IMAGES, instance_folder, nemo_dreambooth, overrides
+from fixtures.finetune import hub_models
+from hf_fake_hub import FakeHub
+
+from launcher import manifest
+from launcher.cli import compose_config, launch
+
+pytestmark = pytest.mark.slow
+REPO_ID, COMMIT = "tiny-org/tiny-sd15", "6" * 40
+RUN = "dreambooth_sd15_512"
+
+
+def test_dreambooth_draws_then_trains_on_a_cpu_partition(
+    slurm_cluster, slurm_shared: Path, nemo_python: str, tiny_assets: Path, tiny_repos: dict[str, Path]
+) -> None:
+    shared = slurm_shared
+    models = hub_models(shared, tiny_assets, {REPO_ID: {COMMIT: tiny_repos["sd1"]}})
+    instance = instance_folder(shared / "instance")
+    script = nemo_dreambooth(shared)
+    given = overrides(False, f"hf://{REPO_ID}@{COMMIT}", instance)
+    with FakeHub({}, models=models) as hub:
+        launch(
+            compose_config(
+                [
+                    f"cluster.shared_dir={shared}",
+                    "cluster=slurm",
+                    "container=none",
+                    f"container.python={sys.executable}",
+                    "cluster.gpus_per_node=0",
+                    "cluster.cpus_per_node=2",
+                    "stages=[training]",
+                    f"+env.HF_ENDPOINT={hub.url}",
+                    f"+env.NEMO_DREAMBOOTH={script}",
+                    *given,
+                    "training.trainer.num_nodes=1",
+                    f"training.run.script={DREAMBOOTH_CPU}",
+                    f"training.run.python={nemo_python}",
+                ]
+            )
+        )
+        run = shared / "results" / RUN
+        records = manifest.load(run)
+        logs = {}
+        for record in records:
+            states = {job.state for job in slurm_cluster.wait_jobs(record.job_id, timeout=900)}
+            log = next(run.glob(f"*/logs/{record.name}_*.out"), None)
+            logs[record.name] = log.read_text() if log else ""
+            text = logs[record.name]
+            assert states == {"COMPLETED"}, (record.name, states, text[text.find("Traceback") :][-6000:])
+    assert [record.name for record in records] == ["pretrained_assets", "dreambooth_regularization", RUN]
+    drawn = sorted((run / "dreambooth_regularization").iterdir())
+    assert len(drawn) >= REG_IMAGES, drawn
+    training = logs[RUN]
+    assert "cpu_training: patched" in training and "No enough images" not in training
+    opened = [Path(p) for p in re.findall(r"dreambooth_cpu: image (.+)", training)]
+    assert {p.parent for p in opened} == {instance, run / "dreambooth_regularization"}, opened
+    losses = [float(v) for v in re.findall(r"dreambooth_cpu: step=\d+ loss=(\S+)", training)]
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses), losses
