@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from data_prep.array_task import my_tars, worker_slot
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
 from data_prep.family_settings import read_settings
 from data_prep.faults import step_main
@@ -54,19 +55,6 @@ ENCODE_KEYS = (
 )
 # SDXL caches only the caption embedders' outputs (data_prep.text_cache): one cache serves every stage.
 TEXT_ENCODE_KEYS = ("conditioner_config", "precision")
-
-
-def worker_slot(env: dict[str, str]) -> tuple[int, int]:
-    """(this process's index, processes in all) from Slurm: array task x tasks per job + procid."""
-    task = int(env.get("SLURM_ARRAY_TASK_ID", 0)) - int(env.get("SLURM_ARRAY_TASK_MIN", 0))
-    tasks = int(env.get("SLURM_ARRAY_TASK_COUNT", 1))
-    procs = int(env.get("SLURM_NTASKS", 1))
-    return task * procs + int(env.get("SLURM_PROCID", 0)), tasks * procs
-
-
-def my_tars(tars: list[str], worker: int, workers: int) -> list[str]:
-    """A contiguous slice; every tar goes to exactly one worker."""
-    return tars[worker * len(tars) // workers : (worker + 1) * len(tars) // workers]
 
 
 def fingerprint(model: Any, text_only: bool) -> str:

@@ -58,7 +58,7 @@ def tasks(explicit: int | None, rows: int | None, per_task: int, ceiling: int, w
     return max(1, min(math.ceil(rows / per_task), ceiling))
 
 
-def _tars(cfg: Any, rows: int | None) -> int:
+def training_tars(cfg: Any, rows: int | None) -> int:
     """Training tars the plan can produce (at least 1): reorganize_tar's outputs."""
     chunk = cfg.data_preparation.reorganize_tar.tar_chunk_size
     return max(1, math.ceil((rows or 0) / chunk))
@@ -67,13 +67,13 @@ def _tars(cfg: Any, rows: int | None) -> int:
 def reorganize_tasks(cfg: Any) -> int:
     step, rows = cfg.data_preparation.reorganize_tar, planned_rows(cfg)
     without = TASKS_WITHOUT_ROWS["reorganize_tar"]
-    return tasks(step.num_tasks, rows, step.rows_per_task, _tars(cfg, rows), without)
+    return tasks(step.num_tasks, rows, step.rows_per_task, training_tars(cfg, rows), without)
 
 
 def encode_tasks(cfg: Any) -> int:
     pre, rows = cfg.data_preparation.precache, planned_rows(cfg)
     return tasks(
-        pre.num_tasks, rows, pre.rows_per_task, _tars(cfg, rows), TASKS_WITHOUT_ROWS["encode_latents"]
+        pre.num_tasks, rows, pre.rows_per_task, training_tars(cfg, rows), TASKS_WITHOUT_ROWS["encode_latents"]
     )
 
 
@@ -121,7 +121,7 @@ def step_sizes(cfg: Any, gpus_per_node: int, encode: bool) -> list[StepSize]:
         )
     if dp.generate_wdinfo.enable:
         rate = f"{WDINFO_TARS_PER_S:,} tars/s (measured CPU rate, 2-core dev machine)"
-        tars = None if rows is None else _tars(cfg, rows)
+        tars = None if rows is None else training_tars(cfg, rows)
         out.append(
             StepSize(
                 "generate_wdinfo",
@@ -157,6 +157,6 @@ def notes(cfg: Any, encode: bool) -> tuple[str, ...]:
             "(or download_parquet.max_rows) to size them by the data"
         )
     else:
-        head = f"sizing: {rows:,} rows planned, at most {_tars(cfg, rows):,} tars"
+        head = f"sizing: {rows:,} rows planned, at most {training_tars(cfg, rows):,} tars"
     sizes = step_sizes(cfg, int(cfg.cluster.gpus_per_node), encode)
     return (head, *(f"sizing: {size.describe()}" for size in sizes))

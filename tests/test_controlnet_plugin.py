@@ -17,10 +17,12 @@ from conftest import compose_config
 from PIL import Image
 
 from data_prep.tar_checks import check_tar_members
+from data_prep.wdinfo import Wdinfo, write_wdinfo
 from launcher.cli import launch
 from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.plugins.controlnet import family as controlnet
+from launcher.plugins.controlnet import hints
 from launcher.plugins.controlnet.hints import add_hints
 from launcher.plugins.controlnet.stage import ControlnetHintsConfig
 from launcher.validate import to_schema
@@ -90,7 +92,12 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
     assert model["image_logger"] is None and model["control_key"] == "hint" and cfg.training.weights is None
     composed = compose_config(_argv(tmp_path))  # as the run's config.yaml is written: no sd15_ckpt entry
     # The preset composes the hints step's keys (so they are set without `+`), as its schema's defaults.
-    assert dict(composed.controlnet_hints) == {"low_threshold": 100, "high_threshold": 200}
+    assert dict(composed.controlnet_hints) == {
+        "low_threshold": 100,
+        "high_threshold": 200,
+        "num_tasks": None,
+        "rows_per_task": 2_000_000,
+    }
     assert (ControlnetHintsConfig().low_threshold, ControlnetHintsConfig().high_threshold) == (100, 200)
     assert composed.training.model.unet_config.from_pretrained == ckpt
     moved = to_schema(compose_config(_argv(tmp_path, f"+assets.sd15_ckpt.local_dir={tmp_path}/elsewhere")))
@@ -195,3 +202,30 @@ def test_data_check_refuses_tars_without_the_hint_and_warns_on_some(tmp_path: Pa
         family_of({"cond_stage_config": {"_target_": "x.FrozenCLIPEmbedder"}}).cache.loader.members,
     )
     assert sd["errors"] == [] and sd["warnings"] == []
+
+
+@pytest.mark.parametrize(("overrides", "tasks"), [((), 3), (("controlnet_hints.num_tasks=2",), 2)])
+def test_the_hints_step_is_an_array_sized_by_the_planned_rows(
+    tmp_path: Path, overrides: tuple[str, ...], tasks: int
+) -> None:
+    rows = "data_preparation.download_parquet.max_rows=5000000"  # 2,000,000 rows a task: 3 tasks
+    run = launch(compose_config(_argv(tmp_path, rows, *overrides)))
+    script = (run / "controlnet_hints" / "controlnet_hints.sbatch").read_text()
+    assert f"#SBATCH --array=0-{tasks - 1}\n" in script
+
+
+def test_each_array_task_hints_its_own_share_of_the_tars(tmp_path: Path, monkeypatch) -> None:
+    names = [f"{i:06d}.tar" for i in range(3)]
+    for i, name in enumerate(names):
+        _tar(tmp_path / name, {f"{i}{j}": {"jpg": _jpeg(j), "txt": b"a caption"} for j in range(2)})
+    write_wdinfo(tmp_path / "wdinfo.pkl", Wdinfo(names, chunk_size=2, total_key_count=6))
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "0")
+    hinted = []
+    for task in ("0", "1"):
+        monkeypatch.setenv("SLURM_ARRAY_TASK_ID", task)
+        before = {name: (tmp_path / name).stat().st_ino for name in names}
+        assert hints.main([str(tmp_path), "--low", "100", "--high", "200"]) == 0
+        hinted.append([name for name in names if (tmp_path / name).stat().st_ino != before[name]])
+    assert hinted == [["000000.tar"], ["000001.tar", "000002.tar"]]  # each tar by one task, once
+    assert all(f"{i}{j}.png" in _members(tmp_path / name) for i, name in enumerate(names) for j in range(2))

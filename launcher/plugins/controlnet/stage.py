@@ -1,19 +1,21 @@
-"""controlnet_hints: ControlNet's own data step, after data preparation (it extends that stage): one CPU
-job that writes a <key>.png hint (Canny edges) beside every sample of the prepared tars, which data_check
-and training then wait for. Planned whenever the trained family is ControlNet."""
+"""controlnet_hints: ControlNet's own data step, after data preparation (it extends that stage): a CPU array
+that writes a <key>.png hint (Canny edges) beside every sample of the prepared tars, each task its share
+of the tars, which data_check and training then wait for. Planned whenever the trained family is
+ControlNet."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher import sizing
 from launcher.config import JobResources
 from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.plugins.controlnet.family import NAME as FAMILY
 from launcher.rules import Range, ruled
-from launcher.spec import JobSpec
+from launcher.spec import Array, JobSpec
 from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import cpu_resources, make_job
 
@@ -22,6 +24,8 @@ PROGRAM = "launcher.plugins.controlnet.hints"
 # cv2.Canny's gradient-magnitude thresholds; 100/200 as ControlNet's own Canny annotator
 # (lllyasviel/ControlNet gradio_canny2image.py defaults).
 THRESHOLD = Range(1, 1000)
+# Tasks when the planned rows are unknown.
+TASKS_WITHOUT_ROWS = 4
 
 
 @dataclass
@@ -34,7 +38,25 @@ class ControlnetHintsConfig:
     high_threshold: int = ruled(
         THRESHOLD, 200, help="Canny's upper hysteresis threshold (cv2.Canny threshold2); above low_threshold."
     )
+    num_tasks: int | None = ruled(
+        Range(1),
+        None,
+        help="Array tasks writing the hints, each its share of the tars; null = the planned rows / rows_per_task "
+        f"(at most one a tar; {TASKS_WITHOUT_ROWS} when the rows are unknown).",
+    )
+    rows_per_task: int = ruled(
+        Range(1),
+        2_000_000,
+        help="Rows one task is sized for when num_tasks is null (Canny on one CPU: about 500 samples/s at "
+        "512 px; a task hints its tars in a process per CPU of resources.cpus_per_task).",
+    )
     resources: JobResources = field(default_factory=JobResources)
+
+
+def hint_tasks(cfg: Any) -> int:
+    hints, rows = cfg.controlnet_hints, sizing.planned_rows(cfg)
+    ceiling = sizing.training_tars(cfg, rows)
+    return sizing.tasks(hints.num_tasks, rows, hints.rows_per_task, ceiling, TASKS_WITHOUT_ROWS)
 
 
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
@@ -42,7 +64,9 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     argv = ctx.module(
         PROGRAM, ctx.layout.tar_dir, "--low", hints.low_threshold, "--high", hints.high_threshold
     )
-    return (make_job(ctx, stage=NAME, name=NAME, argv=argv, resources=cpu_resources(ctx, hints.resources)),)
+    array = Array(hint_tasks(ctx.cfg), key=f"{NAME}.num_tasks")
+    resources = cpu_resources(ctx, hints.resources)
+    return (make_job(ctx, stage=NAME, name=NAME, argv=argv, resources=resources, array=array),)
 
 
 def is_controlnet(cfg: Any) -> bool:
@@ -68,5 +92,7 @@ STAGE = StageSpec(
     extends="data_preparation",
     data_role=DataRole.writes,
     check=check,
-    notes=lambda ctx: (f"{NAME}: Canny edges as <key>.png hints beside the prepared tars",),
+    notes=lambda ctx: (
+        f"{NAME}: Canny edges as <key>.png hints beside the prepared tars, {hint_tasks(ctx.cfg)} array task(s)",
+    ),
 )
