@@ -66,6 +66,18 @@ def compose_config(overrides: list[str]) -> DictConfig:
     return _compose(overrides)
 
 
+def conf_presets(group: str) -> list[str]:
+    """The group's presets in conf/ and in the conf folders the families bring (launcher/plugins/)."""
+    from launcher import families
+
+    roots = [REPO / "conf", *(family.conf for family in families.FAMILIES if family.conf)]
+    return sorted(
+        str(p.relative_to(root / group).with_suffix(""))
+        for root in roots
+        for p in (root / group).rglob("*.yaml")
+    )
+
+
 def aws_argv(tmp_path: Path) -> list[str]:
     """The README's P5 command with a (fake) image and tmp_path as the shared file system."""
     (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, compose_config
+from conftest import REPO, compose_config, conf_presets
 from omegaconf import OmegaConf
 
 from launcher.cli import main
@@ -111,9 +111,7 @@ def _refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return err.removeprefix("error: ").rstrip("\n")
 
 
-def _presets(group: str) -> list[str]:
-    folder = REPO / "conf" / group
-    return sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
+_presets = conf_presets
 
 
 @pytest.mark.parametrize(

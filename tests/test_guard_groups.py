@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import conf_presets
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -97,16 +98,7 @@ def _choices(*overrides: str) -> dict[str, str | None]:
     return dict(compose_config(list(overrides), with_hydra=True).hydra.runtime.choices)
 
 
-def _options(group: str) -> list[str]:
-    """The group's presets in conf/ and in the conf folders the families bring (launcher/plugins/)."""
-    from launcher import families
-
-    roots = [CONF, *(family.conf for family in families.FAMILIES if family.conf)]
-    return sorted(
-        str(p.relative_to(root / group).with_suffix(""))
-        for root in roots
-        for p in (root / group).rglob("*.yaml")
-    )
+_options = conf_presets
 
 
 def test_each_group_holds_one_kind() -> None:

@@ -31,7 +31,7 @@ PROGRAM = "launcher.plugins.dreambooth.regularization"
 
 @dataclass
 class DreamBoothConfig:
-    # Null here: conf/dreambooth/default.yaml's values where a DreamBooth preset brings that file into the
+    # Null here: conf/dreambooth.yaml's values where a DreamBooth preset brings that file into the
     # root config (its keys then need no `+`; the presets interpolate the data source's: ${dreambooth.<key>}).
     instance_dir: str | None = ruled(
         Text(),
