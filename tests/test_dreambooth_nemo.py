@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from fixtures.dreambooth import (
+    NEMO_DREAMBOOTH,
     REG_IMAGES,
     DreamBoothRun,
     instance_folder,
-    nemo_dreambooth,
     overrides,
     run_regularization,
     run_training,
@@ -39,7 +39,7 @@ def _train(nemo_python: str, shared: Path, repo: Path) -> DreamBoothRun:
     assert staged.returncode == 0, staged.stdout + staged.stderr
     render_training(shared, name, *given, tiny=())
     run = shared / "results" / name
-    script = nemo_dreambooth(shared)
+    script = NEMO_DREAMBOOTH
     drawn = run_regularization(nemo_python, run, script)
     assert drawn.returncode == 0, (drawn.stdout + drawn.stderr)[-4000:]
     config = next((run / "training").glob("*.yaml"))
@@ -69,7 +69,7 @@ def test_the_base_model_draws_the_regularization_images_before_training(
     assert not list(run.regularization.parent.glob(".*.part")), "the staging folder is left"
     assert f"drawing {REG_IMAGES} images" in run.reg_log
     # Launched again it finds them and draws nothing.
-    again = run_regularization(nemo_python, run.run, nemo_dreambooth(run.run))
+    again = run_regularization(nemo_python, run.run, NEMO_DREAMBOOTH)
     assert again.returncode == 0 and "nothing to draw" in again.stdout, again.stderr[-2000:]
     assert sorted(run.regularization.iterdir()) == images
 
@@ -105,7 +105,7 @@ def test_nemo_dreambooth_lora_fails_as_the_launcher_says(
     config.exp_manager.explicit_log_dir = str(tmp_path / "results")
     lora = tmp_path / "lora.yaml"
     OmegaConf.save(config, lora)
-    done = run_training(nemo_python, lora, nemo_dreambooth(tmp_path))
+    done = run_training(nemo_python, lora, NEMO_DREAMBOOTH)
     assert done.returncode != 0
     assert "NameError: name 'model_utils' is not defined" in done.stderr, done.stderr[-3000:]
     assert "_check_and_add_adapter" in done.stderr
@@ -127,7 +127,7 @@ def test_a_crashed_attempt_s_whole_images_are_kept_and_its_half_written_one_drop
     kept = sorted(dreamboothed.regularization.iterdir())[0]
     (staged / "earlier_0_0.png").write_bytes(kept.read_bytes())
     (staged / "earlier_0_1.png").write_bytes(kept.read_bytes()[:200])  # killed while writing
-    done = run_regularization(nemo_python, tmp_path, nemo_dreambooth(tmp_path))
+    done = run_regularization(nemo_python, tmp_path, NEMO_DREAMBOOTH)
     assert done.returncode == 0, done.stderr[-3000:]
     names = sorted(path.name for path in final.iterdir())
     assert "earlier_0_0.png" in names and "earlier_0_1.png" not in names, names

@@ -5,7 +5,8 @@ dreambooth.py (through the launcher's CPU runner), which trains 2 steps on the i
 job drew, without drawing any itself.
 
 Parts that are STAND-INS: the fake Hub on 127.0.0.1 (tests/hf_fake_hub.py) and no container; everything else is
-the launcher's scripts on Slurm and NeMo's code (NVIDIA's dreambooth.py from NeMo's git tree)."""
+the launcher's scripts on Slurm and NeMo's code (NVIDIA's dreambooth.py: v2.4.0's, kept in
+tests/nemo_cpu/nemo_scripts)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures.dreambooth import DREAMBOOTH_CPU, REG_IMAGES, instance_folder, nemo_dreambooth, overrides
+from fixtures.dreambooth import DREAMBOOTH_CPU, NEMO_DREAMBOOTH, REG_IMAGES, instance_folder, overrides
 from fixtures.finetune import hub_models
 from hf_fake_hub import FakeHub
 
@@ -33,7 +34,7 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
     shared = slurm_shared
     models = hub_models(shared, tiny_assets, {REPO_ID: {COMMIT: tiny_repos["sd1"]}})
     instance = instance_folder(shared / "instance")
-    script = nemo_dreambooth(shared)
+    script = NEMO_DREAMBOOTH
     given = overrides(False, f"hf://{REPO_ID}@{COMMIT}", instance)
     with FakeHub({}, models=models) as hub:
         launch(
