@@ -23,8 +23,6 @@ from launcher.plugins.controlnet.family import CKPT_FILE
 pytestmark = pytest.mark.slow
 
 CONTROLNET_TRAIN_CPU = REPO / "tests" / "nemo_cpu" / "controlnet_train_cpu.py"
-NEMO_SCRIPT = REPO / "tests" / "nemo_cpu" / "nemo_scripts" / "controlnet_train.py"
-MIRROR = Path("/work/.mirror/NVIDIA+NeMo/repo")
 PARAMS = "training.model.control_stage_config.params"
 CROP = "training.model.data.train.augmentations"
 # The control stage at the UNet's tiny sizes (it copies the UNet's encoder: the same widths and levels).
@@ -122,12 +120,3 @@ def test_nemo_trains_controlnet_on_the_hints_step_output(
         f"batches {len(batches)}, control tensors {equal}/{total}, losses {sorted(set(losses), reverse=True)}"
     )
     assert sorted((config.parent / "results" / "checkpoints").glob("*step=2*.ckpt"))
-
-
-@pytest.mark.skipif(not MIRROR.is_dir(), reason="no NeMo mirror here")
-def test_the_vendored_controlnet_train_is_nemo_v2_4_0s() -> None:
-    path = "examples/multimodal/text_to_image/controlnet/controlnet_train.py"
-    shown = subprocess.run(
-        ["git", "-C", str(MIRROR), "show", f"v2.4.0:{path}"], capture_output=True, text=True, timeout=60
-    )
-    assert shown.returncode == 0 and shown.stdout == NEMO_SCRIPT.read_text()

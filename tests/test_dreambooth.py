@@ -103,11 +103,29 @@ def test_the_stage_is_placed_right_after_the_assets() -> None:
     assert names.index("dreambooth") == names.index("assets") + 1
 
 
-def test_the_lora_preset_is_refused_naming_nemos_bug(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as refused:
-        _plan(tmp_path, "training=dreambooth/sd15_512_lora")
-    assert refused.value.key == "training.model.peft"
-    assert "model_utils" in str(refused.value) and "training=dreambooth/sd15_512" in str(refused.value)
+PROGRAM = ("-m", "launcher.plugins.dreambooth.train")
+NO_FT = "training.exp_manager.create_fault_tolerance_callback=false"
+CPU = ("cluster.gpus_per_node=0", "cluster.cpus_per_node=2", "training.trainer.num_nodes=1", NO_FT)
+
+
+@pytest.mark.parametrize(
+    ("extra", "before"),
+    [
+        ((), "--max-restarts=3"),  # each rank started by ft_launcher, its -m
+        ((NO_FT,), "-u"),
+        (CPU, "launcher.jobs.cpu_training"),  # after the CPU runner's patches
+    ],
+)
+def test_the_lora_preset_trains_nemos_script_under_the_plugins_program(
+    tmp_path: Path, extra: tuple[str, ...], before: str
+) -> None:
+    """Family.training_program: NeMo's dreambooth.py unchanged, run by train.py (the fix LoRA needs)."""
+    plan = _plan(tmp_path, "training=dreambooth/sd15_512_lora", *extra)
+    argv = plan.jobs[-1].argv
+    at = argv.index(PROGRAM[1]) - 1
+    assert argv[at - 1] == before and argv[at : at + 2] == PROGRAM
+    assert argv[at + 2].endswith("/dreambooth/dreambooth.py") and argv[at + 3] == "--config-path"
+    assert _files(plan)["dreambooth_sd15_lora_512.yaml"]["model"]["peft"]["peft_scheme"] == "sdlora"
 
 
 @pytest.mark.parametrize(

@@ -7,28 +7,29 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 from fixtures.dreambooth import (
+    NEMO_DREAMBOOTH,
     REG_IMAGES,
     DreamBoothRun,
     instance_folder,
-    nemo_dreambooth,
     overrides,
     run_regularization,
     run_training,
 )
 from fixtures.finetune import stage_weights
+from fixtures.nemo import REPO
 from nemo_cpu.harness import render_training
 from omegaconf import OmegaConf
 
 from launcher.plugins.dreambooth.family import FAMILY
+from launcher.plugins.dreambooth.train import MODULE
 
 pytestmark = pytest.mark.slow
 PNG = b"\x89PNG\r\n\x1a\n"
-assert FAMILY.conf is not None
-LORA_PRESET = FAMILY.conf / "training" / "dreambooth" / "sd15_512_lora.yaml"
 
 
 def _train(nemo_python: str, shared: Path, repo: Path) -> DreamBoothRun:
@@ -39,7 +40,7 @@ def _train(nemo_python: str, shared: Path, repo: Path) -> DreamBoothRun:
     assert staged.returncode == 0, staged.stdout + staged.stderr
     render_training(shared, name, *given, tiny=())
     run = shared / "results" / name
-    script = nemo_dreambooth(shared)
+    script = NEMO_DREAMBOOTH
     drawn = run_regularization(nemo_python, run, script)
     assert drawn.returncode == 0, (drawn.stdout + drawn.stderr)[-4000:]
     config = next((run / "training").glob("*.yaml"))
@@ -69,7 +70,7 @@ def test_the_base_model_draws_the_regularization_images_before_training(
     assert not list(run.regularization.parent.glob(".*.part")), "the staging folder is left"
     assert f"drawing {REG_IMAGES} images" in run.reg_log
     # Launched again it finds them and draws nothing.
-    again = run_regularization(nemo_python, run.run, nemo_dreambooth(run.run))
+    again = run_regularization(nemo_python, run.run, NEMO_DREAMBOOTH)
     assert again.returncode == 0 and "nothing to draw" in again.stdout, again.stderr[-2000:]
     assert sorted(run.regularization.iterdir()) == images
 
@@ -92,23 +93,52 @@ def test_nemo_dreambooth_trains_on_instance_and_regularization_images(
     assert sorted(run.checkpoints.glob("*step=2*.ckpt")), list(run.checkpoints.iterdir())
 
 
-def test_nemo_dreambooth_lora_fails_as_the_launcher_says(
-    dreamboothed: DreamBoothRun, nemo_python: str, tmp_path: Path
+def _steps(log: str) -> list[tuple[int, float, int, int]]:
+    found = re.findall(r"dreambooth_cpu: step=(\d+) loss=(\S+) trainable=(\d+) total=(\d+)", log)
+    return [(int(step), float(loss), int(trainable), int(total)) for step, loss, trainable, total in found]
+
+
+def test_nemo_dreambooth_lora_trains_adapters_on_instance_and_regularization_images(
+    dreamboothed: DreamBoothRun, nemo_python: str, tiny_repos: dict[str, Path]
 ) -> None:
-    """The LoRA preset is refused (launcher/plugins/dreambooth/family.py LORA_BUG): NeMo's own dreambooth.py on the
-    full run's config with the LoRA preset's `peft` section stops at the NameError the refusal names. When NeMo
-    fixes it, this fails: lift the refusal."""
+    """The LoRA preset's config, trained as its job runs NeMo's dreambooth.py: under the plugin's program
+    (Family.training_program), which binds the model_utils NeMo's module lacks; on the full run's images."""
     run = dreamboothed
-    config = OmegaConf.load(next((run.run / "training").glob("*.yaml")))
-    preset = OmegaConf.load(LORA_PRESET)
-    config.model.peft = preset.model.peft
-    config.exp_manager.explicit_log_dir = str(tmp_path / "results")
-    lora = tmp_path / "lora.yaml"
-    OmegaConf.save(config, lora)
-    done = run_training(nemo_python, lora, nemo_dreambooth(tmp_path))
-    assert done.returncode != 0
-    assert "NameError: name 'model_utils' is not defined" in done.stderr, done.stderr[-3000:]
-    assert "_check_and_add_adapter" in done.stderr
+    shared, name = run.run.parents[1], "dreambooth_lora"
+    given = overrides(
+        True,
+        tiny_repos["sd1"],
+        run.instance,
+        f"dreambooth.regularization_dir={run.regularization}",
+        f"training.run.python={nemo_python}",
+        "training.model.peft.lora_tuning.adapter_dim=4",  # rank 32 is the tiny UNet's widths
+    )
+    render_training(shared, name, *given, tiny=())
+    config = next((shared / "results" / name / "training").glob("*.yaml"))
+    done = run_training(nemo_python, config, NEMO_DREAMBOOTH, "-m", FAMILY.training_program or "")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert f"dreambooth.train: bound {MODULE}.model_utils" in done.stdout
+    opened = {Path(p).parent for p in re.findall(r"dreambooth_cpu: image (.+)", done.stdout)}
+    assert opened == {run.instance, run.regularization}, opened
+    steps, full = _steps(done.stdout), _steps(run.log)
+    assert [s[0] for s in steps] == [0, 1] and all(math.isfinite(s[1]) for s in steps), steps
+    trainable, total = steps[-1][2:]
+    # Only the adapters train (what they added to the model), a small part of what the full DreamBooth trains.
+    assert 0 < trainable == total - full[-1][3] < full[-1][2] // 20, (steps[-1], full[-1])
+    print(f"LoRA trainable {trainable} of {total}; full DreamBooth {full[-1][2]} of {full[-1][3]}")
+    assert sorted((shared / "results" / name / "training" / "results" / "checkpoints").glob("*step=2*.ckpt"))
+
+
+def test_the_fix_is_applied_only_where_nemo_lacks_the_name(nemo_python: str) -> None:
+    """train.bind_model_utils on NeMo's module: bound once; asked again (the name now there, as in a NeMo that
+    imports it), nothing is done."""
+    code = "from launcher.plugins.dreambooth.train import bind_model_utils as b; print(b()); print(b())"
+    done = subprocess.run(
+        [nemo_python, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = done.stdout.splitlines()[-2:]
+    assert first.startswith(f"bound {MODULE}.model_utils") and "unpatched" in second, done.stdout
 
 
 def test_a_crashed_attempt_s_whole_images_are_kept_and_its_half_written_one_dropped(
@@ -127,7 +157,7 @@ def test_a_crashed_attempt_s_whole_images_are_kept_and_its_half_written_one_drop
     kept = sorted(dreamboothed.regularization.iterdir())[0]
     (staged / "earlier_0_0.png").write_bytes(kept.read_bytes())
     (staged / "earlier_0_1.png").write_bytes(kept.read_bytes()[:200])  # killed while writing
-    done = run_regularization(nemo_python, tmp_path, nemo_dreambooth(tmp_path))
+    done = run_regularization(nemo_python, tmp_path, NEMO_DREAMBOOTH)
     assert done.returncode == 0, done.stderr[-3000:]
     names = sorted(path.name for path in final.iterdir())
     assert "earlier_0_0.png" in names and "earlier_0_1.png" not in names, names

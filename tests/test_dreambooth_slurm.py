@@ -1,11 +1,12 @@
-"""DreamBooth end to end on the real test cluster (issue 47), on a CPU partition: `stages=[training]` of the
-plugin's full preset plans the assets job (the tiny SD 1.x repo from the fake Hub as training.weights), the
-dreambooth stage's regularization job (NeMo's own prepare_reg_data drawing with that base model) and NeMo's own
-dreambooth.py (through the launcher's CPU runner), which trains 2 steps on the instance folder and the images the
-job drew, without drawing any itself.
+"""DreamBooth end to end on the real test cluster (issue 47), on a CPU partition: `stages=[training]` of each of
+the plugin's presets (full, LoRA) plans the assets job (the tiny SD 1.x repo from the fake Hub as
+training.weights), the dreambooth stage's regularization job (NeMo's own prepare_reg_data drawing with that base
+model) and NeMo's own dreambooth.py (through the launcher's CPU runner and the plugin's training program), which
+trains 2 steps on the instance folder and the images the job drew, without drawing any itself.
 
 Parts that are STAND-INS: the fake Hub on 127.0.0.1 (tests/hf_fake_hub.py) and no container; everything else is
-the launcher's scripts on Slurm and NeMo's code (NVIDIA's dreambooth.py from NeMo's git tree)."""
+the launcher's scripts on Slurm and NeMo's code (NVIDIA's dreambooth.py: v2.4.0's, kept in
+tests/nemo_cpu/nemo_scripts)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures.dreambooth import DREAMBOOTH_CPU, REG_IMAGES, instance_folder, nemo_dreambooth, overrides
+from fixtures.dreambooth import DREAMBOOTH_CPU, NEMO_DREAMBOOTH, REG_IMAGES, instance_folder, overrides
 from fixtures.finetune import hub_models
 from hf_fake_hub import FakeHub
 
@@ -24,17 +25,25 @@ from launcher.cli import compose_config, launch
 
 pytestmark = pytest.mark.slow
 REPO_ID, COMMIT = "tiny-org/tiny-sd15", "6" * 40
-RUN = "dreambooth_sd15_512"
+RUNS = {False: "dreambooth_sd15_512", True: "dreambooth_sd15_lora_512"}
+LORA_RANK = "training.model.peft.lora_tuning.adapter_dim=4"  # rank 32 is the tiny UNet's widths
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_dreambooth_draws_then_trains_on_a_cpu_partition(
-    slurm_cluster, slurm_shared: Path, nemo_python: str, tiny_assets: Path, tiny_repos: dict[str, Path]
+    slurm_cluster,
+    slurm_shared: Path,
+    nemo_python: str,
+    tiny_assets: Path,
+    tiny_repos: dict[str, Path],
+    lora: bool,
 ) -> None:
     shared = slurm_shared
     models = hub_models(shared, tiny_assets, {REPO_ID: {COMMIT: tiny_repos["sd1"]}})
     instance = instance_folder(shared / "instance")
-    script = nemo_dreambooth(shared)
-    given = overrides(False, f"hf://{REPO_ID}@{COMMIT}", instance)
+    script = NEMO_DREAMBOOTH
+    given = overrides(lora, f"hf://{REPO_ID}@{COMMIT}", instance, *((LORA_RANK,) if lora else ()))
+    name = RUNS[lora]
     with FakeHub({}, models=models) as hub:
         launch(
             compose_config(
@@ -55,7 +64,7 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
                 ]
             )
         )
-        run = shared / "results" / RUN
+        run = shared / "results" / name
         records = manifest.load(run)
         logs = {}
         for record in records:
@@ -64,12 +73,16 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
             logs[record.name] = log.read_text() if log else ""
             text = logs[record.name]
             assert states == {"COMPLETED"}, (record.name, states, text[text.find("Traceback") :][-6000:])
-    assert [record.name for record in records] == ["pretrained_assets", "dreambooth_regularization", RUN]
+    assert [record.name for record in records] == ["pretrained_assets", "dreambooth_regularization", name]
     drawn = sorted((run / "dreambooth_regularization").iterdir())
     assert len(drawn) >= REG_IMAGES, drawn
-    training = logs[RUN]
+    training = logs[name]
     assert "cpu_training: patched" in training and "No enough images" not in training
+    assert "dreambooth.train: bound" in training  # the job's training program, after the CPU runner
     opened = [Path(p) for p in re.findall(r"dreambooth_cpu: image (.+)", training)]
     assert {p.parent for p in opened} == {instance, run / "dreambooth_regularization"}, opened
-    losses = [float(v) for v in re.findall(r"dreambooth_cpu: step=\d+ loss=(\S+)", training)]
-    assert len(losses) == 2 and all(math.isfinite(v) for v in losses), losses
+    steps = re.findall(r"dreambooth_cpu: step=\d+ loss=(\S+) trainable=(\d+) total=(\d+)", training)
+    assert len(steps) == 2 and all(math.isfinite(float(s[0])) for s in steps), steps
+    trainable, total = int(steps[-1][1]), int(steps[-1][2])
+    # LoRA: the adapters alone (tests/test_dreambooth_nemo.py measures them against the full run's).
+    assert 0 < trainable < (total // 20 if lora else total), steps

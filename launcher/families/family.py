@@ -298,6 +298,10 @@ class Family:
     # data_preparation nor data_check, gets no dataset paths and no latents switch, and data_preparation
     # planned with it is refused.
     reads_prepared_data: bool = True
+    # A job program the training job runs NeMo's training script under (`python -m PROGRAM SCRIPT ARGS...`; on a
+    # CPU partition after the CPU runner's patches): a job-side fix of NeMo's code the script needs. None: the
+    # script itself.
+    training_program: str | None = None
     # A folder of conf groups it brings (training presets: <conf>/training/<folder>/<preset>.yaml), on
     # Hydra's search path after conf/ (launcher.groups).
     conf: Path | None = None

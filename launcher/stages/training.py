@@ -66,7 +66,15 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
     run = ctx.cfg.training.run
     config = nemo_config.config_path(ctx)
     python = nemo_python.interpreter(ctx.cfg, ctx.facts, nemo_job(ctx.cfg))
-    script = (run.script, "--config-path", str(config.parent), "--config-name", config.name)
+    program = families.family_of(ctx.cfg.training.model).training_program
+    script = (
+        *(("-m", program) if program else ()),  # python's, ft_launcher's and the CPU runner's -m alike
+        run.script,
+        "--config-path",
+        str(config.parent),
+        "--config-name",
+        config.name,
+    )
     resources, rendezvous, srun_args = training_job.resources(ctx), (), ()
     if training_recovery.enabled(ctx.cfg):  # each node's ft_launcher starts its ranks
         argv = (*training_recovery.launcher_argv(ctx.cfg, python, config), *script)

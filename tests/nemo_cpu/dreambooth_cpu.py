@@ -1,6 +1,6 @@
 """NeMo's DreamBooth (examples/multimodal/text_to_image/dreambooth/dreambooth.py) on CPU, for tests: NVIDIA's own
-file, named by NEMO_DREAMBOOTH (it is not in NeMo's wheel: the tests take it from NeMo's git tree at the targeted
-tag; nothing stands in for it), with the CUDA/apex-only calls replaced as for SD (launcher/jobs/nemo_cpu.py,
+file, named by NEMO_DREAMBOOTH (it is not in NeMo's wheel: the tests name v2.4.0's, kept verbatim in
+nemo_scripts/; nothing stands in for it), with the CUDA/apex-only calls replaced as for SD (launcher/jobs/nemo_cpu.py,
 sd_infer_cpu.patch_infer_for_cpu). Given where the launcher gives dreambooth.py (training.run.script), it is
 used two ways:
 

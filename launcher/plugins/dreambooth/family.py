@@ -29,21 +29,7 @@ def trained_size(model: Any) -> tuple[int, int] | None:
     return (int(side), int(side)) if side else None
 
 
-# NeMo's LoRA for DreamBooth cannot start: MegatronDreamBooth._check_and_add_adapter calls model_utils, which its
-# module never imports (tests/test_dreambooth_nemo.py runs it and expects this NameError).
-LORA_BUG = (
-    "NeMo's dreambooth.py cannot add LoRA adapters: MegatronDreamBooth._check_and_add_adapter calls "
-    "model_utils.import_class_by_path, which nemo/collections/multimodal/models/text_to_image/dreambooth/"
-    "dreambooth.py never imports (NameError when the adapters are added; line 670 at NeMo v2.0.0, 675 at v2.4.0)"
-)
-
-
 def check(cfg: Any) -> None:
-    if cfg.training.model.get("peft"):
-        raise ConfigError(
-            "training.model.peft",
-            f"{LORA_BUG}; allowed: null, the full DreamBooth (training=dreambooth/sd15_512)",
-        )
     if "data_check" in cfg.stages:  # NeMo's web-dataset loader on tars DreamBooth never reads
         raise ConfigError(
             "stages",
@@ -76,5 +62,7 @@ FAMILY = dataclasses.replace(
     # Also when samples, evaluation or export are planned alone from a given checkpoint.
     inference_refusal="its checkpoints are MegatronDreamBooth's, which sd_infer.py does not read (docs/dreambooth.md)",
     reads_prepared_data=False,
+    # NeMo's dreambooth.py under the fix its LoRA needs (train.py: the NameError of NeMo's model module).
+    training_program="launcher.plugins.dreambooth.train",
     conf=Path(__file__).resolve().parent / "conf",
 )
