@@ -164,7 +164,7 @@ def _check_own_source(cfg: Any, planned: frozenset[str]) -> None:
     raise ConfigError(
         "stages",
         f"data_preparation makes web-dataset tars that {family.title} training does not read (it reads a data "
-        f"source of its own, docs/{family.name}.md); plan without it: stages=[{rest or 'training'}]",
+        f"source of its own); plan without it: stages=[{rest or 'training'}]",
     )
 
 

@@ -13,6 +13,7 @@ from launcher.errors import ConfigError
 from launcher.families import sd1
 
 NAME = "dreambooth"
+DOCS = "launcher/plugins/dreambooth/docs/dreambooth.md"
 # The stages a DreamBooth run cannot use yet: its checkpoints are MegatronDreamBooth's (unet/vae/text_encoder
 # module names), which the samples, evaluation and export jobs do not read; the rehearsal and the sweep run
 # sd_train.py's MegatronLatentDiffusion.
@@ -43,8 +44,8 @@ def check(cfg: Any) -> None:
         rest = ",".join(name for name in cfg.stages if name not in NOT_BUILT) or "training"
         raise ConfigError(
             "rehearsal.enable" if chosen[0] == "rehearsal" and "rehearsal" not in cfg.stages else "stages",
-            f"{chosen[0]} is not built for DreamBooth (docs/dreambooth.md: its checkpoints are "
-            f"MegatronDreamBooth's); allowed: stages=[{rest}] with rehearsal.enable=false",
+            f"{chosen[0]} is not built for DreamBooth ({DOCS}: its checkpoints are MegatronDreamBooth's); "
+            f"allowed: stages=[{rest}] with rehearsal.enable=false",
         )
 
 
@@ -60,7 +61,7 @@ FAMILY = dataclasses.replace(
     rehearsal=None,
     rehearsal_refusal="the rehearsal runs sd_train.py's MegatronLatentDiffusion, not dreambooth.py",
     # Also when samples, evaluation or export are planned alone from a given checkpoint.
-    inference_refusal="its checkpoints are MegatronDreamBooth's, which sd_infer.py does not read (docs/dreambooth.md)",
+    inference_refusal=f"its checkpoints are MegatronDreamBooth's, which sd_infer.py does not read ({DOCS})",
     reads_prepared_data=False,
     # NeMo's dreambooth.py under the fix its LoRA needs (train.py: the NameError of NeMo's model module).
     training_program="launcher.plugins.dreambooth.train",
