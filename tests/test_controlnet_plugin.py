@@ -90,7 +90,7 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
     assert model["image_logger"] is None and model["control_key"] == "hint" and cfg.training.weights is None
     composed = compose_config(_argv(tmp_path))  # as the run's config.yaml is written: no sd15_ckpt entry
     # The preset composes the hints step's keys (so they are set without `+`), as its schema's defaults.
-    assert dict(composed.controlnet_hints) == {"low_threshold": 100, "high_threshold": 200}
+    assert dict(composed.controlnet_hints) == {"low_threshold": 100, "high_threshold": 200, "hint_images": []}
     assert (ControlnetHintsConfig().low_threshold, ControlnetHintsConfig().high_threshold) == (100, 200)
     assert composed.training.model.unet_config.from_pretrained == ckpt
     moved = to_schema(compose_config(_argv(tmp_path, f"+assets.sd15_ckpt.local_dir={tmp_path}/elsewhere")))
@@ -111,9 +111,8 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
         ("training.model.control_key=edges", "training.model.control_key", "allowed: hint"),
         ("training.model.control_stage_config.params.hint_channels=1", "hint_channels", "allowed: 3"),
         ("training.model.control_stage_config.params.from_NeMo=false", "params.from_NeMo", "loads nothing"),
-        ("stages=[training,samples]", "stages", "names samples, but drawing from ControlNet SD 1.5"),
-        ("stages=[samples]", "stages", "not built yet"),
-        ("stages=[training,evaluation]", "stages", "names evaluation, but drawing from"),
+        ("stages=[training,samples]", "controlnet_hints.hint_images", "has 0 image(s) for 8 samples.prompts"),
+        ("stages=[training,evaluation]", "stages", "names evaluation, but ControlNet SD 1.5 declares no"),
         ("rehearsal=true", "rehearsal.enable", "not built"),
         (
             "training.weights=hf://stable-diffusion-v1-5/stable-diffusion-v1-5",

@@ -12,7 +12,7 @@ from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.plugins.controlnet.family import NAME as FAMILY
-from launcher.rules import Range, ruled
+from launcher.rules import ABS_PATH, Each, Range, ruled
 from launcher.spec import JobSpec
 from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import cpu_resources, make_job
@@ -33,6 +33,12 @@ class ControlnetHintsConfig:
     )
     high_threshold: int = ruled(
         THRESHOLD, 200, help="Canny's upper hysteresis threshold (cv2.Canny threshold2); above low_threshold."
+    )
+    hint_images: list[str] = ruled(
+        Each(ABS_PATH),
+        factory=list,
+        help="The samples stage's hint images (PNG, JPEG): one per samples.prompts entry, in their order, or "
+        "one for all; NeMo's controlnet_infer.py draws each prompt from its hint.",
     )
     resources: JobResources = field(default_factory=JobResources)
 
