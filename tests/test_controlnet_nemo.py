@@ -59,8 +59,16 @@ OVERRIDES = (
     # The hint reaches the UNet through two zero-initialised convolutions in series (ControlNet's input hint
     # block and its output convs): after two Adam steps its effect is about lr^2, so a large rate makes the
     # tiny model's samples depend on the hint visibly (the samples test).
-    "training.model.optim.lr=0.05",
+    "training.model.optim.lr=0.2",
 )
+
+
+_ZERO_CONVS_MOVED = """
+import sys, torch
+state = torch.load(sys.argv[1], map_location="cpu", weights_only=False)["state_dict"]
+convs = [v for k, v in state.items() if ".control_model.zero_convs." in k and k.endswith("weight")]
+print(bool(convs) and all(bool(v.any()) for v in convs))
+"""
 
 
 def _hint_members(tar_dir: Path) -> tuple[int, int]:
@@ -88,6 +96,7 @@ class TrainedControlNet:
     after: tuple[int, dict]
     written: subprocess.CompletedProcess[str]
     trained: subprocess.CompletedProcess[str]
+    python: str  # NeMo's interpreter
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +137,7 @@ def controlnet_run(
         timeout=600,
     )
     trained = run_sd_train(nemo_python, config, logs / "train.log", runner=CONTROLNET_TRAIN_CPU)
-    return TrainedControlNet(shared, config, tar_dir, before, hints, after, written, trained)
+    return TrainedControlNet(shared, config, tar_dir, before, hints, after, written, trained, nemo_python)
 
 
 def test_nemo_trains_controlnet_on_the_hints_step_output(controlnet_run: TrainedControlNet) -> None:
@@ -161,7 +170,13 @@ def test_nemo_trains_controlnet_on_the_hints_step_output(controlnet_run: Trained
     print(
         f"batches {len(batches)}, control tensors {equal}/{total}, losses {sorted(set(losses), reverse=True)}"
     )
-    assert sorted((run.config.parent / "results" / "checkpoints").glob("*step=2*.ckpt"))
+    last = sorted((run.config.parent / "results" / "checkpoints").glob("*step=2*-last.ckpt"))
+    assert last
+    # Training moved the control stage's zero-initialised convolutions (what feeds the hint to the UNet).
+    moved = subprocess.run(
+        [run.python, "-c", _ZERO_CONVS_MOVED, str(last[0])], capture_output=True, text=True
+    )
+    assert moved.returncode == 0 and moved.stdout.split() == ["True"], moved.stdout + moved.stderr[-2000:]
 
 
 def _hint(path: Path, seed: int) -> Path:
