@@ -29,7 +29,9 @@ PRESET = "training=controlnet/sd15_512"
 RUN = "controlnet_sd15_512"
 
 
-def _argv(tmp_path: Path, *overrides: str) -> list[str]:
+def _argv(
+    tmp_path: Path, *overrides: str, stages: str = "[data_preparation,data_check,training]"
+) -> list[str]:
     (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
     return [
         "cluster=aws_p5",
@@ -37,7 +39,7 @@ def _argv(tmp_path: Path, *overrides: str) -> list[str]:
         f"container.mounts=[{tmp_path}:{tmp_path}]",
         f"container.image={tmp_path}/nemo.sqsh",
         PRESET,
-        "stages=[data_preparation,data_check,training]",
+        f"stages={stages}",
         "data_preparation.precache.enable=false",  # on in the GPU cluster presets: refused for ControlNet
         "dry_run=true",
         *overrides,

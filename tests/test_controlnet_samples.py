@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import compose_config
 from PIL import Image
+from test_controlnet_plugin import _argv as plugin_argv
 
 from launcher.cli import launch
 from launcher.errors import ConfigError
@@ -31,19 +32,7 @@ def _hint(path: Path, seed: int) -> Path:
 
 
 def _argv(tmp_path: Path, *overrides: str) -> list[str]:
-    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
-    return [
-        "cluster=aws_p5",
-        f"cluster.shared_dir={tmp_path}",
-        f"container.mounts=[{tmp_path}:{tmp_path}]",
-        f"container.image={tmp_path}/nemo.sqsh",
-        "training=controlnet/sd15_512",
-        "stages=[training,samples]",
-        "data_preparation.precache.enable=false",
-        "dry_run=true",
-        PROMPTS,
-        *overrides,
-    ]
+    return plugin_argv(tmp_path, PROMPTS, *overrides, stages="[training,samples]")
 
 
 def _settings(run: Path) -> SamplingSettings:
