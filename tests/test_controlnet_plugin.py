@@ -31,7 +31,9 @@ PRESET = "training=controlnet/sd15_512"
 RUN = "controlnet_sd15_512"
 
 
-def _argv(tmp_path: Path, *overrides: str) -> list[str]:
+def _argv(
+    tmp_path: Path, *overrides: str, stages: str = "[data_preparation,data_check,training]"
+) -> list[str]:
     (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
     return [
         "cluster=aws_p5",
@@ -39,7 +41,7 @@ def _argv(tmp_path: Path, *overrides: str) -> list[str]:
         f"container.mounts=[{tmp_path}:{tmp_path}]",
         f"container.image={tmp_path}/nemo.sqsh",
         PRESET,
-        "stages=[data_preparation,data_check,training]",
+        f"stages={stages}",
         "data_preparation.precache.enable=false",  # on in the GPU cluster presets: refused for ControlNet
         "dry_run=true",
         *overrides,
@@ -97,6 +99,7 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
         "high_threshold": 200,
         "num_tasks": None,
         "rows_per_task": 2_000_000,
+        "hint_images": [],
     }
     assert (ControlnetHintsConfig().low_threshold, ControlnetHintsConfig().high_threshold) == (100, 200)
     assert composed.training.model.unet_config.from_pretrained == ckpt
@@ -118,9 +121,8 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
         ("training.model.control_key=edges", "training.model.control_key", "allowed: hint"),
         ("training.model.control_stage_config.params.hint_channels=1", "hint_channels", "allowed: 3"),
         ("training.model.control_stage_config.params.from_NeMo=false", "params.from_NeMo", "loads nothing"),
-        ("stages=[training,samples]", "stages", "names samples, but drawing from ControlNet SD 1.5"),
-        ("stages=[samples]", "stages", "not built yet"),
-        ("stages=[training,evaluation]", "stages", "names evaluation, but drawing from"),
+        ("stages=[training,samples]", "controlnet_hints.hint_images", "has 0 image(s) for 8 samples.prompts"),
+        ("stages=[training,evaluation]", "stages", "names evaluation, but ControlNet SD 1.5 declares no"),
         ("rehearsal=true", "rehearsal.enable", "not built"),
         (
             "training.weights=hf://stable-diffusion-v1-5/stable-diffusion-v1-5",

@@ -16,6 +16,7 @@ KEPT = REPO / "tests" / "nemo_cpu" / "nemo_scripts"
 EXAMPLES = "examples/multimodal/text_to_image"
 SCRIPTS = {
     "controlnet_train.py": f"{EXAMPLES}/controlnet/controlnet_train.py",
+    "controlnet_infer.py": f"{EXAMPLES}/controlnet/controlnet_infer.py",
     "dreambooth.py": f"{EXAMPLES}/dreambooth/dreambooth.py",
 }
 

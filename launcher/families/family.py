@@ -57,8 +57,9 @@ class InferenceProgram:
     config: str
     # (sampling settings, prompt row, image column) -> the file name the script gives that image.
     image_name: str
-    # (evaluation settings, array task, local rank) -> exit status: the evaluation's images drawn.
-    generate: str
+    # (evaluation settings, array task, local rank) -> exit status: the evaluation's images drawn; None:
+    # the family has no generator of them, and the evaluation is refused (launcher.stages.sampled).
+    generate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,11 @@ class Inference:
     converts_checkpoints: bool
     # Samplers that take every (timesteps // steps)-th timestep: `steps` must divide the model's timesteps.
     strided_samplers: tuple[str, ...] = ()
+    # "module:function" of the planner's side, (root config) -> what the program reads besides the shared
+    # sampling settings, from the family's own config section (ControlNet's hint images), as JSON values,
+    # refusing bad ones naming their key; None: nothing. The samples stage checks it and writes it into
+    # samples.json (SamplingSettings.program_inputs).
+    program_inputs: str | None = None
     # The evaluation's batch is a global batch NeMo divides by the model's micro batch (generate_fid_images).
     batch_is_global: bool = False
 

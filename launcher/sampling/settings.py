@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,9 @@ class SamplingSettings:
     # files), whose caption embedders the job puts back into a sampling copy of the .nemo
     # (launcher/sampling/text_encoders.py); None for any other model.
     unswitched_config: str | None = None
+    # What the family's inference program reads besides these (its Inference.program_inputs: ControlNet's
+    # hint image per prompt), as the samples stage checked it.
+    program_inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def outputs(self) -> SamplesOutputs:

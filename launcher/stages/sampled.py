@@ -21,7 +21,7 @@ from data_prep.text_cache import PRECACHE_MODE
 from launcher import checkpoints, latents
 from launcher.errors import ConfigError
 from launcher.families import family_of
-from launcher.families.family import Family
+from launcher.families.family import Family, job_function
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
 from launcher.sampling import text_encoders
@@ -49,12 +49,25 @@ def check_sampler(cfg: Any, section: str) -> None:
             f"names {section}, but {fam.inference_refusal}; allowed with a {fam.title} preset: stages without "
             f"{section}",
         )
+    if section == "evaluation" and fam.inference.program.generate is None:
+        raise ConfigError(
+            "stages",
+            f"names {section}, but {fam.title} declares no generator of its images "
+            f"(inference.program.generate); allowed with a {fam.title} preset: stages without {section}",
+        )
     if given is not None and given not in fam.inference.samplers:
         raise ConfigError(
             f"{section}.sampler",
             f"{given!r} is not a sampler of {fam.title}; allowed: {', '.join(fam.inference.samplers)}, or "
             f"null ({fam.inference.default_sampler})",
         )
+
+
+def program_inputs(cfg: Any) -> dict[str, Any]:
+    """What the trained family's inference program reads besides the sampling settings
+    (Inference.program_inputs), refused naming the key when bad."""
+    reference = family(cfg).inference.program_inputs
+    return job_function(reference)(cfg) if reference else {}
 
 
 def strided(cfg: Any, section: str) -> bool:
@@ -224,6 +237,6 @@ def check_nemo_given(cfg: Any) -> None:
     if given and not str(given).endswith(".nemo"):
         raise ConfigError(
             "samples.checkpoint",
-            f"{given}: an {title} training checkpoint cannot be sampled (NeMo's convert_ckpt_to_nemo.py has no "
-            f"{title} model type); allowed: null (the .nemo training saves at its end) or a .nemo",
+            f"{given}: an {title} training checkpoint cannot be sampled (the samples job converts no "
+            f"{title} checkpoint to a .nemo); allowed: null (the .nemo training saves at its end) or a .nemo",
         )

@@ -144,6 +144,7 @@ def settings(ctx: Context) -> SamplingSettings:
         resolution=sc.resolution,
         precision=sc.precision,
         unswitched_config=str(unswitched[0]) if unswitched else None,
+        program_inputs=sampled.program_inputs(ctx.cfg),
     )
 
 
@@ -223,6 +224,7 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
     """A sampler of the trained family, steps it can take, a checkpoint it can sample that the container
     sees, and prompts NeMo would save over each other (it names images by their first 50 characters)."""
     sampled.check_sampler(cfg, NAME)
+    sampled.program_inputs(cfg)  # the family's own inputs, refused naming their key
     _check_steps(cfg)
     sampled.check_nemo_given(cfg)
     if cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:

@@ -7,7 +7,8 @@ ControlLDM is a LatentDiffusion, and its get_input moves the hint with torch.cud
 
 The second form writes a tiny stand-in for SD 1.5's single-file checkpoint: the config's UNet (NeMo's own
 UNetModel at the config's sizes, seeded) under CompVis's names (model.diffusion_model.*), in a torch file with
-a `state_dict`, as v1-5-pruned-emaonly.ckpt is laid out.
+a `state_dict`, as v1-5-pruned-emaonly.ckpt is laid out; its zero-initialised tensors filled (seeded), as a
+trained UNet's are.
 
 Besides the patches, it prints for the tests: the UNet's load (sd_train_cpu.report_unet_load), how many of
 the control stage's tensors ControlNet.load_from_unet filled from the checkpoint, and each batch's hint as
@@ -40,6 +41,12 @@ def write_checkpoint(config: Path, out: Path) -> None:
     unet_config = OmegaConf.load(config).model.unet_config
     torch.manual_seed(0)
     unet = instantiate({**OmegaConf.to_container(unet_config), "from_pretrained": None})
+    # A trained UNet's zero-initialised tensors (its output conv, each block's last conv, zero_module's) are
+    # not zero: left at zero the UNet's output is 0 whatever its input, so with sd_locked no gradient reaches
+    # the control stage (two steps changed none of its tensors) and samples ignore prompt and hint.
+    for value in unet.state_dict().values():
+        if value.is_floating_point() and not value.any():
+            value.normal_(0.0, 0.05)
     state = {PREFIX + key: value for key, value in unet.state_dict().items()}
     torch.save({"state_dict": state}, out)
     print(f"controlnet_train_cpu: wrote {len(state)} UNet tensors to {out}", flush=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from launcher.errors import ConfigError
 from launcher.families import ldm
-from launcher.families.family import CACHE_SWITCH, Cache, Family, Loader
+from launcher.families.family import CACHE_SWITCH, Cache, Family, Inference, InferenceProgram, Loader
 
 NAME = "controlnet"
 TITLE = "ControlNet SD 1.5"
@@ -114,6 +114,26 @@ def gflop(side: int, inputs: str) -> tuple[float, str]:
     return total, f"{total:,.0f} GFLOP at {side or 256} px (SD's step + the control stage's)"
 
 
+EXAMPLES = "/opt/NeMo/examples/multimodal/text_to_image/controlnet"
+INFER_SCRIPT = f"{EXAMPLES}/controlnet_infer.py"
+# NeMo's controlnet_infer.py (v2.4.0), fed one hint image per prompt (controlnet_hints.hint_images). The
+# samples job samples the .nemo training saves at its end (exp_manager's save_nemo_on_train_end): it converts
+# checkpoints as stable_diffusion only. No evaluation: NeMo has no generator of ControlNet FID images.
+INFERENCE = Inference(
+    samplers=("DDIM", "PLMS"),  # initialize_sampler's; NVIDIA's controlnet_infer.yaml picks DDIM
+    infer_script=INFER_SCRIPT,
+    generate_script=INFER_SCRIPT,  # not run: the evaluation is refused (no program.generate)
+    program=InferenceProgram(
+        name="controlnet_infer",
+        config="launcher.plugins.controlnet.infer:infer_config",
+        image_name="launcher.jobs.samples:image_named_by_prompt",
+    ),
+    converts_checkpoints=False,
+    strided_samplers=("DDIM", "PLMS"),  # make_ddim_timesteps, as SD's
+    program_inputs="launcher.plugins.controlnet.sample_hints:program_inputs",
+)
+
+
 FAMILY = Family(
     name=NAME,
     title=TITLE,
@@ -136,8 +156,7 @@ FAMILY = Family(
             }
         }
     ),
-    inference=ldm.INFERENCE,  # sd_infer.py's: refused (inference_refusal) until controlnet_infer.py is wired
-    inference_refusal=f"drawing from {TITLE} (NeMo's controlnet_infer.py, fed hint images) is not built yet",
+    inference=INFERENCE,
     cache=CACHE,
     trained_size=ldm.trained_size,
     check=check,

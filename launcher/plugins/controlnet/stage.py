@@ -14,7 +14,7 @@ from launcher.context import Context
 from launcher.errors import ConfigError
 from launcher.families import family_of
 from launcher.plugins.controlnet.family import NAME as FAMILY
-from launcher.rules import Range, ruled
+from launcher.rules import ABS_PATH, Each, Range, ruled
 from launcher.spec import Array, JobSpec
 from launcher.stage import DataRole, StageSpec
 from launcher.stages.common import cpu_resources, make_job
@@ -49,6 +49,12 @@ class ControlnetHintsConfig:
         2_000_000,
         help="Rows one task is sized for when num_tasks is null (Canny on one CPU: about 500 samples/s at "
         "512 px; a task hints its tars in a process per CPU of resources.cpus_per_task).",
+    )
+    hint_images: list[str] = ruled(
+        Each(ABS_PATH),
+        factory=list,
+        help="The samples stage's hint images (PNG, JPEG): one per samples.prompts entry, in their order, or "
+        "one for all; NeMo's controlnet_infer.py draws each prompt from its hint.",
     )
     resources: JobResources = field(default_factory=JobResources)
 
