@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 import pytest
 from conftest import compose_config
+from fixtures.controlnet import RUN, controlnet_argv
 from PIL import Image
 
 from data_prep.tar_checks import check_tar_members
@@ -27,35 +28,15 @@ from launcher.plugins.controlnet.hints import add_hints
 from launcher.plugins.controlnet.stage import ControlnetHintsConfig
 from launcher.validate import to_schema
 
-PRESET = "training=controlnet/sd15_512"
-RUN = "controlnet_sd15_512"
-
-
-def _argv(
-    tmp_path: Path, *overrides: str, stages: str = "[data_preparation,data_check,training]"
-) -> list[str]:
-    (tmp_path / "nemo.sqsh").write_bytes(b"hsqs")
-    return [
-        "cluster=aws_p5",
-        f"cluster.shared_dir={tmp_path}",
-        f"container.mounts=[{tmp_path}:{tmp_path}]",
-        f"container.image={tmp_path}/nemo.sqsh",
-        PRESET,
-        f"stages={stages}",
-        "data_preparation.precache.enable=false",  # on in the GPU cluster presets: refused for ControlNet
-        "dry_run=true",
-        *overrides,
-    ]
-
 
 def _refusal(tmp_path: Path, *overrides: str) -> ConfigError:
     with pytest.raises(ConfigError) as error:
-        launch(compose_config(_argv(tmp_path, *overrides)))
+        launch(compose_config(controlnet_argv(tmp_path, *overrides)))
     return error.value
 
 
 def test_the_preset_is_planned_with_its_asset_and_its_hints_step(tmp_path: Path) -> None:
-    run = launch(compose_config(_argv(tmp_path, "controlnet_hints.low_threshold=50")))
+    run = launch(compose_config(controlnet_argv(tmp_path, "controlnet_hints.low_threshold=50")))
     jobs = {job["name"]: job for job in json.loads((run / "manifest.json").read_text())["jobs"]}
     assert list(jobs) == [
         "pretrained_assets",
@@ -84,7 +65,7 @@ def test_the_preset_is_planned_with_its_asset_and_its_hints_step(tmp_path: Path)
 def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) -> None:
     """The preset's fallback (before the family's asset defaults are merged) is that asset's own default,
     and a user's assets.sd15_ckpt.local_dir reaches both keys."""
-    cfg = to_schema(compose_config(_argv(tmp_path)))
+    cfg = to_schema(compose_config(controlnet_argv(tmp_path)))
     model = cfg.training.model
     assert family_of(model).name == "controlnet"
     ckpt = f"{cfg.assets.sd15_ckpt.local_dir}/{controlnet.CKPT_FILE}"
@@ -92,7 +73,9 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
     assert model["unet_config"]["from_pretrained"] == ckpt
     assert model["control_stage_config"]["params"]["from_pretrained_unet"] == ckpt
     assert model["image_logger"] is None and model["control_key"] == "hint" and cfg.training.weights is None
-    composed = compose_config(_argv(tmp_path))  # as the run's config.yaml is written: no sd15_ckpt entry
+    composed = compose_config(
+        controlnet_argv(tmp_path)
+    )  # as the run's config.yaml is written: no sd15_ckpt entry
     # The preset composes the hints step's keys (so they are set without `+`), as its schema's defaults.
     assert dict(composed.controlnet_hints) == {
         "low_threshold": 100,
@@ -103,7 +86,9 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
     }
     assert (ControlnetHintsConfig().low_threshold, ControlnetHintsConfig().high_threshold) == (100, 200)
     assert composed.training.model.unet_config.from_pretrained == ckpt
-    moved = to_schema(compose_config(_argv(tmp_path, f"+assets.sd15_ckpt.local_dir={tmp_path}/elsewhere")))
+    moved = to_schema(
+        compose_config(controlnet_argv(tmp_path, f"+assets.sd15_ckpt.local_dir={tmp_path}/elsewhere"))
+    )
     assert moved.training.model["control_stage_config"]["params"]["from_pretrained_unet"].startswith(
         f"{tmp_path}/elsewhere/"
     )
@@ -211,7 +196,7 @@ def test_the_hints_step_is_an_array_sized_by_the_planned_rows(
     tmp_path: Path, overrides: tuple[str, ...], tasks: int
 ) -> None:
     rows = "data_preparation.download_parquet.max_rows=5000000"  # 2,000,000 rows a task: 3 tasks
-    run = launch(compose_config(_argv(tmp_path, rows, *overrides)))
+    run = launch(compose_config(controlnet_argv(tmp_path, rows, *overrides)))
     script = (run / "controlnet_hints" / "controlnet_hints.sbatch").read_text()
     assert f"#SBATCH --array=0-{tasks - 1}\n" in script
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import compose_config
+from fixtures.controlnet import controlnet_argv
 from PIL import Image
-from test_controlnet_plugin import _argv as plugin_argv
 
 from launcher.cli import launch
 from launcher.errors import ConfigError
@@ -32,7 +32,7 @@ def _hint(path: Path, seed: int) -> Path:
 
 
 def _argv(tmp_path: Path, *overrides: str) -> list[str]:
-    return plugin_argv(tmp_path, PROMPTS, *overrides, stages="[training,samples]")
+    return controlnet_argv(tmp_path, PROMPTS, *overrides, stages="[training,samples]")
 
 
 def _settings(run: Path) -> SamplingSettings:
