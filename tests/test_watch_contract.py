@@ -87,6 +87,12 @@ def test_a_running_job_shows_running_then_cancel_stops_it(
 ) -> None:
     run, launcher = running
     wait_for(run, lambda found: found.get("sleeper") is not None and "RUNNING" in found["sleeper"].states)
+    # RUNNING is the job's process started; on a loaded machine its first line may come later (CI saw it
+    # cancelled before it printed): the log is read below, so wait for that line here.
+    deadline = time.monotonic() + 30
+    while not any("started" in log.read_text() for log in (run / "toy" / "logs").glob("sleeper_*.out")):
+        assert time.monotonic() < deadline, "the sleeper printed nothing in 30 s"
+        time.sleep(0.1)
     assert main(["status", str(run)]) == 0
     shown = rows(capsys.readouterr().out)
     assert "RUNNING 1 since " + time.strftime("%m-%d") in shown["sleeper"], shown
