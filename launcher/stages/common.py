@@ -90,6 +90,23 @@ def make_job(
     )
 
 
+def gpu_task_resources(ctx: Context, tasks: int, time: str, mem: str | None) -> Resources:
+    """One node, `tasks` tasks of one GPU each and the node's CPUs a GPU; on a cluster without GPUs (local)
+    the same tasks run on CPU."""
+    cl = ctx.cfg.cluster
+    gpus = tasks if cl.gpus_per_node >= 1 else 0
+    cpus = max(cl.cpus_per_node // max(cl.gpus_per_node, 1), 1) if cl.cpus_per_node else 1
+    return Resources(
+        nodes=1,
+        ntasks_per_node=tasks,
+        cpus_per_task=cpus,
+        gpus_per_node=gpus,
+        mem=mem,
+        time=time,
+        partition=cl.partition,
+    )
+
+
 def cpu_resources(ctx: Context, res: JobResources) -> Resources:
     """CPU-only jobs never inherit the GPU/exclusive requests meant for training."""
     cl = ctx.cfg.cluster

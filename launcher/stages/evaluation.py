@@ -36,10 +36,10 @@ from launcher.outputs import EvaluationOutputs, SamplesOutputs
 from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import FOLDER, SLURM_MEM, Choice, Each, Range, SlurmTime, Text, ruled
 from launcher.sampling.resolution import trained_size
-from launcher.spec import Array, JobSpec, Resources
+from launcher.spec import Array, JobSpec
 from launcher.stage import AssetNeeds, StageSpec
 from launcher.stages import sampled
-from launcher.stages.common import after, cpu_resources, make_job, require_mounted
+from launcher.stages.common import after, cpu_resources, gpu_task_resources, make_job, require_mounted
 
 NAME = "evaluation"
 # The CLIP score loads the text encoder's repo as a whole CLIP model (openai's repo holds the image tower
@@ -141,21 +141,6 @@ def settings_path(run: Path) -> Path:
     return EvaluationOutputs(run).settings
 
 
-def _gpu_resources(ctx: Context, tasks: int, time: str, mem: str | None) -> Resources:
-    cl = ctx.cfg.cluster
-    gpus = tasks if cl.gpus_per_node >= 1 else None  # a cluster without GPUs (local) runs on CPU
-    cpus = max(cl.cpus_per_node // max(cl.gpus_per_node, 1), 1) if cl.cpus_per_node else 1
-    return Resources(
-        nodes=1,
-        ntasks_per_node=tasks,
-        cpus_per_task=cpus,
-        gpus_per_node=gpus,
-        mem=mem,
-        time=time,
-        partition=cl.partition,
-    )
-
-
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     ev, s = ctx.cfg.evaluation, settings(ctx)
     config = str(settings_path(ctx.run_dir))
@@ -181,7 +166,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         stage=NAME,
         name=GENERATE_JOB,
         argv=(ev.python, "-u", "-m", "launcher.jobs.generate", config),
-        resources=_gpu_resources(ctx, s.tasks_per_node, ev.generate_time, ctx.cfg.cluster.gpu_job_mem),
+        resources=gpu_task_resources(ctx, s.tasks_per_node, ev.generate_time, ctx.cfg.cluster.gpu_job_mem),
         array=Array(len(ev.guidance_scales)),
         depends_on=after(CAPTIONS_JOB),
         env=nemo_config.OFFLINE_HUB_ENV,
@@ -192,7 +177,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         stage=NAME,
         name=SCORE_JOB,
         argv=(ev.score_python, "-u", "-m", "launcher.jobs.score", config),
-        resources=_gpu_resources(ctx, 1, ev.score_time, ev.score_mem),
+        resources=gpu_task_resources(ctx, 1, ev.score_time, ev.score_mem),
         depends_on=after(GENERATE_JOB),
         env=nemo_config.OFFLINE_HUB_ENV,
         with_code=False,

@@ -33,10 +33,10 @@ from launcher.paths import relative_to_run, run_dir_of
 from launcher.rules import ABS_PATH, SLURM_MEM, Choice, Each, Pattern, Range, SlurmTime, Text, ruled
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
-from launcher.spec import JobSpec, Resources
+from launcher.spec import JobSpec
 from launcher.stage import StageSpec
 from launcher.stages import sampled
-from launcher.stages.common import make_job, require_mounted
+from launcher.stages.common import gpu_task_resources, make_job, require_mounted
 from launcher.stages.precache import encode_config_file
 
 NAME = "samples"
@@ -152,21 +152,6 @@ def settings_path(run: Path) -> Path:
     return SamplesOutputs(run).settings
 
 
-def _resources(ctx: Context) -> Resources:
-    cl = ctx.cfg.cluster
-    gpus = 1 if cl.gpus_per_node >= 1 else None  # a cluster without GPUs (local) samples on CPU
-    cpus = max(cl.cpus_per_node // max(cl.gpus_per_node, 1), 1) if cl.cpus_per_node else 1
-    return Resources(
-        nodes=1,
-        ntasks_per_node=1,
-        cpus_per_task=cpus,
-        gpus_per_node=gpus,
-        mem=ctx.cfg.samples.mem,
-        time=ctx.cfg.samples.time_limit,
-        partition=cl.partition,
-    )
-
-
 def plan(ctx: Context) -> tuple[JobSpec, ...]:
     argv = (ctx.cfg.samples.python, "-u", "-m", "launcher.jobs.samples", str(settings_path(ctx.run_dir)))
     job = make_job(
@@ -174,7 +159,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
         stage=NAME,
         name=JOB_NAME,
         argv=argv,
-        resources=_resources(ctx),
+        resources=gpu_task_resources(ctx, 1, ctx.cfg.samples.time_limit, ctx.cfg.samples.mem),
         env=nemo_config.OFFLINE_HUB_ENV,
         with_code=False,
     )

@@ -20,9 +20,9 @@ from launcher.nemo_python import NemoJob
 from launcher.plugins.dreambooth import instance
 from launcher.plugins.dreambooth.family import NAME as FAMILY
 from launcher.rules import FOLDER, Choice, Range, SlurmTime, Text, ruled
-from launcher.spec import JobSpec, Resources
+from launcher.spec import JobSpec
 from launcher.stage import Findings, StageSpec
-from launcher.stages.common import make_job, require_mounted
+from launcher.stages.common import gpu_task_resources, make_job, require_mounted
 
 NAME = "dreambooth"
 JOB = NemoJob("dreambooth_regularization")
@@ -93,17 +93,6 @@ def _config(ctx: Context) -> dict[str, Any]:
     return config
 
 
-def _resources(ctx: Context) -> Resources:
-    cl = ctx.cfg.cluster
-    return Resources(
-        cpus_per_task=max(cl.cpus_per_node // max(cl.gpus_per_node, 1), 1) if cl.cpus_per_node else 1,
-        gpus_per_node=1 if cl.gpus_per_node >= 1 else 0,  # a cluster without GPUs (local) draws on CPU
-        mem=None,
-        time=ctx.cfg.dreambooth.time_limit,
-        partition=cl.partition,
-    )
-
-
 def _prior(cfg: Any) -> bool:
     return bool(cfg.training.model.get("with_prior_preservation"))
 
@@ -119,7 +108,7 @@ def plan(ctx: Context) -> tuple[JobSpec, ...]:
             stage=NAME,
             name=JOB.name,
             argv=argv,
-            resources=_resources(ctx),
+            resources=gpu_task_resources(ctx, 1, ctx.cfg.dreambooth.time_limit, None),  # one GPU, else CPU
             env=nemo_config.OFFLINE_HUB_ENV,
         ),
     )
