@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from data_prep.faults import step_main
 from launcher.errors import ConfigError
 from launcher.families import as_planned
 from launcher.jobs.rehearsal_config import STEPS, derive, tiny_width
+from launcher.sampling.world import free_port
 
 CONFIG_NAME = "training.yaml"
 
@@ -96,10 +96,7 @@ def _world_of_one() -> dict[str, str]:
     """The job's environment, its rendezvous on this node at a free port: Lightning's SLURM environment
     takes MASTER_ADDR/MASTER_PORT when set, else the first node's name (not always a host name) and a
     port derived from the job id. Both steps are a world of one process."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
 def run_step(args: argparse.Namespace, config: Path, step: int) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -60,6 +59,7 @@ from launcher.sampling.text_encoders import (
     trained_on_cached_text,
     unswitched_conditioner,
 )
+from launcher.sampling.world import one_process_world
 
 
 def checkpoint_to_sample(s: SamplingSettings) -> Path:
@@ -69,18 +69,9 @@ def checkpoint_to_sample(s: SamplingSettings) -> Path:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def nemo_env() -> dict[str, str]:
-    """A world of one process, as torchrun would describe it: the inference setup forces Lightning's
-    TorchElasticEnvironment (parts/utils.py), which reads these, and conversion's initialize_distributed
-    reads RANK, WORLD_SIZE and MASTER_*."""
-    world = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    return {**os.environ, **world, "MASTER_PORT": str(_free_port())}
+    """This job's environment, a world of one process (launcher.sampling.world)."""
+    return {**os.environ, **one_process_world()}
 
 
 def _run(argv: list[str], what: str) -> None:

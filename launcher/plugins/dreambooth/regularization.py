@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import runpy
-import socket
 import sys
 from pathlib import Path
 from typing import Any
+
+from launcher.sampling import world
 
 
 def _whole(path: Path) -> bool:
@@ -68,19 +69,9 @@ def draw(cfg: Any, script: str) -> int:
 
 
 def one_process_world() -> None:
-    """NeMo's inference setup forces Lightning's TorchElasticEnvironment (parts/utils.py), which reads the
-    world torchrun would describe: here one process, at a free port (a launcher's own values kept)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    world = {
-        "WORLD_SIZE": "1",
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": port,
-    }
-    for name, value in world.items():
+    """NeMo's inference setup reads the world torchrun would describe: here one process (a launcher's own
+    values kept)."""
+    for name, value in world.one_process_world().items():
         os.environ.setdefault(name, value)
 
 
