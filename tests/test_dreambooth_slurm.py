@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from fixtures.dreambooth import DREAMBOOTH_CPU, NEMO_DREAMBOOTH, REG_IMAGES, instance_folder, overrides
 from fixtures.finetune import hub_models
+from fixtures.slurm import cpu_partition_argv
 from hf_fake_hub import FakeHub
 
 from launcher import manifest
@@ -48,12 +48,7 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
         launch(
             compose_config(
                 [
-                    f"cluster.shared_dir={shared}",
-                    "cluster=slurm",
-                    "container=none",
-                    f"container.python={sys.executable}",
-                    "cluster.gpus_per_node=0",
-                    "cluster.cpus_per_node=2",
+                    *cpu_partition_argv(shared),
                     "stages=[training]",
                     f"+env.HF_ENDPOINT={hub.url}",
                     f"+env.NEMO_DREAMBOOTH={script}",

@@ -12,12 +12,12 @@ else is the launcher's scripts on Slurm, NeMo's code, img2dataset, diffusers.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from fixtures.finetune import SD_CROP, hub_models
 from fixtures.launches import REPO, run_status
+from fixtures.slurm import cpu_partition_argv
 from hf_fake_hub import FakeHub
 from nemo_cpu.harness import SD_TRAIN_CPU, batches_drawn, samples_on_cpu
 from nemo_cpu.tiny_diffusers import FINETUNE_OVERRIDES
@@ -41,12 +41,7 @@ def test_a_lora_fine_tune_from_the_hub_on_two_cpu_nodes_runs_end_to_end(
         launch(
             compose_config(
                 [
-                    f"cluster.shared_dir={shared}",
-                    "cluster=slurm",
-                    "container=none",
-                    f"container.python={sys.executable}",
-                    "cluster.gpus_per_node=0",
-                    "cluster.cpus_per_node=2",
+                    *cpu_partition_argv(shared),
                     "stages=[data_preparation,data_check,training,samples]",
                     "data_preparation=demo",
                     "data_preparation.precache.enable=false",
