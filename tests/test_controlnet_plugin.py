@@ -1,7 +1,7 @@
 """ControlNet on SD 1.5, the in-tree plugin (launcher/plugins/controlnet/), fast: its preset planned through
 assets, data preparation, its hints step, data_check and training in a dry run; its refusals before anything
 is submitted; its hints step on real tars; data_check's refusal of tars without the hint member.
-tests/test_controlnet_nemo.py runs NeMo's own code on the hints, tests/test_controlnet_slurm.py the jobs."""
+tests/test_controlnet_slurm.py runs the jobs, NeMo's own code on the hints."""
 
 from __future__ import annotations
 

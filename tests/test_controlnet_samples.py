@@ -1,7 +1,7 @@
 """ControlNet's samples, fast: the samples job's plan for the ControlNet preset names NeMo's controlnet_infer.py
 and the hint image of each prompt (controlnet_hints.hint_images), which its config (the job's own function)
 hands the script; bad hint images are refused naming the key, before anything is written.
-tests/test_controlnet_nemo.py draws from a hint with NeMo's own controlnet_infer.py on CPU."""
+tests/test_controlnet_slurm.py draws from a hint with NeMo's own controlnet_infer.py on CPU."""
 
 from __future__ import annotations
 
