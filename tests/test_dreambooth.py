@@ -14,7 +14,9 @@ from launcher import preflight
 from launcher.errors import ConfigError, LauncherError
 from launcher.families import family_of
 from launcher.pipeline import build_plan
+from launcher.plugins.dreambooth.family import FAMILY
 from launcher.registry import RootConfig
+from launcher.sampling.settings import SamplingSettings
 from launcher.spec import Plan
 from launcher.stages import STAGES
 from launcher.validate import check_facts, to_schema
@@ -132,7 +134,7 @@ def test_the_lora_preset_trains_nemos_script_under_the_plugins_program(
     ("stages", "refused"),
     [
         ("[data_preparation,training]", "data_preparation"),
-        ("[training,samples]", "samples"),
+        ("[training,evaluation]", "evaluation"),
         ("[training,export]", "export"),
         ("[data_check,training]", "data_check"),
     ],
@@ -141,6 +143,36 @@ def test_stages_that_do_not_apply_are_refused(tmp_path: Path, stages: str, refus
     with pytest.raises(ConfigError) as error:
         _plan(tmp_path, f"stages={stages}")
     assert error.value.key == "stages" and refused in str(error.value)
+
+
+def test_samples_draw_the_instance_and_class_prompts_first_from_the_rewritten_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """sd_infer.py on the training checkpoint, which the samples job rewrites as SD 1.x's (checkpoint.py)."""
+    plan = _plan(
+        tmp_path, "stages=[training,samples]", "samples.prompts=[a photo of a sks dog,a red bicycle]"
+    )
+    names = [job.name for job in plan.jobs]
+    assert names[-1] == "samples" and plan.jobs[-1].depends_on, names
+    s = SamplingSettings.from_json(dict(plan.files)[plan.run_dir / "samples" / "samples.json"])
+    # The preset's prompts first (the one the user gave as well drawn once), then the user's others.
+    assert s.prompts == ("a photo of a sks dog", "a photo of a dog", "a red bicycle"), s.prompts
+    assert s.family == "dreambooth" and s.infer_script.endswith("/stable_diffusion/sd_infer.py")
+    assert FAMILY.inference.checkpoint_as_model == "launcher.plugins.dreambooth.checkpoint:as_sd"
+
+
+def test_a_prompt_named_like_the_instance_prompt_is_refused_naming_its_key(tmp_path: Path) -> None:
+    """NeMo names each image after its prompt's first 50 characters: one would write over the other."""
+    long = "a photo of a sks dog " + "x" * 40
+    with pytest.raises(ConfigError) as error:
+        _plan(
+            tmp_path,
+            "stages=[training,samples]",
+            f"dreambooth.instance_prompt='{long}'",
+            f"samples.prompts=['{long}y']",
+        )
+    assert error.value.key == "samples.prompts[0]", error.value
+    assert "training.model.data.instance_prompt" in str(error.value)
 
 
 def _bad_folder(tmp_path: Path, case: str) -> Path:

@@ -16,17 +16,19 @@ from fixtures.dreambooth import (
     REG_IMAGES,
     DreamBoothRun,
     instance_folder,
+    nemo_env,
     overrides,
     run_regularization,
     run_training,
 )
 from fixtures.finetune import stage_weights
 from fixtures.nemo import REPO
-from nemo_cpu.harness import render_training
+from nemo_cpu.harness import CONVERT_CPU, render_training
 from omegaconf import OmegaConf
 
 from launcher.plugins.dreambooth.family import FAMILY
 from launcher.plugins.dreambooth.train import MODULE
+from launcher.sampling.world import one_process_world
 
 pytestmark = pytest.mark.slow
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -91,6 +93,55 @@ def test_nemo_dreambooth_trains_on_instance_and_regularization_images(
     trainable, total = int(steps[-1][2]), int(steps[-1][3])
     assert total // 10 < trainable < total, steps[-1]  # the whole UNet; the VAE and text encoder frozen
     assert sorted(run.checkpoints.glob("*step=2*.ckpt")), list(run.checkpoints.iterdir())
+
+
+def _convert(
+    nemo_python: str, checkpoint: Path, hparams: Path, out: Path
+) -> subprocess.CompletedProcess[str]:
+    """NeMo's convert_ckpt_to_nemo.py (CPU runner) as the samples job runs it, in a world of one process."""
+    argv = [
+        nemo_python,
+        "-u",
+        str(CONVERT_CPU),
+        *("--checkpoint_folder", str(checkpoint.parent), "--checkpoint_name", checkpoint.name),
+        *("--hparams_file", str(hparams), "--nemo_file_path", str(out), "--model_type", "stable_diffusion"),
+    ]
+    env = {**nemo_env(NEMO_DREAMBOOTH), **one_process_world()}
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_nemos_conversion_refuses_the_dreambooth_checkpoint_and_reads_it_rewritten(
+    dreamboothed: DreamBoothRun, nemo_python: str, tmp_path: Path
+) -> None:
+    """Why the samples job rewrites it (checkpoint.py): NeMo renames MegatronDreamBooth's modules only when the
+    first key is a buffer transformers no longer saves, so its strict load meets model.unet.* and fails."""
+    trained = sorted(dreamboothed.checkpoints.glob("*step=2*-last.ckpt"))[0]
+    raw = _convert(
+        nemo_python, trained, dreamboothed.checkpoints.parent / "hparams.yaml", tmp_path / "raw.nemo"
+    )
+    assert raw.returncode != 0 and "Unexpected key(s)" in raw.stderr and "model.unet." in raw.stderr, (
+        raw.stderr[-2000:]
+    )
+    assert not (tmp_path / "raw.nemo").exists()
+    code = (
+        "import sys, yaml; from pathlib import Path; from launcher.plugins.dreambooth.checkpoint import as_sd; "
+        "as_sd(Path(sys.argv[1]), yaml.safe_load(Path(sys.argv[2]).read_text())['cfg'], Path(sys.argv[3]))"
+    )
+    hparams = dreamboothed.checkpoints.parent / "hparams.yaml"
+    done = subprocess.run(
+        [nemo_python, "-c", code, str(trained), str(hparams), str(tmp_path / "sd")],
+        cwd=REPO,
+        env=nemo_env(NEMO_DREAMBOOTH),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rewritten = tmp_path / "sd" / "checkpoints" / trained.name
+    converted = _convert(nemo_python, rewritten, tmp_path / "sd" / "hparams.yaml", tmp_path / "model.nemo")
+    assert converted.returncode == 0, (converted.stdout + converted.stderr)[-3000:]
+    assert (tmp_path / "model.nemo").stat().st_size > 0
 
 
 def _steps(log: str) -> list[tuple[int, float, int, int]]:

@@ -10,6 +10,7 @@ tests/nemo_cpu/nemo_scripts)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ from fixtures.dreambooth import DREAMBOOTH_CPU, NEMO_DREAMBOOTH, REG_IMAGES, ins
 from fixtures.finetune import hub_models
 from fixtures.slurm import cpu_partition_argv
 from hf_fake_hub import FakeHub
+from nemo_cpu.harness import samples_on_cpu
 
 from launcher import manifest
 from launcher.cli import compose_config, launch
@@ -49,13 +51,18 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
             compose_config(
                 [
                     *cpu_partition_argv(shared),
-                    "stages=[training]",
+                    "stages=[training,samples]",
                     f"+env.HF_ENDPOINT={hub.url}",
                     f"+env.NEMO_DREAMBOOTH={script}",
                     *given,
                     "training.trainer.num_nodes=1",
                     f"training.run.script={DREAMBOOTH_CPU}",
                     f"training.run.python={nemo_python}",
+                    *samples_on_cpu(nemo_python),
+                    "samples.mem=4G",
+                    "samples.steps=2",
+                    "samples.images_per_prompt=1",
+                    "samples.prompts=[a red bicycle]",
                 ]
             )
         )
@@ -68,7 +75,12 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
             logs[record.name] = log.read_text() if log else ""
             text = logs[record.name]
             assert states == {"COMPLETED"}, (record.name, states, text[text.find("Traceback") :][-6000:])
-    assert [record.name for record in records] == ["pretrained_assets", "dreambooth_regularization", name]
+    assert [record.name for record in records] == [
+        "pretrained_assets",
+        "dreambooth_regularization",
+        name,
+        "samples",
+    ]
     drawn = sorted((run / "dreambooth_regularization").iterdir())
     assert len(drawn) >= REG_IMAGES, drawn
     training = logs[name]
@@ -81,3 +93,13 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
     trainable, total = int(steps[-1][1]), int(steps[-1][2])
     # LoRA: the adapters alone (tests/test_dreambooth_nemo.py measures them against the full run's).
     assert 0 < trainable < (total // 20 if lora else total), steps
+    # The samples: the checkpoint rewritten as SD 1.x's (LoRA: then merged), converted by NeMo, drawn by
+    # sd_infer.py from the instance prompt, the class prompt and the one given.
+    drawn_log = logs["samples"]
+    assert "rewritten as the model NeMo converts" in drawn_log, drawn_log[-3000:]
+    assert ("LoRA: the adapters of" in drawn_log) == lora, drawn_log[-3000:]
+    step = run / "samples" / "step_2"
+    record = json.loads((step / "samples.json").read_text())
+    assert record["prompts"] == ["a photo of a sks dog", "a photo of a dog", "a red bicycle"], record
+    assert Path(record["checkpoint"]).parent == run / "training" / "results" / "checkpoints", record
+    assert (step / "grid.png").is_file() and len(list((step / "images").glob("*.png"))) == 3

@@ -86,6 +86,14 @@ class Inference:
     program_inputs: str | None = None
     # The evaluation's batch is a global batch NeMo divides by the model's micro batch (generate_fid_images).
     batch_is_global: bool = False
+    # (root config) -> {key: prompt}: prompts the samples draw before samples.prompts, from the family's own
+    # section (DreamBooth's instance and class prompts); None: samples.prompts alone.
+    prompts: Callable[[Any], Mapping[str, str]] | None = None
+    # "module:function", (training checkpoint, its model config, folder) -> None: the checkpoint rewritten as
+    # the model the conversion builds, at <folder>/checkpoints/<its name> with <folder>/hparams.yaml (where
+    # the conversion finds its config), for a family trained as another NeMo class than it is drawn with
+    # (DreamBooth); None: converted as training wrote it.
+    checkpoint_as_model: str | None = None
 
     @property
     def default_sampler(self) -> str:
@@ -292,8 +300,6 @@ class Family:
     # why the rehearsal cannot run it (then `rehearsal` may be None).
     rehearsal: Rehearsal | None = None
     rehearsal_refusal: str | None = None
-    # Why its trained models cannot be drawn from yet: the samples and evaluation stages are refused naming it.
-    inference_refusal: str | None = None
     # Keys earlier versions of the launcher had for this family alone: old key -> the key that replaced it.
     renamed_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Its released models and its models in diffusers' layout; None: none that training can start from.

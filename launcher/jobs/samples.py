@@ -185,17 +185,21 @@ def nemo_and_step(s: SamplingSettings) -> tuple[Path, int]:
     return nemo, step
 
 
-def made_once(s: SamplingSettings, came_from: Path, step: int | None, make: Callable[[Path], Any]) -> Path:
-    """model.nemo in its step folder, made from `came_from` by `make(model.nemo)` unless a previous run of
-    this job made it from that very file (model.nemo.source names it)."""
-    out = s.outputs
-    nemo_file, source = out.model(step), out.model_source(step)
-    # Reused only for the very file it came from (another run's step N lands in the same folder).
-    if not (nemo_file.exists() and source.exists() and source.read_text() == str(came_from)):
+def made_from(target: Path, came_from: Path, make: Callable[[], Any]) -> Path:
+    """`target`, written by `make()` unless a previous run of this job made it from that very file
+    (<target>.source names it: another run's step N lands in the same folder)."""
+    source = target.with_name(target.name + ".source")
+    if not (target.exists() and source.exists() and source.read_text() == str(came_from)):
         source.unlink(missing_ok=True)
-        make(nemo_file)
+        make()
         write_atomic(source, str(came_from))
-    return nemo_file
+    return target
+
+
+def made_once(s: SamplingSettings, came_from: Path, step: int | None, make: Callable[[Path], Any]) -> Path:
+    """model.nemo in its step folder, made from `came_from` by `make(model.nemo)` (made_from)."""
+    nemo_file = s.outputs.model(step)
+    return made_from(nemo_file, came_from, lambda: make(nemo_file))
 
 
 def _nemo_on_this_node() -> None:
@@ -209,14 +213,14 @@ def _nemo_on_this_node() -> None:
 
 
 def merged_model(s: SamplingSettings, checkpoint: Path, step: int | None, model: dict[str, Any]) -> Path:
-    """A LoRA run's checkpoint (or .nemo) as the whole merged model, in its step folder's `merged/`, made
-    unless a previous run of this job made it from that same file (launcher/sampling/lora_merge.py)."""
+    """A LoRA run's checkpoint (or .nemo) as the whole merged model, in its step folder's `merged/`
+    (launcher/sampling/lora_merge.py; made_from)."""
     folder = s.outputs.step_dir(step) / "merged"
     target = (
         (folder / "checkpoints" / checkpoint.name) if checkpoint.suffix == ".ckpt" else folder / "model.nemo"
     )
-    source = target.with_name(target.name + ".source")
-    if not (target.exists() and source.exists() and source.read_text() == str(checkpoint)):
+
+    def merge() -> None:
         print(
             f"samples: LoRA: the adapters of {checkpoint} merged into its base weights -> {target}",
             flush=True,
@@ -226,8 +230,26 @@ def merged_model(s: SamplingSettings, checkpoint: Path, step: int | None, model:
             merged_checkpoint(checkpoint, model, folder)
         else:
             merged_nemo(checkpoint, model, target)
-        write_atomic(source, str(checkpoint))
-    return target
+
+    return made_from(target, checkpoint, merge)
+
+
+def model_checkpoint(
+    s: SamplingSettings, rewrite: str, checkpoint: Path, step: int | None, model: dict[str, Any]
+) -> tuple[Path, dict[str, Any]]:
+    """The training checkpoint rewritten by its family as the model the conversion builds
+    (Inference.checkpoint_as_model), in its step folder's `model/` (made_from), and that model's config."""
+    from omegaconf import OmegaConf
+
+    folder = s.outputs.step_dir(step) / "model"
+    target = folder / "checkpoints" / checkpoint.name
+
+    def rewritten() -> None:
+        print(f"samples: {checkpoint} rewritten as the model NeMo converts -> {target}", flush=True)
+        job_function(rewrite)(checkpoint, model, folder)
+
+    made_from(target, checkpoint, rewritten)
+    return target, OmegaConf.to_container(OmegaConf.load(hparams_of(target)).cfg)  # type: ignore[return-value]
 
 
 def converted_model(s: SamplingSettings, checkpoint: Path, step: int | None) -> Path:
@@ -275,8 +297,11 @@ def main(argv: list[str]) -> int:
     size = (s.resolution, s.resolution) if s.resolution else trained
     if size is None:
         raise SystemExit(f"samples: {where} fixes no image size: set samples.resolution")
+    trained_as, rewrite = checkpoint, family.inference.checkpoint_as_model
+    if converts and rewrite:
+        trained_as, model = model_checkpoint(s, rewrite, checkpoint, step, model)
     lora_nemo = is_lora(model) and not converts and not trained_on_cached_text(model)
-    sampled = merged_model(s, checkpoint, step, model) if is_lora(model) and not lora_nemo else checkpoint
+    sampled = merged_model(s, trained_as, step, model) if is_lora(model) and not lora_nemo else trained_as
     if converts:
         nemo_file = converted_model(s, sampled, step)
     elif trained_on_cached_text(model):

@@ -23,9 +23,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from data_prep.atomic import atomic_path
 from launcher.families import family_of
-from launcher.sampling.nemo_archive import rewritten
+from launcher.sampling.nemo_archive import rewritten, rewritten_checkpoint
 
 ADAPTER = ".adapter_layer.parallel_linear_adapter."
 MODEL_PREFIX = "model."  # the Megatron module's own under which its inner model's state sits
@@ -117,18 +116,9 @@ def merged_state(model_config: Any, adapters: dict[str, Any]) -> dict[str, Any]:
 def merged_checkpoint(checkpoint: Path, model_config: Any, out: Path) -> Path:
     """`out/checkpoints/<checkpoint's name>`: the LoRA training checkpoint as a full one, with
     `out/hparams.yaml` (the config without peft) where NeMo's conversion looks for it."""
-    import torch
-    from omegaconf import OmegaConf
-
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    saved["state_dict"] = merged_state(model_config, saved["state_dict"])
-    target = out / "checkpoints" / checkpoint.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "hparams.yaml") as tmp:
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create({"cfg": base_config(model_config)})))
-    with atomic_path(target) as tmp:
-        torch.save(saved, tmp)
-    return target
+    return rewritten_checkpoint(
+        checkpoint, out, base_config(model_config), lambda adapters: merged_state(model_config, adapters)
+    )
 
 
 def merged_nemo(nemo: Path, model_config: Any, out: Path) -> Path:

@@ -1,6 +1,7 @@
 """A `.nemo` (NeMo's SaveRestoreConnector tar: model_config.yaml, model_weights.ckpt, the tokenizer and other
-files) copied with another config and other weights, every other member as it is: how a model is made
-sampleable (its text encoders put back: text_encoders.py; its LoRA adapters merged: lora_merge.py).
+files) copied with another config and other weights, every other member as it is, and a training checkpoint
+likewise: how a model is made sampleable (its text encoders put back: text_encoders.py; its LoRA adapters
+merged: lora_merge.py; a family's checkpoint in the layout NeMo converts: Inference.checkpoint_as_model).
 
 Job side: runs in NeMo's interpreter (torch imported lazily); importing it needs omegaconf.
 """
@@ -65,3 +66,26 @@ def rewritten(
                     info.size = len(body)
                     tar.addfile(info, io.BytesIO(body))
     return out
+
+
+def rewritten_checkpoint(
+    checkpoint: Path,
+    out: Path,
+    config: Mapping[str, Any],
+    weights: Callable[[dict[str, Any]], dict[str, Any]],
+) -> Path:
+    """`out/checkpoints/<checkpoint's name>`: the training checkpoint with `weights(its state dict)`, and
+    `out/hparams.yaml` holding `config` where NeMo's conversion looks for it (each written under a temporary
+    name, renamed once complete). Returns the checkpoint written."""
+    import torch
+    from omegaconf import OmegaConf
+
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    saved["state_dict"] = weights(saved["state_dict"])
+    target = out / "checkpoints" / checkpoint.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "hparams.yaml") as tmp:
+        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create({"cfg": dict(config)})))
+    with atomic_path(target) as tmp:
+        torch.save(saved, tmp)
+    return target

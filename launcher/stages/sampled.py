@@ -43,12 +43,6 @@ def sampler(cfg: Any, section: str) -> str:
 def check_sampler(cfg: Any, section: str) -> None:
     """The trained family can be drawn from, and `<section>.sampler` is one of its samplers."""
     given, fam = getattr(cfg, section).sampler, family(cfg)
-    if fam.inference_refusal:
-        raise ConfigError(
-            "stages",
-            f"names {section}, but {fam.inference_refusal}; allowed with a {fam.title} preset: stages without "
-            f"{section}",
-        )
     if section == "evaluation" and fam.inference.program.generate is None:
         raise ConfigError(
             "stages",
@@ -68,6 +62,15 @@ def program_inputs(cfg: Any) -> dict[str, Any]:
     (Inference.program_inputs), refused naming the key when bad."""
     reference = family(cfg).inference.program_inputs
     return job_function(reference)(cfg) if reference else {}
+
+
+def prompts(cfg: Any) -> dict[str, str]:
+    """What the samples draw, by the key that gives each: the trained family's own prompts
+    (Inference.prompts), then those of samples.prompts not among them."""
+    reference = family(cfg).inference.prompts
+    own = dict(reference(cfg)) if reference else {}
+    given = {f"samples.prompts[{i}]": p for i, p in enumerate(cfg.samples.prompts) if p not in own.values()}
+    return {**own, **given}
 
 
 def strided(cfg: Any, section: str) -> bool:

@@ -134,7 +134,7 @@ def settings(ctx: Context) -> SamplingSettings:
         infer_script=sc.infer_script or inference.infer_script,
         plot_python=ctx.python,
         code_dir=ctx.code_dir,
-        prompts=tuple(sc.prompts),
+        prompts=tuple(sampled.prompts(ctx.cfg).values()),
         images_per_prompt=sc.images_per_prompt,
         batch_size=sc.batch_size,
         seed=sc.seed,
@@ -184,7 +184,7 @@ def _notes(ctx: Context) -> tuple[str, ...]:
         else ""
     )
     return (
-        f"samples: {len(sc.prompts)} prompt(s) x {sc.images_per_prompt} image(s) of {sc.checkpoint or newest}"
+        f"samples: {len(s.prompts)} prompt(s) x {sc.images_per_prompt} image(s) of {sc.checkpoint or newest}"
         f"{' (EMA weights)' if s.ema else ''}{restored}, {s.sampler} {sc.steps} steps, seed {sc.seed}; "
         f"grid: {SamplesOutputs(ctx.run_dir).grid('<N>')}",
     )
@@ -214,17 +214,17 @@ def _check(cfg: Any, planned: frozenset[str]) -> None:
     sampled.check_nemo_given(cfg)
     if cfg.samples.checkpoint and cfg.container.runtime is Runtime.pyxis:
         require_mounted("samples.checkpoint", cfg.samples.checkpoint, cfg.container.mounts)
-    seen: dict[str, int] = {}
-    for i, prompt in enumerate(cfg.samples.prompts):
+    seen: dict[str, str] = {}
+    for key, prompt in sampled.prompts(cfg).items():
         head = prompt[:NAME_CHARS]
         if head in seen:
             raise ConfigError(
-                f"samples.prompts[{i}]",
-                f"starts with the same {NAME_CHARS} characters as samples.prompts[{seen[head]}]: NeMo names "
-                "each image after them and would write one over the other; allowed: prompts that differ "
-                f"within their first {NAME_CHARS} characters",
+                key,
+                f"starts with the same {NAME_CHARS} characters as {seen[head]}: NeMo names each image after "
+                "them and would write one over the other; allowed: prompts that differ within their first "
+                f"{NAME_CHARS} characters",
             )
-        seen[head] = i
+        seen[head] = key
 
 
 def _host_check(cfg: Any, planned: frozenset[str], facts: Facts) -> None:

@@ -15,9 +15,9 @@ from launcher.families import sd1
 NAME = "dreambooth"
 DOCS = "launcher/plugins/dreambooth/docs/dreambooth.md"
 # The stages a DreamBooth run cannot use yet: its checkpoints are MegatronDreamBooth's (unet/vae/text_encoder
-# module names), which the samples, evaluation and export jobs do not read; the rehearsal and the sweep run
-# sd_train.py's MegatronLatentDiffusion.
-NOT_BUILT = ("rehearsal", "benchmark", "samples", "evaluation", "export")
+# module names), which only the samples job rewrites as SD 1.x's (checkpoint.py), not the evaluation's or the
+# export's; the rehearsal and the sweep run sd_train.py's MegatronLatentDiffusion.
+NOT_BUILT = ("rehearsal", "benchmark", "evaluation", "export")
 
 
 def matches(model: Any) -> bool:
@@ -28,6 +28,14 @@ def trained_size(model: Any) -> tuple[int, int] | None:
     """DreamBoothDataset resizes and crops every image to data.resolution (a square)."""
     side = (model.get("data") or {}).get("resolution")
     return (int(side), int(side)) if side else None
+
+
+def sample_prompts(cfg: Any) -> dict[str, str]:
+    """The subject (the instance prompt) and its class (the regularization prompt): a grid row of each shows
+    what training taught and what it took from the class."""
+    data = cfg.training.model.get("data") or {}
+    keys = ("instance_prompt", "regularization_prompt")
+    return {f"training.model.data.{key}": str(data[key]) for key in keys if data.get(key)}
 
 
 def check(cfg: Any) -> None:
@@ -60,8 +68,11 @@ FAMILY = dataclasses.replace(
     check=check,
     rehearsal=None,
     rehearsal_refusal="the rehearsal runs sd_train.py's MegatronLatentDiffusion, not dreambooth.py",
-    # Also when samples, evaluation or export are planned alone from a given checkpoint.
-    inference_refusal=f"its checkpoints are MegatronDreamBooth's, which sd_infer.py does not read ({DOCS})",
+    inference=dataclasses.replace(
+        sd1.FAMILY.inference,
+        prompts=sample_prompts,
+        checkpoint_as_model="launcher.plugins.dreambooth.checkpoint:as_sd",
+    ),
     reads_prepared_data=False,
     # NeMo's dreambooth.py under the fix its LoRA needs (train.py: the NameError of NeMo's model module).
     training_program="launcher.plugins.dreambooth.train",
