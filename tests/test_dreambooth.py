@@ -135,7 +135,7 @@ def test_the_lora_preset_trains_nemos_script_under_the_plugins_program(
     [
         ("[data_preparation,training]", "data_preparation"),
         ("[training,evaluation]", "evaluation"),
-        ("[training,export]", "export"),
+        ("[training,benchmark]", "benchmark"),
         ("[data_check,training]", "data_check"),
     ],
 )

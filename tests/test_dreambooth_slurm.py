@@ -51,7 +51,7 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
             compose_config(
                 [
                     *cpu_partition_argv(shared),
-                    "stages=[training,samples]",
+                    "stages=[training,samples,export]",
                     f"+env.HF_ENDPOINT={hub.url}",
                     f"+env.NEMO_DREAMBOOTH={script}",
                     *given,
@@ -63,6 +63,8 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
                     "samples.steps=2",
                     "samples.images_per_prompt=1",
                     "samples.prompts=[a red bicycle]",
+                    "export.resources.cpus_per_task=2",
+                    "export.resources.mem=4G",
                 ]
             )
         )
@@ -80,6 +82,7 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
         "dreambooth_regularization",
         name,
         "samples",
+        "export",
     ]
     drawn = sorted((run / "dreambooth_regularization").iterdir())
     assert len(drawn) >= REG_IMAGES, drawn
@@ -103,3 +106,11 @@ def test_dreambooth_draws_then_trains_on_a_cpu_partition(
     assert record["prompts"] == ["a photo of a sks dog", "a photo of a dog", "a red bicycle"], record
     assert Path(record["checkpoint"]).parent == run / "training" / "results" / "checkpoints", record
     assert (step / "grid.png").is_file() and len(list((step / "images").glob("*.png"))) == 3
+    # The export: the checkpoint rewritten alike, then SD 1.x's diffusers pipeline and single file, checked by
+    # the job against NeMo's own modules built from the same state (LoRA: merged, and its adapters written).
+    assert "rewritten as the model NeMo's code reads" in logs["export"], logs["export"][-3000:]
+    export = json.loads((run / "export" / "step_2" / "export.json").read_text())
+    assert export["family"] == "dreambooth" and export["pipeline"] == "diffusers", export
+    assert export["checkpoint"] == record["checkpoint"] and ("lora" in export["checks"]) == lora, export
+    assert (run / "export" / "step_2" / export["pipeline"] / "model_index.json").is_file()
+    assert not list((run / "export").glob(".*")), list((run / "export").iterdir())  # nothing left behind

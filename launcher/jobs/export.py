@@ -5,6 +5,8 @@ each checked against NeMo's own modules before it is renamed into place.
 
 1. the checkpoint: export.json's, else the run's newest finished one (its -EMA twin when EMA is exported),
    and its hparams.yaml: the model config it was trained with, whose family says the pipeline;
+   a family trained as another NeMo class rewrites it first as the model read here
+   (Inference.checkpoint_as_model: DreamBooth's);
 2. the single file (launcher/jobs/export_nemo.py): the UNet under the original names, the VAE and each text
    encoder under the original prefixes, in the export dtype;
 3. the pipeline folder (launcher/jobs/export_diffusers.py): diffusers' own from_single_file of that file with
@@ -31,6 +33,7 @@ from data_prep.faults import step_main
 from launcher.checkpoints import chosen, hparams_of, is_ema, none_finished, step_of
 from launcher.export.settings import ExportSettings
 from launcher.families import family_of
+from launcher.families.family import job_function
 from launcher.jobs import export_check, export_diffusers, export_lora, export_nemo
 from launcher.jobs.export_nemo import ExportError
 from launcher.outputs import ExportFolder
@@ -67,21 +70,24 @@ def write_single_file(path: Path, single: dict[str, Any], dtype: Any, metadata: 
     path.chmod(0o644)  # safetensors writes 0600: the team reads the export
 
 
-def export(s: ExportSettings, checkpoint: Path, model: Any, out: ExportFolder) -> dict[str, Any]:
-    """Steps 2-4 into `out` (a fresh folder); returns what the checks measured."""
+def export(
+    s: ExportSettings, checkpoint: Path, model: Any, out: ExportFolder, trained: Path
+) -> dict[str, Any]:
+    """Steps 2-4 of `checkpoint` (the training checkpoint `trained`, or its family's rewrite of it) into `out`
+    (a fresh folder); returns what the checks measured."""
     import torch
     from diffusers import DiffusionPipeline
 
     family, dtype = family_of(model), getattr(torch, s.torch_dtype)
-    state, trained = export_nemo.load_state(checkpoint), model
-    if is_lora(trained):  # the whole model, the adapters merged; the adapters themselves written after
-        state, base, model = export_lora.merged_states(trained, state)
+    state, trained_model = export_nemo.load_state(checkpoint), model
+    if is_lora(trained_model):  # the whole model, the adapters merged; the adapters themselves written after
+        state, base, model = export_lora.merged_states(trained_model, state)
     schedule = export_diffusers.schedule_of(model, family)
     single = export_nemo.single_file(state, model, family)
     metadata = {
         "format": "pt",
         "modelspec.prediction_type": PREDICTION[schedule.prediction_type],
-        "sd_launcher.checkpoint": str(checkpoint),
+        "sd_launcher.checkpoint": str(trained),
     }
     write_single_file(out.single_file, single, dtype, metadata)
     print(f"export: {len(single)} tensors in the original layout -> {out.single_file}", flush=True)
@@ -103,9 +109,9 @@ def export(s: ExportSettings, checkpoint: Path, model: Any, out: ExportFolder) -
     unet, time_embedders = export_nemo.unet(model, state, dtype), export_nemo.time_embedders(model, family)
     measured["unet"] = export_check.check_unet(unet, folder, family, time_embedders)
     del unet
-    if is_lora(trained):
+    if is_lora(trained_model):
         adapters = export_nemo.load_state(checkpoint)
-        count = export_lora.write(out.lora, trained, adapters, base, folder.unet.config)
+        count = export_lora.write(out.lora, trained_model, adapters, base, folder.unet.config)
         inputs = export_check.unet_inputs(folder, family, time_embedders)[2]
         measured["lora"] = {"projections": count, **export_lora.check(folder, base, out.lora, inputs)}
         print(f"export: {count} LoRA adapters -> {out.lora}", flush=True)
@@ -135,6 +141,8 @@ def into_place(partial: Path, final: Path) -> None:
 @step_main("export", errors=ExportError)
 def main(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as every job runs: nothing from the Hub
+    from omegaconf import OmegaConf
+
     s = ExportSettings.from_json(Path(argv[0]).read_text())
     checkpoint = checkpoint_to_export(s)
     step, model = step_of(checkpoint), trained_config(checkpoint)
@@ -142,14 +150,23 @@ def main(argv: list[str]) -> int:
     partial, final = s.outputs.partial(step), s.outputs.folder(step)
     shutil.rmtree(partial.path, ignore_errors=True)
     partial.path.mkdir(parents=True)
+    family, rewrite = family_of(model), family_of(model).inference.checkpoint_as_model
+    model_dir = partial.path.parent / f".{partial.path.name}.model"  # the rewrite's, removed at the end
+    shutil.rmtree(model_dir, ignore_errors=True)
     try:
-        measured = export(s, checkpoint, model, partial)
+        if rewrite:  # trained as another NeMo class: first rewritten as the model the export reads
+            job_function(rewrite)(checkpoint, OmegaConf.to_container(model), model_dir)
+            exported = model_dir / "checkpoints" / checkpoint.name
+            print(f"export: {checkpoint} rewritten as the model NeMo's code reads -> {exported}", flush=True)
+            measured = export(s, exported, trained_config(exported), partial, checkpoint)
+        else:
+            measured = export(s, checkpoint, model, partial, checkpoint)
         record = {
             "checkpoint": str(checkpoint),
             "step": step,
             "ema": is_ema(checkpoint),
             "dtype": s.dtype,
-            "family": family_of(model).name,
+            "family": family.name,
             "pipeline": final.pipeline.name,
             "single_file": final.single_file.name,
             "checks": measured,
@@ -158,6 +175,7 @@ def main(argv: list[str]) -> int:
         into_place(partial.path, final.path)
     finally:
         shutil.rmtree(partial.path, ignore_errors=True)
+        shutil.rmtree(model_dir, ignore_errors=True)
     print(f"export: {final.pipeline} and {final.single_file}", flush=True)
     return 0
 

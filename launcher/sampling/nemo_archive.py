@@ -76,12 +76,14 @@ def rewritten_checkpoint(
 ) -> Path:
     """`out/checkpoints/<checkpoint's name>`: the training checkpoint with `weights(its state dict)`, and
     `out/hparams.yaml` holding `config` where NeMo's conversion looks for it (each written under a temporary
-    name, renamed once complete). Returns the checkpoint written."""
+    name, renamed once complete), for the conversion and the export: without the optimizer's state (SD's
+    Adam moments are twice the UNet), which nothing resumes from here. Returns the checkpoint written."""
     import torch
     from omegaconf import OmegaConf
 
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     saved["state_dict"] = weights(saved["state_dict"])
+    saved.pop("optimizer_states", None)
     target = out / "checkpoints" / checkpoint.name
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "hparams.yaml") as tmp:
