@@ -13,6 +13,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import yaml
 from conftest import compose_config
 from fixtures.controlnet import RUN, controlnet_argv
 from PIL import Image
@@ -22,6 +23,7 @@ from data_prep.wdinfo import Wdinfo, write_wdinfo
 from launcher.cli import launch
 from launcher.errors import ConfigError
 from launcher.families import family_of
+from launcher.jobs.rehearsal_config import derive
 from launcher.plugins.controlnet import family as controlnet
 from launcher.plugins.controlnet import hints
 from launcher.plugins.controlnet.hints import add_hints
@@ -60,6 +62,24 @@ def test_the_preset_is_planned_with_its_asset_and_its_hints_step(tmp_path: Path)
     assert settings["batch_keys"] == ["images", "captions", "hint"]
     training = (run / "training" / f"{RUN}.sbatch").read_text()
     assert "/opt/NeMo/examples/multimodal/text_to_image/controlnet/controlnet_train.py" in training
+
+
+def test_the_rehearsal_sizes_the_control_stage_to_its_tiny_unet(tmp_path: Path) -> None:
+    """rehearsal=true plans the rehearsal before training; its config (launcher.jobs.rehearsal_config) gives
+    the control stage the tiny UNet's width and no full-size UNet to start from, each change noted."""
+    run = launch(compose_config(controlnet_argv(tmp_path, "rehearsal=true")))
+    jobs = {job["name"]: job for job in json.loads((run / "manifest.json").read_text())["jobs"]}
+    assert "rehearsal" in " ".join(jobs[RUN]["depends_on"]), jobs[RUN]
+    planned = yaml.safe_load((run / "training" / f"{RUN}.yaml").read_text())
+    assert planned["model"]["control_stage_config"]["params"]["model_channels"] == 320
+    config, changes = derive(planned, tmp_path / "results")
+    params = config["model"]["control_stage_config"]["params"]
+    assert params["model_channels"] == config["model"]["unet_config"]["model_channels"] == 32
+    assert (
+        params["from_pretrained_unet"] is None and config["model"]["unet_config"]["from_pretrained"] is None
+    )
+    noted = [line for line in changes if line.startswith("model.control_stage_config.params.")]
+    assert len(noted) == 2 and "320 -> 32" in noted[0], noted
 
 
 def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) -> None:
@@ -108,7 +128,6 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
         ("training.model.control_stage_config.params.from_NeMo=false", "params.from_NeMo", "loads nothing"),
         ("stages=[training,samples]", "controlnet_hints.hint_images", "has 0 image(s) for 8 samples.prompts"),
         ("stages=[training,evaluation]", "stages", "names evaluation, but ControlNet SD 1.5 declares no"),
-        ("rehearsal=true", "rehearsal.enable", "not built"),
         (
             "training.weights=hf://stable-diffusion-v1-5/stable-diffusion-v1-5",
             "training.weights",

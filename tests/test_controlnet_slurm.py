@@ -6,6 +6,8 @@ reads a hint in every batch and moves the control stage; the samples job (NeMo's
 CPU) draws each prompt from its hint image; a plan whose tars have no hints is refused by the data_check job
 naming the missing `.png`.
 
+The rehearsal (rehearsal=true) runs NeMo's controlnet_train.py tiny on CPU before the training.
+
 Parts that are STAND-INS: no container (the jobs run on this machine's interpreters through Slurm); the tiny
 CLIP, VAE and checkpoint (random weights at CPU sizes)."""
 
@@ -34,6 +36,7 @@ from PIL import Image
 
 from launcher import manifest
 from launcher.cli import launch
+from launcher.outputs import RehearsalOutputs
 from launcher.plugins.controlnet.family import CKPT_FILE
 
 pytestmark = pytest.mark.slow
@@ -120,10 +123,15 @@ def controlnet_run(slurm_cluster, nemo_python: str, tiny_assets: Path) -> Iterat
     stand-in checkpoint is written first from the training config a dry run renders."""
     shared = copy_folders(tiny_assets, shared_folder("slurm-controlnet-"), "models")
     stages = "stages=[data_preparation,data_check,training]"
+    rehearsal = (
+        "rehearsal=true",
+        f"rehearsal.script={CONTROLNET_TRAIN_CPU}",
+        f"rehearsal.python={nemo_python}",
+    )
     try:
         with pytest.MonkeyPatch.context() as patch:
             set_cluster_env(slurm_cluster, patch)
-            launch(compose_config(_argv(shared, nemo_python, stages, "dry_run=true")))
+            launch(compose_config(_argv(shared, nemo_python, stages, *rehearsal, "dry_run=true")))
             config = next((shared / "results" / RUN / "training").glob("*.yaml"))
             ckpt = shared / "models" / "sd15-ckpt" / CKPT_FILE  # where the assets job stages SD 1.5's
             ckpt.parent.mkdir(parents=True)
@@ -134,7 +142,7 @@ def controlnet_run(slurm_cluster, nemo_python: str, tiny_assets: Path) -> Iterat
                 timeout=600,
             )
             assert written.returncode == 0, (written.stdout + written.stderr)[-3000:]
-            run = launch(compose_config(_argv(shared, nemo_python, stages)))
+            run = launch(compose_config(_argv(shared, nemo_python, stages, *rehearsal)))
             yield ControlNetRun(shared, run, _states(slurm_cluster, run), nemo_python)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
@@ -189,6 +197,24 @@ def test_nemo_trains_controlnet_on_the_hints_with_a_hint_in_every_batch(
         [run.python, "-c", _ZERO_CONVS_MOVED, str(last[0])], capture_output=True, text=True
     )
     assert moved.returncode == 0 and moved.stdout.split() == ["True"], moved.stdout + moved.stderr[-2000:]
+
+
+def test_the_rehearsal_trains_a_tiny_controlnet_on_cpu_before_the_training(
+    controlnet_run: ControlNetRun,
+) -> None:
+    """NeMo's controlnet_train.py on the hinted data: step 1, its checkpoint, step 2 resumed, one image drawn
+    by the plugin's sampler (rehearsal.py) from the trained ControlLDM; the training waited for it."""
+    states, log = controlnet_run.jobs["rehearsal"]
+    assert states == {"COMPLETED"}, log[-4000:]
+    names = list(controlnet_run.jobs)
+    assert names.index("data_check") < names.index("rehearsal") < names.index(RUN), names
+    report = json.loads(RehearsalOutputs(controlnet_run.run).report.read_text())
+    assert report["ok"], report
+    assert "model.control_stage_config.params.from_pretrained_unet" in "\n".join(report["changes"]), report
+    print(f"rehearsal {report['seconds']} s, changes: {report['changes']}")
+    sample = Path(report["sample"])
+    with Image.open(sample) as image:
+        assert image.size == (64, 64) and np.asarray(image).std() > 0, image.size
 
 
 def _hint(path: Path, seed: int) -> Path:

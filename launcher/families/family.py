@@ -162,6 +162,10 @@ class Rehearsal:
     # Keys under `model` that cannot run on a CPU -> (the value the rehearsal sets, why), besides those
     # every family shares (launcher/jobs/rehearsal_config.py: the world, the width, CUDA kernels, devices).
     cpu_settings: Mapping[str, tuple[Any, str]] = field(default_factory=lambda: MappingProxyType({}))
+    # "module:function", (model config, the tiny UNet's width, changes) -> None: the family's own parts sized
+    # to the tiny UNet and kept from full-size files, each change noted (ControlNet's control stage, a copy
+    # of the UNet's encoder); None: nothing besides the UNet.
+    tiny: str | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ What changes is listed by `derive` (one line each, printed in the job's log and 
 the world (one CPU process), the steps (2, a checkpoint every step), the batch (1), the UNet's width
 (`tiny_width`: same class, same arguments, same depth, tiny channels), the CUDA-only kernels (flash
 attention, inductor, CUDA graphs, FP8), the text encoders' device, what the family's `rehearsal.cpu_settings`
-names (launcher/families: SDXL's FSDP) and what a tiny UNet cannot load (a full-size checkpoint). The
+names (launcher/families: SDXL's FSDP), the family's own parts (its `rehearsal.tiny`: ControlNet's
+control stage) and what a tiny UNet cannot load (a full-size checkpoint). The
 data, the VAE and text encoder files, the keys NeMo reads, exp_manager's resume and EMA, the optimizer
 and the precision stay as planned. Plain dicts only (no torch).
 """
@@ -20,6 +21,7 @@ from typing import Any
 from data_prep.cpu_model import on_cpu
 from data_prep.cpu_model import set_value as _set
 from launcher.families import family_of
+from launcher.families.family import job_function
 
 STEPS = 2  # step 1 from scratch, its checkpoint, then a new process resumes it for step 2
 GROUPS = 32  # NeMo's UNet normalizes in 32 groups: its channels must be a multiple of 32
@@ -89,10 +91,12 @@ def _model(model: dict[str, Any], synthetic: bool, changes: list[str]) -> None:
     if unet.get("from_pretrained"):
         why = "a full-size UNet: the rehearsal checks it on its own (training.init_from)"
         _set(unet, "from_pretrained", None, why, changes, "model.unet_config")
-    family = family_of(model)
-    for key, (value, why) in family.rehearsal.cpu_settings.items() if family.rehearsal else ():
+    rehearsal = family_of(model).rehearsal
+    for key, (value, why) in rehearsal.cpu_settings.items() if rehearsal else ():
         if key in model:
             _set(model, key, value, why, changes, "model")
+    if rehearsal and rehearsal.tiny:
+        job_function(rehearsal.tiny)(model, unet["model_channels"], changes)
 
 
 def derive(

@@ -15,7 +15,15 @@ from typing import Any
 
 from launcher.errors import ConfigError
 from launcher.families import ldm
-from launcher.families.family import CACHE_SWITCH, Cache, Family, Inference, InferenceProgram, Loader
+from launcher.families.family import (
+    CACHE_SWITCH,
+    Cache,
+    Family,
+    Inference,
+    InferenceProgram,
+    Loader,
+    Rehearsal,
+)
 
 NAME = "controlnet"
 TITLE = "ControlNet SD 1.5"
@@ -160,7 +168,12 @@ FAMILY = Family(
     cache=CACHE,
     trained_size=ldm.trained_size,
     check=check,
-    rehearsal_refusal=f"the rehearsal of {TITLE} (NeMo's ControlLDM on CPU) is not built yet",
+    rehearsal=Rehearsal(
+        model_class="nemo.collections.multimodal.models.text_to_image.controlnet.controlnet:MegatronControlNet",
+        sampler="launcher.plugins.controlnet.rehearsal:draw",
+        sampler_patches=ldm.REHEARSAL.sampler_patches,  # NeMo's DDIMSampler's CUDA buffers, as for SD
+        tiny="launcher.plugins.controlnet.rehearsal:tiny",
+    ),
     gflop=gflop,
     gflop_source="FLOP count (torch FlopCounterMode on NeMo's UNet, VAE, CLIP and ControlNet)",
     conf=Path(__file__).resolve().parent / "conf",
