@@ -90,9 +90,9 @@ class Inference:
     # section (DreamBooth's instance and class prompts); None: samples.prompts alone.
     prompts: Callable[[Any], Mapping[str, str]] | None = None
     # "module:function", (training checkpoint, its model config, folder) -> None: the checkpoint rewritten as
-    # the model the conversion builds, at <folder>/checkpoints/<its name> with <folder>/hparams.yaml (where
-    # the conversion finds its config), for a family trained as another NeMo class than it is drawn with
-    # (DreamBooth); None: converted as training wrote it.
+    # the model the conversion builds, where nemo_archive.rewritten_checkpoint writes it (rewritten_path,
+    # hparams.yaml beside), for a family trained as another NeMo class than it is drawn with (DreamBooth);
+    # None: converted as training wrote it.
     checkpoint_as_model: str | None = None
 
     @property

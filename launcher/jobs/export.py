@@ -38,6 +38,7 @@ from launcher.jobs import export_check, export_diffusers, export_lora, export_ne
 from launcher.jobs.export_nemo import ExportError
 from launcher.outputs import ExportFolder
 from launcher.sampling.lora_merge import is_lora
+from launcher.sampling.nemo_archive import rewritten_path
 
 # safetensors metadata of the single file: Stability's ModelSpec names for what a reader cannot infer.
 PREDICTION = {"epsilon": "epsilon", "v_prediction": "v", "sample": "sample"}
@@ -150,13 +151,14 @@ def main(argv: list[str]) -> int:
     partial, final = s.outputs.partial(step), s.outputs.folder(step)
     shutil.rmtree(partial.path, ignore_errors=True)
     partial.path.mkdir(parents=True)
-    family, rewrite = family_of(model), family_of(model).inference.checkpoint_as_model
+    family = family_of(model)
+    rewrite = family.inference.checkpoint_as_model
     model_dir = partial.path.parent / f".{partial.path.name}.model"  # the rewrite's, removed at the end
     shutil.rmtree(model_dir, ignore_errors=True)
     try:
         if rewrite:  # trained as another NeMo class: first rewritten as the model the export reads
             job_function(rewrite)(checkpoint, OmegaConf.to_container(model), model_dir)
-            exported = model_dir / "checkpoints" / checkpoint.name
+            exported = rewritten_path(model_dir, checkpoint)
             print(f"export: {checkpoint} rewritten as the model NeMo's code reads -> {exported}", flush=True)
             measured = export(s, exported, trained_config(exported), partial, checkpoint)
         else:

@@ -52,6 +52,7 @@ from launcher.jobs.nemo_cpu import patch_for_cpu
 from launcher.sampling.grid import grid_image
 from launcher.sampling.infer_config import program
 from launcher.sampling.lora_merge import is_lora, merged_checkpoint, merged_nemo
+from launcher.sampling.nemo_archive import rewritten_path
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
 from launcher.sampling.text_encoders import (
@@ -216,9 +217,7 @@ def merged_model(s: SamplingSettings, checkpoint: Path, step: int | None, model:
     """A LoRA run's checkpoint (or .nemo) as the whole merged model, in its step folder's `merged/`
     (launcher/sampling/lora_merge.py; made_from)."""
     folder = s.outputs.step_dir(step) / "merged"
-    target = (
-        (folder / "checkpoints" / checkpoint.name) if checkpoint.suffix == ".ckpt" else folder / "model.nemo"
-    )
+    target = rewritten_path(folder, checkpoint) if checkpoint.suffix == ".ckpt" else folder / "model.nemo"
 
     def merge() -> None:
         print(
@@ -242,7 +241,7 @@ def model_checkpoint(
     from omegaconf import OmegaConf
 
     folder = s.outputs.step_dir(step) / "model"
-    target = folder / "checkpoints" / checkpoint.name
+    target = rewritten_path(folder, checkpoint)
 
     def rewritten() -> None:
         print(f"samples: {checkpoint} rewritten as the model NeMo converts -> {target}", flush=True)

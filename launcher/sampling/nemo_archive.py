@@ -68,6 +68,11 @@ def rewritten(
     return out
 
 
+def rewritten_path(out: Path, checkpoint: Path) -> Path:
+    """Where rewritten_checkpoint writes `checkpoint` under `out`: the layout hparams_of reads (two folders up)."""
+    return out / "checkpoints" / checkpoint.name
+
+
 def rewritten_checkpoint(
     checkpoint: Path,
     out: Path,
@@ -84,7 +89,7 @@ def rewritten_checkpoint(
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     saved["state_dict"] = weights(saved["state_dict"])
     saved.pop("optimizer_states", None)
-    target = out / "checkpoints" / checkpoint.name
+    target = rewritten_path(out, checkpoint)
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "hparams.yaml") as tmp:
         tmp.write_text(OmegaConf.to_yaml(OmegaConf.create({"cfg": dict(config)})))
