@@ -3,7 +3,8 @@
     python -m data_prep.download_images --parquet-dir DATA/parquet --output-dir DATA/tarfiles_raw \
         [--partition I]   # default: $SLURM_ARRAY_TASK_ID
 
-Reads `part-%05d.parquet` (columns url, caption) and writes `<output-dir>/part-%05d/` (00000.tar,
+Reads `part-%05d.parquet` (columns url, caption, and any others, which each sample's .json keeps:
+img2dataset's save_additional_columns) and writes `<output-dir>/part-%05d/` (00000.tar,
 00000_stats.json, ...) with img2dataset 1.47.0: webdataset output, .jpg + .txt members (the only
 ones NeMo reads), incremental mode. When every shard's stats file is there, it writes
 `<output-dir>/part-%05d.done.json` (successes, failures, successes per shard). The marker sits
@@ -147,7 +148,7 @@ def prepare_url_list(source: Path, work_dir: Path) -> tuple[Path, int, int, dict
     parquet written by another tool never went through download_parquet's URL policy). Returns its
     path, the partition's row count, the rows handed to img2dataset and the refused ones by reason."""
     with pq.ParquetFile(source) as parquet:  # a path: arrow's own file, closed here (no dataset scanner)
-        table = parquet.read(columns=["url", "caption"])
+        table = parquet.read()
     expanded, names = expand_placeholders(table)
     refused: Counter[str] = Counter()
     web = web_mask(expanded.column("url"), refused)
@@ -222,6 +223,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
     opts.output_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"{STEP}-") as work_dir:
         url_list, rows, fetched, refused = prepare_url_list(source, Path(work_dir))
+        carried = [name for name in pq.read_schema(url_list).names if name not in ("url", "caption")]
         if rows and not fetched:
             raise DownloadError(
                 f"partition {opts.partition}: all {rows:,} URLs refused ({describe(refused)})"
@@ -241,7 +243,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
             with naming(opts.output_dir):  # before img2dataset's minutes of retries on a full disk
                 probe_write(opts.output_dir, PROBE_BYTES)
             with captured(errors), naming(folder):
-                run_img2dataset(url_list, folder, opts, processes, threads)
+                run_img2dataset(url_list, folder, opts, processes, threads, carried)
     seconds = time.monotonic() - started
     stats, missing = shard_stats(folder, num_shards)
     check_outcome(opts.partition, folder, missing, errors, done_before)

@@ -64,6 +64,29 @@ def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def add_fetch_options(add: Callable[..., object]) -> None:
+    """How an image is fetched and resized: download_images' options, and ControlNet's hints job's, which
+    fetches each sample's hint as its image was (launcher/plugins/controlnet/hints.py)."""
+    add("--image-size", type=int_at_least(1), default=256, help="side of the stored images (training res)")
+    add(
+        "--resize-mode",
+        type=resize_mode,
+        default="center_crop",
+        help="center_crop (default: what training does anyway, ~10x less data) or no, border, "
+        "keep_ratio, keep_ratio_largest",
+    )
+    add("--timeout", type=int_at_least(1), default=10, help="seconds per download")
+    add("--retries", type=int_at_least(0), default=0, help="extra tries per failed download, at once")
+    add("--user-agent-token", help="added to the User-Agent; X-Robots-Tag lines for this token apply too")
+    add(
+        "--disallowed-header-directives",
+        type=directives,
+        default=ROBOTS_DIRECTIVES,
+        help='comma-separated X-Robots-Tag directives that exclude an image ("" = obey none); '
+        f"default {','.join(ROBOTS_DIRECTIVES)}",
+    )
+
+
 def build_parser(description: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m data_prep.download_images",
@@ -76,14 +99,7 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
     add(
         "--partition", type=int_at_least(0), default=default_partition(), help="default: $SLURM_ARRAY_TASK_ID"
     )
-    add("--image-size", type=int_at_least(1), default=256, help="side of the stored images (training res)")
-    add(
-        "--resize-mode",
-        type=resize_mode,
-        default="center_crop",
-        help="center_crop (default: what training does anyway, ~10x less data) or no, border, "
-        "keep_ratio, keep_ratio_largest",
-    )
+    add_fetch_options(add)
     add("--encode-quality", type=int_at_least(1, 100), default=95, help="JPEG quality 1..100")
     add(
         "--processes",
@@ -96,16 +112,6 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
         help=f"download threads per process (default {THREADS_PER_PROCESS})",
     )
     add("--samples-per-shard", type=int_at_least(1), default=1000)
-    add("--timeout", type=int_at_least(1), default=10, help="seconds per download")
-    add("--retries", type=int_at_least(0), default=0, help="extra tries per failed download, at once")
-    add("--user-agent-token", help="added to the User-Agent; X-Robots-Tag lines for this token apply too")
-    add(
-        "--disallowed-header-directives",
-        type=directives,
-        default=ROBOTS_DIRECTIVES,
-        help='comma-separated X-Robots-Tag directives that exclude an image ("" = obey none); '
-        f"default {','.join(ROBOTS_DIRECTIVES)}",
-    )
     return parser
 
 

@@ -5,7 +5,8 @@
         --output-dir DATA/parquet --num-partitions 64 [--min-width 256 --max-rows 100000 ...]
 
 Writes `part-00000.parquet` ... `part-<N-1>.parquet` (columns `url`, `caption`, as img2dataset reads
-them; row counts differ by at most 1) and then `manifest.json`, the completion marker. A rerun with
+them, then any source columns named by `--extra-columns a,b` as strings, which download_images saves in
+each sample's .json; row counts differ by at most 1) and then `manifest.json`, the completion marker. A rerun with
 the same source listing and options finds a matching manifest and does nothing.
 
 Design:
@@ -48,9 +49,10 @@ from data_prep.atomic import write_json_atomic
 from data_prep.faults import step_main
 from data_prep.parquet_filters import FILTERS, INT_FILTERS, FilePlan, keep_mask, resolve_columns
 from data_prep.parquet_partitions import (
-    OUTPUT_SCHEMA,
+    RESERVED_COLUMNS,
     PartitionWriter,
     clean_output_dir,
+    output_schema,
     part_name,
     partition_sizes,
 )
@@ -74,6 +76,7 @@ class Options:
     hf_token_file: str | None = None
     revision: str | None = None
     max_rows: int | None = None
+    extra_columns: tuple[str, ...] = ()
 
 
 def list_parquet(fs: AbstractFileSystem, root: str, pattern: str) -> list[FilePlan]:
@@ -136,7 +139,7 @@ def count_pass(
         if rows_kept >= limit:
             break
         names, _ = schema_names(fs, plan.path)
-        plan = resolve_columns(plan, names, opts.url_col, opts.caption_col, opts.filters)
+        plan = resolve_columns(plan, names, opts.url_col, opts.caption_col, opts.filters, opts.extra_columns)
         resolved.append(plan)
         columns = list(dict.fromkeys([plan.url, *plan.filter_columns]))
         with batches(fs, plan, columns) as reader:
@@ -158,24 +161,26 @@ def count_pass(
     return resolved, rows_read, int(min(rows_kept, limit)), dropped, refused
 
 
-def to_output(batch: pa.RecordBatch, plan: FilePlan, mask: pa.BooleanArray) -> pa.Table:
+def to_output(batch: pa.RecordBatch, plan: FilePlan, mask: pa.BooleanArray, schema: pa.Schema) -> pa.Table:
     kept = batch.filter(mask)
     url = pc.cast(kept.column(plan.url), pa.string())
     caption = pc.fill_null(pc.cast(kept.column(plan.caption), pa.string()), "")
-    return pa.Table.from_arrays([url, caption], schema=OUTPUT_SCHEMA)
+    extra = [pc.cast(kept.column(name), pa.string()) for name in plan.extra]
+    return pa.Table.from_arrays([url, caption, *extra], schema=schema)
 
 
 def write_pass(fs: AbstractFileSystem, plans: list[FilePlan], opts: Options, total: int) -> list[int]:
-    """Pass 2: stream url/caption (plus filter columns) into the partitions."""
+    """Pass 2: stream url/caption (plus filter and carried columns) into the partitions."""
     sizes = partition_sizes(total, opts.num_partitions)
-    writer = PartitionWriter(opts.output_dir, sizes)
+    schema = output_schema(opts.extra_columns)
+    writer = PartitionWriter(opts.output_dir, sizes, schema)
     progress = Progress(STEP, "rows")
     try:
         for i, plan in enumerate(plans, start=1):
-            columns = list(dict.fromkeys([plan.url, plan.caption, *plan.filter_columns]))
+            columns = list(dict.fromkeys([plan.url, plan.caption, *plan.filter_columns, *plan.extra]))
             with batches(fs, plan, columns) as reader:
                 for batch in reader:
-                    table = to_output(batch, plan, row_mask(batch, plan, opts, None, None))
+                    table = to_output(batch, plan, row_mask(batch, plan, opts, None, None), schema)
                     if opts.max_rows is not None:  # the first max_rows kept rows, as pass 1 counted them
                         table = table.slice(0, writer.remaining)
                     writer.write(table)
@@ -204,6 +209,7 @@ def inputs_record(opts: Options, url: str, plans: list[FilePlan]) -> dict[str, A
         "filters": dict(sorted(opts.filters.items())),
         "num_partitions": opts.num_partitions,
         "max_rows": opts.max_rows,
+        "extra_columns": list(opts.extra_columns),
         "url_policy": URL_POLICY,
     }
 
@@ -247,6 +253,7 @@ def run(opts: Options) -> dict[str, Any]:
             "url": plans[0].url,
             "caption": plans[0].caption,
             "filters": {name: ",".join(columns) for name, columns in plans[0].filter_cols},
+            "extra": dict(zip(opts.extra_columns, plans[0].extra, strict=True)),
         },
         "rows_read": rows_read,
         "rows_kept": rows_kept,
@@ -261,6 +268,19 @@ def run(opts: Options) -> dict[str, Any]:
         STEP, f"done: kept {rows_kept:,} of {rows_read:,} rows in {seconds:.1f} s ({rate}) -> {manifest_path}"
     )
     return manifest
+
+
+# The options that are keys of the launcher's download_parquet section, named alike.
+STEP_OPTIONS = (
+    "source",
+    "revision",
+    "pattern",
+    "url_col",
+    "caption_col",
+    "max_rows",
+    "hf_token_file",
+    "extra_columns",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
@@ -284,23 +304,22 @@ def parse_args(argv: list[str] | None = None) -> Options:
         )
     parser.add_argument("--hf-token-file", help="file holding an HF token (default: env HF_TOKEN)")
     parser.add_argument("--max-rows", type=int, help="keep only the first N rows that pass the filters")
+    parser.add_argument(
+        "--extra-columns",
+        type=lambda text: tuple(filter(None, text.split(","))),
+        default=(),
+        help="source columns carried into the partitions, comma-separated (case-insensitive)",
+    )
     args = parser.parse_args(argv)
     if args.num_partitions < 1:
         parser.error(f"--num-partitions must be >= 1, got {args.num_partitions}")
     if args.max_rows is not None and args.max_rows < 1:
         parser.error(f"--max-rows must be >= 1, got {args.max_rows}")
     filters = {name: getattr(args, name) for name in FILTERS if getattr(args, name) is not None}
-    plain = (
-        "source",
-        "output_dir",
-        "num_partitions",
-        "pattern",
-        "url_col",
-        "caption_col",
-        "hf_token_file",
-        "revision",
-        "max_rows",
-    )
+    reserved = sorted(set(map(str.lower, args.extra_columns)) & RESERVED_COLUMNS)
+    if reserved:
+        parser.error(f"--extra-columns: {', '.join(reserved)} are img2dataset's own fields of each sample")
+    plain = ("output_dir", "num_partitions", *STEP_OPTIONS)
     return Options(filters=filters, **{name: getattr(args, name) for name in plain})
 
 
@@ -308,10 +327,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
 CONFIG_KEYS = {
     "--num-partitions": "data_preparation.num_partitions",
     **{
-        f"--{flag}": f"data_preparation.{STEP}.{flag.replace('-', '_')}"
-        for flag in ("source", "revision", "pattern", "url-col", "caption-col", "max-rows", "hf-token-file")
+        f"--{name.replace('_', '-')}": f"data_preparation.{STEP}.{name}" for name in (*STEP_OPTIONS, *FILTERS)
     },
-    **{"--" + name.replace("_", "-"): f"data_preparation.{STEP}.{name}" for name in FILTERS},
 }
 
 

@@ -79,12 +79,19 @@ def wandb_not_imported() -> Iterator[None]:
             del sys.modules["wandb"]
 
 
-def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: int, threads: int) -> None:
-    """img2dataset's Python API; its SIGINT handler calls sys.exit(0), which must not read as success."""
+def imported(module: str) -> types.ModuleType:
+    """An img2dataset module (its package imported as run_img2dataset imports it: no PyPI call, no wandb)."""
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # else it calls PyPI at import
     with wandb_not_imported():
-        from img2dataset import download  # heavy import, only where used
+        return importlib.import_module(module)
 
+
+def run_img2dataset(
+    url_list: Path, folder: Path, opts: RunOptions, processes: int, threads: int, carried: list[str]
+) -> None:
+    """img2dataset's Python API; its SIGINT handler calls sys.exit(0), which must not read as success.
+    `carried`: the url list's other columns, kept in each sample's .json."""
+    download = imported("img2dataset").download  # heavy import, only where used
     try:
         with forked_workers():
             download(
@@ -93,6 +100,7 @@ def run_img2dataset(url_list: Path, folder: Path, opts: RunOptions, processes: i
                 input_format="parquet",
                 url_col="url",
                 caption_col="caption",
+                save_additional_columns=carried or None,
                 output_format="webdataset",
                 encode_format="jpg",
                 image_size=opts.image.image_size,

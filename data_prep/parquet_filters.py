@@ -36,6 +36,7 @@ class FilePlan:
     url: str = ""
     caption: str = ""
     filter_cols: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (filter name, its columns)
+    extra: tuple[str, ...] = ()  # the file's names of the carried columns (--extra-columns), in their order
 
     @property
     def filter_columns(self) -> list[str]:
@@ -53,9 +54,14 @@ def match_column(names: list[str], wanted: tuple[str, ...], option: str, path: s
 
 
 def resolve_columns(
-    plan: FilePlan, names: list[str], url_col: str, caption_col: str, filters: Filters
+    plan: FilePlan,
+    names: list[str],
+    url_col: str,
+    caption_col: str,
+    filters: Filters,
+    extra_columns: tuple[str, ...] = (),
 ) -> FilePlan:
-    """`plan` with its url, caption and filter columns found among `names` (case-insensitively)."""
+    """`plan` with its url, caption, filter and carried columns found among `names` (case-insensitively)."""
     filter_cols = tuple(
         (
             name,
@@ -72,6 +78,7 @@ def resolve_columns(
         url=match_column(names, (url_col,), "--url-col", plan.path),
         caption=match_column(names, (caption_col,), "--caption-col", plan.path),
         filter_cols=filter_cols,
+        extra=tuple(match_column(names, (name,), "--extra-columns", plan.path) for name in extra_columns),
     )
 
 

@@ -15,6 +15,32 @@ from data_prep.faults import naming
 from data_prep.source import DataPrepError
 
 OUTPUT_SCHEMA = pa.schema([("url", pa.string()), ("caption", pa.string())])
+# The fields img2dataset 1.47.0 writes into each sample's .json itself: its save_additional_columns refuses
+# them (img2dataset/main.py, arguments_validator).
+RESERVED_COLUMNS = frozenset(
+    {
+        "key",
+        "caption",
+        "url",
+        "width",
+        "height",
+        "original_width",
+        "original_height",
+        "status",
+        "error_message",
+        "exif",
+        "md5",
+        "sha256",
+        "sha512",
+    }
+)
+
+
+def output_schema(extra_columns: tuple[str, ...]) -> pa.Schema:
+    """url and caption, then the carried source columns (--extra-columns), as strings."""
+    return pa.schema([*OUTPUT_SCHEMA, *((name, pa.string()) for name in extra_columns)])
+
+
 PART_NAME = re.compile(r"^part-(\d{5})\.parquet$")
 
 
@@ -30,9 +56,10 @@ def partition_sizes(total: int, n: int) -> list[int]:
 class PartitionWriter:
     """Fills partitions in order; each is written under a temp name and renamed when full."""
 
-    def __init__(self, out_dir: Path, sizes: list[int]) -> None:
+    def __init__(self, out_dir: Path, sizes: list[int], schema: pa.Schema = OUTPUT_SCHEMA) -> None:
         self.out_dir = out_dir
         self.sizes = sizes
+        self.schema = schema
         self.index = 0
         self.filled = 0
         self._writer: pq.ParquetWriter | None = None
@@ -51,7 +78,7 @@ class PartitionWriter:
                 self._tmp = temp_path_beside(self.out_dir / part_name(self.index))
                 with naming(self._tmp):  # arrow's write errors name no file
                     # URLs and captions are nearly all distinct: dictionary encoding only costs time.
-                    self._writer = pq.ParquetWriter(self._tmp, OUTPUT_SCHEMA, use_dictionary=False)
+                    self._writer = pq.ParquetWriter(self._tmp, self.schema, use_dictionary=False)
             take = min(self.sizes[self.index] - self.filled, table.num_rows - offset)
             with naming(self._tmp):
                 self._writer.write_table(table.slice(offset, take))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import tarfile
 from pathlib import Path
 
@@ -64,6 +65,41 @@ def test_the_preset_is_planned_with_its_asset_and_its_hints_step(tmp_path: Path)
     assert "/opt/NeMo/examples/multimodal/text_to_image/controlnet/controlnet_train.py" in training
 
 
+def test_hints_from_a_source_column_are_fetched_as_the_images_were(tmp_path: Path) -> None:
+    run = launch(
+        compose_config(
+            controlnet_argv(
+                tmp_path,
+                "controlnet_hints.hint_column=hint_url",
+                "data_preparation.download_parquet.extra_columns=[hint_url,license]",
+                "data_preparation.reorganize_tar.extensions=[jpg,txt,json]",
+                "data_preparation.download_images.user_agent_token=my team",
+            )
+        )
+    )
+    parquet = (run / "data_preparation" / "download_parquet.sbatch").read_text()
+    assert "--extra-columns hint_url,license" in parquet
+    flags = (
+        "image-size",
+        "resize-mode",
+        "timeout",
+        "retries",
+        "disallowed-header-directives",
+        "user-agent-token",
+    )
+
+    def values(script: str) -> dict[str, str]:
+        words = shlex.split(script.replace("\\\n", " "), comments=True)
+        return {flag: words[words.index(f"--{flag}") + 1] for flag in flags}
+
+    script = (run / "controlnet_hints" / "controlnet_hints.sbatch").read_text()
+    images = values((run / "data_preparation" / "download_images.sbatch").read_text())
+    assert (
+        values(script) == images and images["image-size"] == "512" and images["user-agent-token"] == "my team"
+    )
+    assert "--hint-column hint_url" in script
+
+
 def test_the_rehearsal_sizes_the_control_stage_to_its_tiny_unet(tmp_path: Path) -> None:
     """rehearsal=true plans the rehearsal before training; its config (launcher.jobs.rehearsal_config) gives
     the control stage the tiny UNet's width and no full-size UNet to start from, each change noted."""
@@ -100,6 +136,7 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
     assert dict(composed.controlnet_hints) == {
         "low_threshold": 100,
         "high_threshold": 200,
+        "hint_column": None,
         "num_tasks": None,
         "rows_per_task": 2_000_000,
         "hint_images": [],
@@ -135,6 +172,17 @@ def test_the_preset_names_the_checkpoint_asset_for_both_unets(tmp_path: Path) ->
         ),
         ("controlnet_hints.high_threshold=90", "controlnet_hints.high_threshold", "not above"),
         ("controlnet_hints.low_threshold=0", "controlnet_hints.low_threshold", "from 1 to 1000"),
+        ("controlnet_hints.hint_column=hint", "download_parquet.extra_columns", "allowed: a list naming it"),
+        (
+            "controlnet_hints.hint_column=hint data_preparation.download_parquet.extra_columns=[hint]",
+            "reorganize_tar.extensions",
+            "allowed: the list with json, e.g. [jpg, txt, json]",
+        ),
+        (
+            "data_preparation.download_parquet.extra_columns=[id,WIDTH]",
+            "data_preparation.download_parquet.extra_columns",
+            "width: img2dataset writes these fields",
+        ),
     ],
     ids=lambda value: str(value)[:40],
 )
@@ -144,7 +192,7 @@ def test_what_controlnet_cannot_train_is_refused_naming_the_key(
     coco = (
         (f"evaluation.coco_root={tmp_path}",) if "evaluation" in override else ()
     )  # checked before the family
-    error = _refusal(tmp_path, override, *coco)
+    error = _refusal(tmp_path, *override.split(), *coco)
     assert key in str(error.key) and says in str(error), str(error)
     assert not (tmp_path / "results").exists()  # refused before anything is written
 
@@ -177,7 +225,8 @@ def test_the_hints_step_writes_canny_edges_beside_each_image_once(tmp_path: Path
     samples = {f"{i:04d}": {"jpg": _jpeg(i), "txt": f"caption {i}".encode()} for i in range(3)}
     samples["0003"] = {"jpg": b"not a jpeg", "txt": b"broken"}
     path = _tar(tmp_path / "000000.tar", samples)
-    assert add_hints(path, 100, 200) == {"written": 3, "kept": 0, "undecodable": 1}
+    canny = hints.CannyHint(100, 200)
+    assert add_hints(path, canny) == {"written": 3, "kept": 0, "image did not decode": 1}
     members = _members(path)
     assert list(members)[:3] == ["0000.jpg", "0000.txt", "0000.png"]  # each hint right after its sample
     for i in range(3):
@@ -186,7 +235,7 @@ def test_the_hints_step_writes_canny_edges_beside_each_image_once(tmp_path: Path
         assert np.array_equal(hint, cv2.Canny(gray, 100, 200)) and 0 < (hint > 0).mean() < 0.5
         assert members[f"{i:04d}.jpg"] == samples[f"{i:04d}"]["jpg"]
     before = path.stat().st_ino
-    assert add_hints(path, 100, 200) == {"written": 0, "kept": 3, "undecodable": 1}
+    assert add_hints(path, canny, threads=4) == {"written": 0, "kept": 3, "image did not decode": 1}
     assert path.stat().st_ino == before  # nothing to add: the tar is not rewritten
     assert not list(tmp_path.glob(".*.tmp"))
 

@@ -253,7 +253,8 @@ def test_each_config_key_a_message_names_is_the_one_the_planner_passes_as_that_f
     argv = next(list(job.argv) for job in build_plan(to_schema(composed), facts).jobs if job.name == module)
     for flag, key in keys.items():
         value = OmegaConf.select(composed, key, throw_on_missing=True)
-        if isinstance(value, bool) or value is None:  # a switch, or an optional flag left out
+        left_out = value is None or (OmegaConf.is_list(value) and len(value) == 0)  # an optional flag
+        if isinstance(value, bool) or left_out:  # a switch, or an optional flag left out
             assert (flag in argv) == bool(value), (flag, key)
             continue
         shown = ",".join(map(str, value)) if OmegaConf.is_list(value) else str(value)

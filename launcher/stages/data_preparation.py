@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from data_prep.parquet_partitions import RESERVED_COLUMNS
 from launcher import latents, nemo_config, sizing
 from launcher.config import BackendName, Runtime
 from launcher.context import Context, Facts
@@ -61,6 +62,7 @@ def _download_parquet_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str
                 "max-pwatermark": step.max_pwatermark,
                 "min-aesthetic": step.min_aesthetic,
                 "hf-token-file": step.hf_token_file,
+                "extra-columns": ",".join(step.extra_columns) or None,
             }
         ),
     )
@@ -146,6 +148,13 @@ def _wdinfo_argv(ctx: Context, dp: DataPreparationConfig) -> tuple[str, ...]:
 def _check(cfg: Any, planned: frozenset[str]) -> None:
     """Rules between the data sources' settings (the schema checks types)."""
     dp, key = cfg.data_preparation, "data_preparation"
+    reserved = sorted(set(map(str.lower, dp.download_parquet.extra_columns)) & RESERVED_COLUMNS)
+    if reserved:
+        raise ConfigError(
+            f"{key}.download_parquet.extra_columns",
+            f"{', '.join(reserved)}: img2dataset writes these fields of each sample's .json itself; allowed: "
+            f"any other source column (not {', '.join(sorted(RESERVED_COLUMNS))})",
+        )
     if not dp.tars.enable:
         return
     if not dp.tars.source:

@@ -71,6 +71,13 @@ class DownloadParquetConfig(StepConfig):
         None,
         help="Keep only the first N rows that pass the filters (a smoke-size run); null = all.",
     )
+    extra_columns: list[str] = ruled(
+        Each(Text()),
+        factory=list,
+        help="Source columns carried beside url and caption (as strings) into each sample's .json "
+        "(img2dataset's save_additional_columns); the training tars keep the .json when "
+        "reorganize_tar.extensions names json.",
+    )
 
 
 # img2dataset 1.47.0's default: images whose X-Robots-Tag carries one of these are not downloaded.
