@@ -10,7 +10,7 @@ from conftest import REPO
 from fixtures.estimates import aws_p5_cfg, write_sweep
 
 from launcher import cost
-from launcher.families import sdxl
+from launcher.plugins.sdxl import family as sdxl
 
 
 def test_without_a_sweep_the_published_figures_are_used_and_labelled(tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def test_the_scan_finds_a_family_named_outside_the_package(tmp_path: Path) -> No
     """The scan above can fail: the shapes it looks for, in a file of its own."""
     leaky = tmp_path / "leaky.py"
     leaky.write_text(
-        "from launcher.families import sdxl\n"
+        "from launcher.plugins.sdxl import family\n"
         "def is_sdxl(model):\n    return model.family.name == 'sdxl'\n"
         "def f(family):\n    return family.name in ('sd1', 'sd2')\n"
         "def g(family):\n    return family.inference.converts_checkpoints\n"

@@ -36,8 +36,8 @@ from nemo_cpu.tiny import OPEN_CLIP_BIGG_FILE, SDXL_OVERRIDES, SDXL_VAE_FILE
 from omegaconf import OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.families.sdxl_checks import OPEN_CLIP_TEXT
 from launcher.outputs import TrainingOutputs
+from launcher.plugins.sdxl.checks import OPEN_CLIP_TEXT
 from launcher.stages import training_init
 from launcher.unet_shape import tensor_problems, transformer_depths, unet_shape
 from launcher.validate import to_schema

@@ -1,5 +1,5 @@
 """The SDXL presets (conf/training/sdxl/) compose with NVIDIA's values, and what NeMo's SDXL training cannot
-run is refused before anything is written, naming the key (launcher/families/sdxl_checks.py, launcher/nemo_config.py,
+run is refused before anything is written, naming the key (launcher/plugins/sdxl/checks.py, launcher/nemo_config.py,
 launcher/latents.py). NeMo's own code runs these presets in tests/test_nemo_sdxl.py."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.families import family_of, sdxl_checks
+from launcher.families import family_of
+from launcher.plugins.sdxl import checks as sdxl_checks
 from launcher.sampling.resolution import trained_size
 
 IMAGES = "data_preparation.precache.enable=false"  # the GPU presets' latents are SD's: SDXL reads images

@@ -1,7 +1,8 @@
 """The model families, as plug-ins: which NeMo model a training config describes, and everything that
 differs by it (launcher/families/family.py is the contract; docs/adding-a-family.md).
 
-The built-in families (SD 1.x, SD 2.0, SDXL), then those of the in-tree plugins (launcher/plugins/) and of
+The built-in families (SD 1.x, SD 2.0), then those of the in-tree plugins (launcher/plugins/: SDXL,
+ControlNet, DreamBooth) and of
 installed distributions (entry points `sd_launcher.families`), found one way in the planner and in every job
 (launcher.discovery). Everything else asks `family_of(model)` (a config's `model` section) or `named(name)`
 (a family's name, as settings files carry it) and reads the answer; nothing outside a family tests which
@@ -16,7 +17,7 @@ from typing import Any
 
 from launcher import discovery
 from launcher.errors import ConfigError
-from launcher.families import sd1, sd2, sdxl
+from launcher.families import sd1, sd2
 from launcher.families.family import Family
 
 FAMILIES: list[Family] = list(
@@ -24,7 +25,6 @@ FAMILIES: list[Family] = list(
         (
             sd1.FAMILY,
             sd2.FAMILY,
-            sdxl.FAMILY,
             *discovery.in_tree("family", "FAMILY", Family),
             *discovery.entry_points(discovery.FAMILIES_GROUP, Family),
         ),

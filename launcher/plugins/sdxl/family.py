@@ -6,7 +6,7 @@ Its text encoders (CLIP ViT-L/14 and OpenCLIP ViT-bigG-14) and size/crop embedde
 sampled by sd_xl_infer.py from the .nemo sd_xl_train.py saves at its end (convert_ckpt_to_nemo.py has no
 SDXL model type), and what cached latents store for it is the text embeddings only (NeMo's
 `precache_mode: text`, data_prep/text_cache.py). What its training config is refused for is in
-launcher/families/sdxl_checks.py.
+launcher/plugins/sdxl/checks.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 from data_prep import latent_format as fmt
 from data_prep import text_cache
-from launcher.families import sdxl_checks
 from launcher.families.family import (
     PREDICTION_TYPES,
     TEXT_FILE,
@@ -33,6 +32,7 @@ from launcher.families.family import (
     Released,
     Schedule,
 )
+from launcher.plugins.sdxl import checks
 
 EXAMPLES = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion"
 CONDITIONER = "conditioner_config.emb_models"
@@ -156,7 +156,7 @@ REHEARSAL = Rehearsal(
 CACHE = Cache(
     stores="text",
     overrides=cache_overrides,
-    check=sdxl_checks.check_cache,
+    check=checks.check_cache,
     per_sample=per_sample,
     loader=LOADER,
     encodes_from_unswitched_config=True,
@@ -262,7 +262,7 @@ FAMILY = Family(
     trained_size=trained_size,
     # build_sdxl_train_valid_datasets (NeMo 2.4) has no synthetic branch (synthetic_keys None): it reads
     # the data path.
-    check=sdxl_checks.check,
+    check=checks.check,
     rehearsal=REHEARSAL,
     gflop=gflop,
     gflop_source=GFLOP_SOURCE,
