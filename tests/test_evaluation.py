@@ -23,8 +23,9 @@ from data_prep.download_file import FileAsset, FileAssetError, file_digests, sta
 from data_prep.serve import serve_folder
 from launcher.errors import ConfigError
 from launcher.evaluation.settings import EvaluationSettings
-from launcher.jobs.generate import share, xl_task_config
 from launcher.pipeline import build_plan
+from launcher.plugins.sdxl.generate import task_config as xl_task_config
+from launcher.sampling.generation import share
 from launcher.spec import DependencyKind, Plan
 from launcher.validate import check_facts
 
@@ -276,7 +277,7 @@ def test_the_default_sdxl_composition_on_aws_p5_evaluates_the_samples_jobs_copy_
 def test_evaluation_alone_of_a_model_trained_from_cached_text_reads_the_samples_jobs_copy(
     make_config: Callable, tmp_path: Path
 ) -> None:
-    from launcher.jobs.generate import evaluated_model
+    from launcher.sampling.generation import evaluated_model
 
     run = tmp_path / "results" / SDXL_PRESET
     trained = {"conditioner_config": {"emb_models": []}, "precache_mode": "text"}

@@ -19,6 +19,7 @@ from launcher import checkpoints
 from launcher.cli import main
 from launcher.errors import ConfigError
 from launcher.families import renamed_keys
+from launcher.families.family import CacheRestore
 from launcher.pipeline import build_plan
 from launcher.sampling.settings import SamplingSettings
 from launcher.spec import DependencyKind
@@ -280,7 +281,8 @@ def test_sdxl_trained_from_cached_text_embeddings_is_sampled_with_its_text_encod
 ) -> None:
     """The default SDXL composition on aws_p5 (the switch on: NeMo's precache_mode text): samples.json names
     the training config before the switch, written with the samples stage's files (data preparation is not
-    planned), whose caption embedders the job puts back (launcher/sampling/text_encoders.py)."""
+    planned), whose caption embedders the job puts back (the family's cache.restore:
+    launcher/plugins/sdxl/text_encoders.py)."""
     aws_p5 = ["cluster=aws_p5", f"container.mounts=[{tmp_path}:{tmp_path}]"]
     cfg = make_config(*aws_p5, f"training=sdxl/{SDXL_PRESET}", "stages=[training,samples]")
     assert cfg.data_preparation.precache.enable  # the preset's default
@@ -364,9 +366,7 @@ def test_sdxl_refuses_a_nemo_that_is_not_one(make_config: Callable, tmp_path: Pa
         check_facts(cfg, FIXED_FACTS)
 
 
-def test_the_copy_with_text_encoders_back_is_made_once_per_nemo(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_copy_with_text_encoders_back_is_made_once_per_nemo(tmp_path: Path) -> None:
     """The samples job's restore (launcher.jobs.samples.restored_model; NeMo's side in
     tests/test_sdxl_cached_text_samples_nemo.py): refused without the unswitched config, else written once
     per .nemo and reused, as a converted checkpoint is."""
@@ -376,22 +376,20 @@ def test_the_copy_with_text_encoders_back_is_made_once_per_nemo(
 
     made: list[tuple[Path, Path]] = []
 
-    def restore(nemo: Path, unswitched: list, out: Path) -> Path:
+    def write(nemo: Path, unswitched: Path, out: Path) -> None:
         made.append((nemo, out))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(b"copy")
-        return out
 
-    monkeypatch.setattr(job, "restore_text_encoders", restore)
-    monkeypatch.setattr(job, "unswitched_conditioner", lambda config: [])
+    restore = CacheRestore(needed=lambda model: True, check=lambda model, unswitched: None, write=write)
     fields = {f.name: None for f in dataclasses.fields(SamplingSettings)}
     s = SamplingSettings(**{**fields, "run_dir": str(tmp_path / "run"), "prompts": ()})
     first, second = tmp_path / "a.nemo", tmp_path / "b.nemo"
     with pytest.raises(SystemExit, match="names no training config before the switch"):
-        job.restored_model(s, first, 2)
+        job.restored_model(s, restore, first, 2)
     s = dataclasses.replace(s, unswitched_config=str(tmp_path / "x_encode.yaml"))
     copy = tmp_path / "run/samples/step_2/model.nemo"
-    assert job.restored_model(s, first, 2) == job.restored_model(s, first, 2) == copy
-    assert job.restored_model(s, second, 2) == copy  # another .nemo of the same step: made anew
+    assert job.restored_model(s, restore, first, 2) == job.restored_model(s, restore, first, 2) == copy
+    assert job.restored_model(s, restore, second, 2) == copy  # another .nemo of the same step: made anew
     assert made == [(first, copy), (second, copy)]
     assert (tmp_path / "run/samples/step_2/model.nemo.source").read_text() == str(second)

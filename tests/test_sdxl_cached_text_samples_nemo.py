@@ -1,5 +1,5 @@
 """An SDXL model trained from cached text embeddings, sampled by the samples stage's own job with NeMo's
-own sd_xl_infer on CPU once its text encoders are back (launcher/sampling/text_encoders.py).
+own sd_xl_infer on CPU once its text encoders are back (launcher/plugins/sdxl/text_encoders.py).
 
 Data preparation with the switch on encodes the demo's captions (fixtures/nemo.py's `cached_text_shared`: the
 encode step reads `<run>_encode.yaml`, the training config before the switch); NeMo's sd_xl_train trains the
@@ -45,14 +45,15 @@ from data_prep import text_cache
 from launcher.checkpoints import nemo_model_config
 from launcher.cli import launch
 from launcher.evaluation.settings import EvaluationSettings
-from launcher.jobs.generate import evaluated_model
-from launcher.jobs.samples import nemo_env
 from launcher.nemo_config import OFFLINE_HUB_ENV
 from launcher.outputs import EvaluationOutputs
 from launcher.pipeline import build_plan
-from launcher.sampling import nemo_archive, text_encoders
+from launcher.plugins.sdxl import text_encoders
+from launcher.plugins.sdxl.infer import infer_config as xl_infer_config
+from launcher.sampling import nemo_archive
+from launcher.sampling.generation import evaluated_model
 from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
-from launcher.sampling.infer_config import xl_infer_config
+from launcher.sampling.world import nemo_env
 from launcher.validate import check_facts, to_schema
 
 SIDE = 64  # SDXL_OVERRIDES' resize_smallest_side: the trained size
@@ -118,7 +119,7 @@ def cached_nemo(shared: Path, nemo_python: str) -> Path:
 
 
 def _env() -> dict[str, str]:
-    """The samples job's: the torchrun world of one (launcher.jobs.samples.nemo_env), offline, this repo."""
+    """The samples job's: the torchrun world of one (launcher.sampling.world.nemo_env), offline, this repo."""
     return {**nemo_env(), **OFFLINE_HUB_ENV, "PYTHONPATH": str(REPO)}
 
 

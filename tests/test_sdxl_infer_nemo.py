@@ -5,7 +5,7 @@ images; the evaluation's generation tasks draw one image per COCO caption with i
 The 256 px SDXL preset, rendered as a launch does and made tiny (tests/nemo_cpu/tiny.py SDXL_OVERRIDES), is
 trained 2 steps by NeMo's sd_xl_train on the demo's image tars; NeMo writes the `.nemo` at the end (one
 training for this module). Then `stages=[samples]` runs on the local backend: the job runs sd_xl_infer in
-the world of one process it gives NeMo (launcher.jobs.samples.nemo_env, the variables torchrun sets: plain
+the world of one process it gives NeMo (launcher.sampling.world.nemo_env, the variables torchrun sets: plain
 python dies with KeyError 'LOCAL_RANK', checked here too), which restores the model strictly and writes one
 image per prompt and sample, `{n:09}.png` in prompt order; the job pairs them with the prompts in the grid.
 The evaluation's generation then draws from the same `.nemo` for a COCO-shaped fixture's captions
@@ -38,10 +38,10 @@ from PIL import Image
 
 from launcher import preview
 from launcher.cli import compose_config, launch
-from launcher.jobs.samples import nemo_env
 from launcher.nemo_config import OFFLINE_HUB_ENV
 from launcher.outputs import EvaluationOutputs
 from launcher.sampling.grid import LABEL_W, PAD, TITLE_H
+from launcher.sampling.world import nemo_env
 from launcher.stages.samples import status_lines
 
 pytestmark = pytest.mark.slow

@@ -1,12 +1,9 @@
 """The model-family contract: everything that differs between NeMo's diffusion families, declared in one
-object per family (launcher/families/<name>.py) and asked by the stages and the job programs. Nothing
-outside launcher/families/ asks which family a config is: it asks the family (docs/adding-a-family.md).
-
-A family is recognised from the training config's `model` section, as diffusers picks a pipeline from a
-model's own model_index.json: the one family whose `matches` says yes (one that `refines` another is asked
-before it; launcher.families). Families come from this package, launcher/plugins/ and installed
-distributions' entry points (launcher.discovery).
-This module is data and types only; it imports nothing of the planner, so job programs may import it.
+object per family and asked by the stages and the job programs; nothing else asks which family a config is
+(docs/adding-a-family.md). A family is recognised from the training config's `model` section, as diffusers
+picks a pipeline from a model's own model_index.json: the one family whose `matches` says yes (one that
+`refines` another is asked before it). Families come from launcher/families/, launcher/plugins/ and installed
+distributions' entry points (launcher.discovery). Data and types only: job programs may import it.
 """
 
 from __future__ import annotations
@@ -68,8 +65,7 @@ class Inference:
 
     # NeMo's samplers for it; the first is the default (samples.sampler / evaluation.sampler null).
     samplers: tuple[str, ...]
-    # NeMo's text-to-image script (samples.infer_script null) and what generates the evaluation's images
-    # (evaluation.generate_script null), as the container holds them.
+    # NeMo's text-to-image script and the evaluation's generator (samples.infer_script, generate_script null).
     infer_script: str
     generate_script: str
     # How the job programs drive the scripts (sd_infer.py's config and image names, or sd_xl_infer.py's).
@@ -79,10 +75,9 @@ class Inference:
     converts_checkpoints: bool
     # Samplers that take every (timesteps // steps)-th timestep: `steps` must divide the model's timesteps.
     strided_samplers: tuple[str, ...] = ()
-    # "module:function" of the planner's side, (root config) -> what the program reads besides the shared
-    # sampling settings, from the family's own config section (ControlNet's hint images), as JSON values,
-    # refusing bad ones naming their key; None: nothing. The samples stage checks it and writes it into
-    # samples.json (SamplingSettings.program_inputs).
+    # "module:function" of the planner's side, (root config) -> what the program reads besides the sampling
+    # settings, from the family's own section (ControlNet's hint images) as JSON values, refusing bad ones
+    # naming their key; None: nothing. The samples stage writes it into samples.json (program_inputs).
     program_inputs: str | None = None
     # The evaluation's batch is a global batch NeMo divides by the model's micro batch (generate_fid_images).
     batch_is_global: bool = False
@@ -90,9 +85,8 @@ class Inference:
     # section (DreamBooth's instance and class prompts); None: samples.prompts alone.
     prompts: Callable[[Any], Mapping[str, str]] | None = None
     # "module:function", (training checkpoint, its model config, folder) -> None: the checkpoint rewritten as
-    # the model the conversion builds, where nemo_archive.rewritten_checkpoint writes it (rewritten_path,
-    # hparams.yaml beside), for a family trained as another NeMo class than it is drawn with (DreamBooth);
-    # None: converted as training wrote it.
+    # the model the conversion builds (nemo_archive.rewritten_checkpoint), for a family trained as another NeMo
+    # class than it is drawn with (DreamBooth); None: converted as training wrote it.
     checkpoint_as_model: str | None = None
 
     @property
@@ -124,6 +118,18 @@ class Loader:
 
 
 @dataclass(frozen=True)
+class CacheRestore:
+    """How a .nemo trained from cached inputs is made sampleable (SDXL's: launcher/plugins/sdxl/text_encoders.py)."""
+
+    # Job side: (the .nemo's stored model config) -> whether it was trained from the cache.
+    needed: Callable[[Mapping[str, Any]], bool]
+    # Planner side: (that config, the training config before the switch) -> None, or ValueError: no copy.
+    check: Callable[[Mapping[str, Any], Mapping[str, Any]], None]
+    # Job side: (the .nemo, the training config file before the switch, the copy to write) -> None.
+    write: Callable[[Path, Path, Path], None]
+
+
+@dataclass(frozen=True)
 class Cache:
     """What data preparation's cached latents (data_preparation.precache) store for the family and what
     the switch changes in NeMo's training config (launcher.latents asks)."""
@@ -143,6 +149,8 @@ class Cache:
     # The encode step builds its encoders from the training config before the switch rewrote it (SDXL's
     # conditioner then reads stored embeddings, not captions); else from training's own config.
     encodes_from_unswitched_config: bool = False
+    # "module:NAME" of its CacheRestore (job_function); None: a .nemo trained so is sampled as it is.
+    restore: str | None = None
 
 
 @dataclass(frozen=True)
@@ -314,9 +322,8 @@ class Family:
     # data_preparation nor data_check, gets no dataset paths and no latents switch, and data_preparation
     # planned with it is refused.
     reads_prepared_data: bool = True
-    # A job program the training job runs NeMo's training script under (`python -m PROGRAM SCRIPT ARGS...`; on a
-    # CPU partition after the CPU runner's patches): a job-side fix of NeMo's code the script needs. None: the
-    # script itself.
+    # A job program the training job runs NeMo's script under (`python -m PROGRAM SCRIPT ARGS...`, after the CPU
+    # runner's patches on CPU): a job-side fix of NeMo's code the script needs. None: the script itself.
     training_program: str | None = None
     # A folder of conf groups it brings (training presets: <conf>/training/<folder>/<preset>.yaml), on
     # Hydra's search path after conf/ (launcher.groups).

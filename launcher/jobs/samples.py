@@ -16,7 +16,8 @@ training saved at its end (or the given .nemo; its step is that of the -last che
 it); the program whose config step 3 writes is the family's `inference.program`: sd_infer, or sd_xl_infer
 (SDXL's), which names its images `{n:09}.png` in prompt order. A .nemo trained from cached text embeddings
 (its stored precache_mode) holds no text encoders: step 2 becomes a copy of it with the caption embedders of
-settings.unswitched_config and their staged weights put back (launcher/sampling/text_encoders.py), written
+settings.unswitched_config and their staged weights put back (the family's cache.restore; SDXL's:
+launcher/plugins/sdxl/text_encoders.py), written
 as model.nemo (model.nemo.source: the .nemo it came from; reused as a converted model is), and the
 evaluation generates from that copy. A LoRA run's checkpoint (or .nemo: its adapters, NeMo's inference reads
 none) is first made the whole model it trained, the adapters merged into the base weights
@@ -38,29 +39,23 @@ from data_prep.atomic import atomic_path, write_atomic, write_json_atomic
 from data_prep.faults import step_main
 from launcher.checkpoints import (
     chosen,
-    final_nemo,
     hparams_of,
     is_ema,
-    nemo_model_config,
     none_finished,
     step_of,
     step_of_nemo,
 )
 from launcher.families import as_planned, named
-from launcher.families.family import job_function
+from launcher.families.family import CacheRestore, job_function
 from launcher.jobs.nemo_cpu import patch_for_cpu
 from launcher.sampling.grid import grid_image
 from launcher.sampling.infer_config import program
 from launcher.sampling.lora_merge import is_lora, merged_checkpoint, merged_nemo
+from launcher.sampling.models import nemo_to_sample, stored_model_config
 from launcher.sampling.nemo_archive import rewritten_path
 from launcher.sampling.resolution import trained_size
 from launcher.sampling.settings import NAME_CHARS, SamplingSettings
-from launcher.sampling.text_encoders import (
-    restore_text_encoders,
-    trained_on_cached_text,
-    unswitched_conditioner,
-)
-from launcher.sampling.world import one_process_world
+from launcher.sampling.world import nemo_env
 
 
 def checkpoint_to_sample(s: SamplingSettings) -> Path:
@@ -68,11 +63,6 @@ def checkpoint_to_sample(s: SamplingSettings) -> Path:
     if found is None:
         raise SystemExit(f"samples: {none_finished(Path(s.checkpoints_dir), s.ema)}")
     return found
-
-
-def nemo_env() -> dict[str, str]:
-    """This job's environment, a world of one process (launcher.sampling.world)."""
-    return {**os.environ, **one_process_world()}
 
 
 def _run(argv: list[str], what: str) -> None:
@@ -131,12 +121,6 @@ def image_named_by_prompt(s: SamplingSettings, row: int, column: int) -> str:
     return f"{s.prompts[row][:NAME_CHARS]}_{column}.png"
 
 
-def image_numbered(s: SamplingSettings, row: int, column: int) -> str:
-    """What sd_xl_infer names an image: `{n:09}.png` counted over the prompts in order
-    (perform_save_locally), each prompt's images together."""
-    return f"{row * s.images_per_prompt + column:09}.png"
-
-
 def image_name(s: SamplingSettings, row: int, column: int) -> str:
     """The name the family's inference script gives an image (its program's `image_name`)."""
     return job_function(program(s).image_name)(s, row, column)  # type: ignore[no-any-return]
@@ -159,22 +143,6 @@ def write_plot(s: SamplingSettings) -> None:
     argv = [s.plot_python, "-m", "launcher.plot", s.run_dir]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     print(f"samples: training plot: {(done.stdout + done.stderr).strip()}", flush=True)
-
-
-def nemo_to_sample(s: Any, job: str) -> Path:
-    """The .nemo settings `s` (samples' or the evaluation's) name for a family whose checkpoints are not
-    converted: `checkpoint`, else the one training saved at its end in `checkpoints_dir`."""
-    nemo = Path(s.checkpoint) if s.checkpoint else final_nemo(Path(s.checkpoints_dir))
-    if nemo is None:
-        raise SystemExit(f"{job}: no .nemo in {s.checkpoints_dir} (training saves one at its end)")
-    return nemo
-
-
-def stored_model_config(nemo: Path) -> dict[str, Any]:
-    """The model config stored in a .nemo (model_config.yaml), as plain containers."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.create(nemo_model_config(nemo)))  # type: ignore[return-value]
 
 
 def nemo_and_step(s: SamplingSettings) -> tuple[Path, int]:
@@ -256,9 +224,10 @@ def converted_model(s: SamplingSettings, checkpoint: Path, step: int | None) -> 
     return made_once(s, checkpoint, step, lambda nemo_file: convert(s, checkpoint, nemo_file))
 
 
-def restored_model(s: SamplingSettings, nemo: Path, step: int) -> Path:
-    """A copy of `nemo` (trained from cached text embeddings) with its text encoders back, as model.nemo in
-    its step folder, written unless a previous run of this job did so from that same .nemo."""
+def restored_model(s: SamplingSettings, restore: CacheRestore, nemo: Path, step: int) -> Path:
+    """A copy of `nemo` (trained from cached text embeddings) with its text encoders back (the family's
+    cache.restore), as model.nemo in its step folder, written unless a previous run of this job did so from
+    that same .nemo."""
     if not s.unswitched_config:
         raise SystemExit(
             f"samples: {nemo} was trained from cached text embeddings and samples.json names no training "
@@ -266,11 +235,11 @@ def restored_model(s: SamplingSettings, nemo: Path, step: int) -> Path:
         )
     config = Path(s.unswitched_config)
 
-    def restore(nemo_file: Path) -> None:
+    def make(nemo_file: Path) -> None:
         print(f"samples: text encoders: the caption embedders of {config} into {nemo_file}", flush=True)
-        restore_text_encoders(nemo, unswitched_conditioner(config), nemo_file)
+        restore.write(nemo, config, nemo_file)
 
-    return made_once(s, nemo, step, restore)
+    return made_once(s, nemo, step, make)
 
 
 @step_main("samples")
@@ -299,12 +268,14 @@ def main(argv: list[str]) -> int:
     trained_as, rewrite = checkpoint, family.inference.checkpoint_as_model
     if converts and rewrite:
         trained_as, model = model_checkpoint(s, rewrite, checkpoint, step, model)
-    lora_nemo = is_lora(model) and not converts and not trained_on_cached_text(model)
+    restore = job_function(family.cache.restore) if family.cache.restore else None
+    restored = restore is not None and restore.needed(model)
+    lora_nemo = is_lora(model) and not converts and not restored
     sampled = merged_model(s, trained_as, step, model) if is_lora(model) and not lora_nemo else trained_as
     if converts:
         nemo_file = converted_model(s, sampled, step)
-    elif trained_on_cached_text(model):
-        nemo_file = restored_model(s, sampled, step)
+    elif restored:
+        nemo_file = restored_model(s, restore, sampled, step)  # type: ignore[arg-type]
     elif lora_nemo:  # merged as model.nemo itself, which the evaluation then generates from
         _nemo_on_this_node()
         nemo_file = made_once(s, checkpoint, step, lambda out: merged_nemo(checkpoint, model, out))

@@ -1,6 +1,6 @@
 """A `.nemo` (NeMo's SaveRestoreConnector tar: model_config.yaml, model_weights.ckpt, the tokenizer and other
 files) copied with another config and other weights, every other member as it is, and a training checkpoint
-likewise: how a model is made sampleable (its text encoders put back: text_encoders.py; its LoRA adapters
+likewise: how a model is made sampleable (its text encoders put back: a family's cache.restore; its LoRA adapters
 merged: lora_merge.py; a family's checkpoint in the layout NeMo converts: Inference.checkpoint_as_model).
 
 Job side: runs in NeMo's interpreter (torch imported lazily); importing it needs omegaconf.

@@ -46,7 +46,7 @@ class SamplingSettings:
     # A model trained from cached text embeddings (launcher.stages.sampled.from_cached_text): the training
     # config before the switch (`<training config stem>_encode.yaml`, written with the samples stage's
     # files), whose caption embedders the job puts back into a sampling copy of the .nemo
-    # (launcher/sampling/text_encoders.py); None for any other model.
+    # (the family's cache.restore); None for any other model.
     unswitched_config: str | None = None
     # What the family's inference program reads besides these (its Inference.program_inputs: ControlNet's
     # hint image per prompt), as the samples stage checked it.

@@ -5,6 +5,7 @@ regularization job). Stdlib only."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 
@@ -22,3 +23,8 @@ def one_process_world() -> dict[str, str]:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
     }
+
+
+def nemo_env() -> dict[str, str]:
+    """This job's environment, a world of one process."""
+    return {**os.environ, **one_process_world()}

@@ -13,7 +13,7 @@ it either, so each generation task runs NeMo's sd_xl_infer.py on its share of th
 launcher/jobs/generate.py) is evaluated from the .nemo the samples stage samples (samples.checkpoint,
 else the one training saves at its end), refused as the samples stage refuses it (a .ckpt); chosen with
 training it waits for training, not for the samples job. Unless that .nemo was trained from cached text
-embeddings: the samples job writes a copy with its text encoders back (launcher/sampling/text_encoders.py),
+embeddings: the samples job writes a copy with its text encoders back (the family's cache.restore),
 and, as for a converted checkpoint, the evaluation waits for it and generates from the newest one
 (settings.from_samples, launcher.stages.sampled.evaluated_from_samples): one copy per run, not per task.
 """

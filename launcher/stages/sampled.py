@@ -6,7 +6,7 @@ A family whose checkpoints NeMo converts (`inference.converts_checkpoints`) is s
 .ckpt (this run's newest finished one, or samples.checkpoint) and its hparams.yaml; another from a .nemo
 (samples.checkpoint, else the one training saves at its end) and the model config stored in it. A
 model trained from cached text embeddings (`from_cached_text`) is sampled from a copy of its .nemo with the
-staged text encoders put back (launcher/sampling/text_encoders.py, the samples job writes it), and the
+staged text encoders put back (the family's cache.restore: the samples job writes it), and the
 evaluation then generates from that copy, as from a converted checkpoint (`evaluated_from_samples`).
 """
 
@@ -24,7 +24,6 @@ from launcher.families import family_of
 from launcher.families.family import Family, job_function
 from launcher.outputs import TrainingOutputs
 from launcher.paths import run_dir_of
-from launcher.sampling import text_encoders
 
 # Where the training planned in this launch fixes the size (trained_model's source).
 PLANNED_MODEL = "training.model.data.train.augmentations"
@@ -181,7 +180,7 @@ def from_cached_text(cfg: Any, planned: frozenset[str]) -> bool:
     its text embeddings, `cache.stores` "text"): with training planned in this launch (samples.checkpoint
     null), the switch; else the precache_mode stored in the .nemo (samples.checkpoint, or the one training
     saved at its end). Its .nemo holds no text encoders and its conditioner reads stored embeddings: the
-    samples job samples a copy with the staged encoders put back (launcher/sampling/text_encoders.py).
+    samples job samples a copy with the staged encoders put back (the family's cache.restore).
     False while there is no .nemo to read yet (the host checks refuse that)."""
     if family(cfg).cache.stores != "text":
         return False
@@ -210,18 +209,19 @@ def evaluated_from_samples(cfg: Any, planned: frozenset[str]) -> bool:
     return family(cfg).inference.converts_checkpoints or from_cached_text(cfg, planned) or lora
 
 
-def check_text_encoders_restorable(
-    model: dict[str, Any], source: str, unswitched: list[dict[str, Any]], unswitched_source: str
+def check_restorable(
+    cfg: Any, model: dict[str, Any], source: str, unswitched: dict[str, Any], unswitched_source: str
 ) -> None:
     """A .nemo trained from cached text embeddings is sampled once the caption embedders of the training
     config before the switch (`unswitched`, the encode step's) are back in it: they must switch to the
-    .nemo's own (launcher.sampling.text_encoders.restored_config, pure). Training planned in this launch
-    is switched from that very config."""
-    if source == PLANNED_MODEL:
+    .nemo's own (the family's cache.restore.check, pure). Training planned in this launch is switched from
+    that very config."""
+    reference = family(cfg).cache.restore
+    if source == PLANNED_MODEL or reference is None:
         return
     try:
-        text_encoders.restored_config(model, unswitched)
-    except text_encoders.TextEncodersError as error:
+        job_function(reference).check(model, unswitched)
+    except ValueError as error:
         raise ConfigError(
             "samples.checkpoint",
             f"{source}: trained from cached text embeddings, its text encoders are put back from "

@@ -12,7 +12,7 @@ checkpoints. SDXL's it does not (convert_ckpt_to_nemo.py has no SDXL model type)
 `.nemo` sd_xl_train.py saves at the end of training (or a given .nemo) with NeMo's sd_xl_infer.py; a
 .ckpt is refused. A run trained from cached text embeddings (its .nemo holds no text encoders and its
 conditioner reads stored embeddings, not prompts: docs/latents.md) is sampled from a copy of its .nemo with
-the staged text encoders put back (launcher/sampling/text_encoders.py): samples.json names the training
+the staged text encoders put back (the family's cache.restore): samples.json names the training
 config before the switch (`<training config stem>_encode.yaml`), written with this stage's files so that it
 exists where data preparation never ran, and the job writes the copy as `step_<N>/model.nemo`.
 """
@@ -250,13 +250,12 @@ def check_restorable(
 ) -> None:
     """The .nemo trained from cached text embeddings gets its text encoders back from the caption embedders
     of the training config before the switch, as this launch writes it: refused unless they switch to its
-    own (launcher.sampling.text_encoders.restored_config, pure)."""
+    own (the family's cache.restore.check, pure)."""
     import yaml
 
     ctx = Context(cfg=cfg, facts=facts, run_dir=run_dir_of(cfg))
     path, text = encode_config_file(ctx)
-    unswitched = yaml.safe_load(text)["model"]["conditioner_config"]["emb_models"]
-    sampled.check_text_encoders_restorable(model, source, unswitched, path.name)
+    sampled.check_restorable(cfg, model, source, yaml.safe_load(text), path.name)
 
 
 def status_lines(run: Path) -> list[str]:

@@ -52,9 +52,9 @@ INFERENCE = Inference(
     generate_script=f"{EXAMPLES}/sd_xl_infer.py",
     program=InferenceProgram(
         name="sd_xl_infer",
-        config="launcher.sampling.infer_config:xl_samples_config",
-        image_name="launcher.jobs.samples:image_numbered",
-        generate="launcher.jobs.generate:generate_with_infer",
+        config="launcher.plugins.sdxl.infer:samples_config",
+        image_name="launcher.plugins.sdxl.infer:image_numbered",
+        generate="launcher.plugins.sdxl.generate:generate",
     ),
     converts_checkpoints=False,
 )
@@ -140,13 +140,13 @@ LOADER = Loader(
 
 # sd_xl_train.py (v2.4.0) builds MegatronDiffusionEngine; its DiffusionEngine keeps the UNet in an
 # OpenAIWrapper as `model.diffusion_model` (diffusion_engine.py, diffusionmodules/wrappers.py), the same path
-# as SD's. The image is drawn as sd_xl_infer.py draws it (SamplingPipeline, launcher/jobs/rehearsal_sample.py),
+# as SD's. The image is drawn as sd_xl_infer.py draws it (SamplingPipeline, launcher/plugins/sdxl/rehearsal.py),
 # whose sampling code defaults to device "cuda". With model.fsdp the script builds NLPFSDPStrategy, which
 # torch refuses without a GPU ("FSDP needs a non-CPU accelerator device"); off, it builds NLPDDPStrategy.
 REHEARSAL = Rehearsal(
     model_class="nemo.collections.multimodal.models.text_to_image.stable_diffusion.diffusion_engine"
     ":MegatronDiffusionEngine",
-    sampler="launcher.jobs.rehearsal_sample:diffusion_engine",
+    sampler="launcher.plugins.sdxl.rehearsal:draw",
     sampler_patches=("patch_engine_sampling_for_cpu",),
     cpu_settings=MappingProxyType(
         {"fsdp": (False, "FSDP needs a GPU: sd_xl_train.py takes NeMo's DDP strategy without it")}
@@ -160,6 +160,7 @@ CACHE = Cache(
     per_sample=per_sample,
     loader=LOADER,
     encodes_from_unswitched_config=True,
+    restore="launcher.plugins.sdxl.text_encoders:RESTORE",
 )
 
 # SDXL base 1.0, at the commit the sdxl_vae asset is pinned to. NeMo's own diffusers mapping renames

@@ -28,20 +28,20 @@ not which encoder wrote them. They are checked against the .nemo: switched again
 data_prep.text_cache.cached_conditioner they must give the .nemo's entries (the `device` aside: where the
 tensors go, not what they are).
 
-Job side: runs in NeMo's interpreter (torch, hydra and NeMo imported lazily); importing it needs omegaconf.
-
-    <nemo python> -m launcher.sampling.text_encoders NEMO UNSWITCHED_CONFIG OUT    # what the function does
+The family's `cache.restore` (RESTORE, a CacheRestore): the samples job asks it whether a .nemo needs the copy
+and writes it (in NeMo's interpreter: torch, hydra and NeMo imported lazily; importing this needs omegaconf),
+the samples stage checks before submission that the copy can be made (pure).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from data_prep import text_cache
 from launcher.checkpoints import nemo_model_config
+from launcher.families.family import CacheRestore
 from launcher.sampling.nemo_archive import rewritten
 
 # Where GeneralConditioner's embedder i sits in MegatronDiffusionEngine's state dict.
@@ -141,12 +141,14 @@ def restore_text_encoders(nemo: Path, unswitched: list[dict[str, Any]], out: Pat
     return rewritten(nemo, out, config, with_encoders)
 
 
-def main(argv: list[str]) -> int:
-    nemo, config, out = map(Path, argv)
-    restore_text_encoders(nemo, unswitched_conditioner(config), out)
-    print(f"text encoders: {out} (from {nemo}, the caption embedders of {config})", flush=True)
-    return 0
+def check(stored: Mapping[str, Any], unswitched_training: Mapping[str, Any]) -> None:
+    """Raises TextEncodersError unless the caption embedders of the training config before the switch
+    switch to the .nemo's own (restored_config)."""
+    restored_config(stored, unswitched_training["model"]["conditioner_config"]["emb_models"])
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def write(nemo: Path, unswitched_config: Path, out: Path) -> None:
+    restore_text_encoders(nemo, unswitched_conditioner(unswitched_config), out)
+
+
+RESTORE = CacheRestore(needed=trained_on_cached_text, check=check, write=write)
