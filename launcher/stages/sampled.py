@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-from data_prep.text_cache import PRECACHE_MODE
 from launcher import checkpoints, latents
 from launcher.errors import ConfigError
 from launcher.families import family_of
@@ -176,13 +175,14 @@ def hparams_model(checkpoint: Path, key: str, reader: str) -> dict[str, Any]:
 
 
 def from_cached_text(cfg: Any, planned: frozenset[str]) -> bool:
-    """Whether the sampled model was trained from cached text embeddings (a family whose cached inputs are
-    its text embeddings, `cache.stores` "text"): with training planned in this launch (samples.checkpoint
-    null), the switch; else the precache_mode stored in the .nemo (samples.checkpoint, or the one training
-    saved at its end). Its .nemo holds no text encoders and its conditioner reads stored embeddings: the
-    samples job samples a copy with the staged encoders put back (the family's cache.restore).
-    False while there is no .nemo to read yet (the host checks refuse that)."""
-    if family(cfg).cache.stores != "text":
+    """Whether the sampled model was trained from cached inputs that leave its .nemo unsampleable (a family
+    with a `cache.restore`, SDXL's cached text embeddings): with training planned in this launch
+    (samples.checkpoint null), the switch; else what the restore reads in the .nemo's stored config
+    (samples.checkpoint, or the one training saved at its end). The samples job then samples a copy the
+    family's cache.restore writes (SDXL's: its text encoders back). False while there is no .nemo to read
+    yet (the host checks refuse that)."""
+    restore = family(cfg).cache.restore
+    if restore is None:
         return False
     if not cfg.samples.checkpoint and "training" in planned:
         return latents.enabled(cfg)
@@ -197,7 +197,7 @@ def from_cached_text(cfg: Any, planned: frozenset[str]) -> bool:
         stored = yaml.safe_load(checkpoints.nemo_model_config(nemo))
     except (ValueError, yaml.YAMLError):
         return False  # refused by trained_model, naming samples.checkpoint
-    return isinstance(stored, dict) and stored.get("precache_mode") == PRECACHE_MODE
+    return isinstance(stored, dict) and bool(job_function(restore).needed(stored))
 
 
 def evaluated_from_samples(cfg: Any, planned: frozenset[str]) -> bool:
