@@ -47,9 +47,9 @@ from fsspec.spec import AbstractFileSystem
 
 from data_prep.atomic import write_json_atomic
 from data_prep.faults import step_main
+from data_prep.img2dataset_fields import RESERVED_COLUMNS
 from data_prep.parquet_filters import FILTERS, INT_FILTERS, FilePlan, keep_mask, resolve_columns
 from data_prep.parquet_partitions import (
-    RESERVED_COLUMNS,
     PartitionWriter,
     clean_output_dir,
     output_schema,

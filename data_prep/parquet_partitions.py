@@ -15,25 +15,6 @@ from data_prep.faults import naming
 from data_prep.source import DataPrepError
 
 OUTPUT_SCHEMA = pa.schema([("url", pa.string()), ("caption", pa.string())])
-# The fields img2dataset 1.47.0 writes into each sample's .json itself: its save_additional_columns refuses
-# them (img2dataset/main.py, arguments_validator).
-RESERVED_COLUMNS = frozenset(
-    {
-        "key",
-        "caption",
-        "url",
-        "width",
-        "height",
-        "original_width",
-        "original_height",
-        "status",
-        "error_message",
-        "exif",
-        "md5",
-        "sha256",
-        "sha512",
-    }
-)
 
 
 def output_schema(extra_columns: tuple[str, ...]) -> pa.Schema:

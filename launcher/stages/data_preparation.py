@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from data_prep.parquet_partitions import RESERVED_COLUMNS
+from data_prep.img2dataset_fields import RESERVED_COLUMNS
 from launcher import latents, nemo_config, sizing
 from launcher.config import BackendName, Runtime
 from launcher.context import Context, Facts
