@@ -163,7 +163,7 @@ class Rehearsal:
     # the module) is fed (launcher/jobs/rehearsal_step.py).
     model_class: str
     # The job-side function ("module:function", launcher/jobs/rehearsal_sample.py) that draws the one image
-    # from the trained module, and the functions of launcher/jobs/nemo_cpu.py it needs applied first.
+    # from the trained module, and the CPU patches ("module:function", launcher/jobs/nemo_cpu.py's) it needs.
     sampler: str
     sampler_patches: tuple[str, ...]
     unet: str = "model.model.diffusion_model"

@@ -210,7 +210,7 @@ CACHE = Cache(
 REHEARSAL = Rehearsal(
     model_class="nemo.collections.multimodal.models.text_to_image.stable_diffusion.ldm.ddpm:MegatronLatentDiffusion",
     sampler="launcher.jobs.rehearsal_sample:latent_diffusion",
-    sampler_patches=("patch_sampler_for_cpu",),
+    sampler_patches=("launcher.jobs.nemo_cpu:patch_sampler_for_cpu",),
 )
 
 

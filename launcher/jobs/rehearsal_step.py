@@ -31,7 +31,7 @@ from typing import Any
 from data_prep.atomic import write_atomic
 from data_prep.latent_format import downsampling
 from launcher.families import family_of
-from launcher.families.family import Family, Rehearsal
+from launcher.families.family import Family, Rehearsal, job_function
 from launcher.jobs.rehearsal_shapes import suspect
 
 
@@ -213,11 +213,10 @@ def check_latents(probe: Probe, config: Any) -> None:
 
 def sample(probe: Probe, family: Family, rehearsal: Rehearsal, config: Any, out: Path) -> None:
     """One image from the trained model with the family's sampler, its CPU patches applied first."""
-    from launcher.jobs import nemo_cpu
     from launcher.jobs.rehearsal_sample import draw
 
     for patch in rehearsal.sampler_patches:
-        for line in getattr(nemo_cpu, patch)():
+        for line in job_function(patch)():
             print(f"rehearsal: patched {line}", flush=True)
     size = family.trained_size(config.model) or (256, 256)
     draw(rehearsal.sampler, probe.model, config, size, out)

@@ -10,7 +10,7 @@ calls as v2.4.0's: its model_cfg_modifier, `setup_trainer_and_model_for_inferenc
 batch with seed `infer.seed + i * 100 + batch * 200`, `perform_save_locally` (`{n:09}.png` in out_path).
 
 CUDA-only calls replaced, besides training's and SD inference's (sd_infer_cpu.patch_infer_for_cpu): the
-rehearsal's, launcher/jobs/nemo_cpu.py `patch_engine_sampling_for_cpu` (the `device="cuda"` defaults of
+rehearsal's, launcher/plugins/sdxl/rehearsal.py `patch_sampling_for_cpu` (the `device="cuda"` defaults of
 NeMo's SDXL sampling code -> "cpu"; sdxl_helpers' autocast disabled: the CPU samples are float32).
 """
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sd_infer_cpu import patch_infer_for_cpu
 from sd_train_cpu import run_hydra_entry
 
-from launcher.jobs.nemo_cpu import patch_engine_sampling_for_cpu
+from launcher.plugins.sdxl.rehearsal import patch_sampling_for_cpu
 
 
 def sd_xl_infer_main(cfg: Any) -> None:
@@ -72,7 +72,7 @@ def sd_xl_infer_main(cfg: Any) -> None:
 
 
 def main() -> None:
-    patched = [*patch_infer_for_cpu(), *patch_engine_sampling_for_cpu()]
+    patched = [*patch_infer_for_cpu(), *patch_sampling_for_cpu()]
     run_hydra_entry("sd_xl_infer_cpu", patched, "NEMO_SD_XL_INFER", "sd_xl_infer", sd_xl_infer_main)
 
 

@@ -147,7 +147,7 @@ REHEARSAL = Rehearsal(
     model_class="nemo.collections.multimodal.models.text_to_image.stable_diffusion.diffusion_engine"
     ":MegatronDiffusionEngine",
     sampler="launcher.plugins.sdxl.rehearsal:draw",
-    sampler_patches=("patch_engine_sampling_for_cpu",),
+    sampler_patches=("launcher.plugins.sdxl.rehearsal:patch_sampling_for_cpu",),
     cpu_settings=MappingProxyType(
         {"fsdp": (False, "FSDP needs a GPU: sd_xl_train.py takes NeMo's DDP strategy without it")}
     ),

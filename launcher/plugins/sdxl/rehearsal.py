@@ -4,6 +4,7 @@ prompt and guidance of the rehearsal's other samplers (launcher/jobs/rehearsal_s
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +41,29 @@ def draw(module: Any, config: Any, size: tuple[int, int], out: Path) -> None:
     pixels = (255.0 * samples[0].float().permute(1, 2, 0)).round().to(torch.uint8).numpy()
     out.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(pixels).save(out)
+
+
+@functools.cache  # once per process, as launcher/jobs/nemo_cpu.py's patches
+def patch_sampling_for_cpu() -> list[str]:
+    """MegatronDiffusionEngine's sampling (sd_xl_infer.py's path, NeMo v2.4.0) on CPU: SamplingPipeline.text_to_image
+    calls sdxl_helpers.do_sample and get_batch without a device, whose defaults are "cuda", as are
+    BaseDiffusionSampler's (diffusionmodules/sampling.py): the same calls on CPU. do_sample wraps sampling
+    in torch.autocast(device): bfloat16 on CPU where CUDA computes float16; disabled, CPU samples are float32."""
+    import torch
+    from nemo.collections.multimodal.modules.stable_diffusion.diffusionmodules import sampling
+    from nemo.collections.multimodal.parts.stable_diffusion import sdxl_helpers, sdxl_pipeline
+
+    functions = [
+        sdxl_pipeline.SamplingPipeline.__init__,
+        sampling.BaseDiffusionSampler.__init__,
+        sdxl_helpers.do_sample,
+        sdxl_helpers.get_batch,
+    ]
+    for function in functions:  # device="cuda" defaults -> "cpu", for every caller that leaves it out
+        if function.__defaults__:
+            function.__defaults__ = tuple("cpu" if d == "cuda" else d for d in function.__defaults__)
+    sdxl_helpers.autocast = lambda device, **_k: torch.autocast(device, enabled=False)
+    return [
+        f"device='cuda' defaults -> 'cpu' in {len(functions)} functions of NeMo's diffusion-engine sampling",
+        "sdxl_helpers' autocast(device) -> disabled (CPU autocast would compute bfloat16)",
+    ]
