@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.atomic import write_atomic
+from data_prep.family_settings import named
 from data_prep.faults import step_main
 from data_prep.tar_checks import DataCheckError, load_model_config, planned_world_size, precheck
 from data_prep.wdinfo import WdinfoError
@@ -81,11 +82,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             report["loader"] = run_nemo_loader(model, settings, args.batches, workers, mbs)
             report["errors"].extend(loader_errors(report["loader"], args.batches))
-            # The cached latents' shapes, where the family caches latents (SDXL caches text only).
-            if report["latent"] and settings.stores == "latents":
-                from data_prep.latent_check import loader_errors as latent_errors
-
-                report["errors"].extend(latent_errors(report["loader"], model, mbs))
+            # The cached batches' shapes, by the family's own check where it has one.
+            if report["latent"] and settings.batch_check:
+                report["errors"].extend(named(settings.batch_check)(report["loader"], model, mbs))
     except (DataCheckError, WdinfoError) as exc:
         report["errors"].append(str(exc))
     report["ok"] = not report["errors"]

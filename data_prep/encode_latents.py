@@ -6,13 +6,14 @@
 
 `encode`: one process per GPU. The image tars the image wdinfo lists are dealt out in contiguous slices
 to every process of every array task (worker = array task x tasks per job + SLURM_PROCID); each tar
-becomes a latent tar of the same name whose samples, in the image tar's key order, each hold one
-`<key>.pickle` member (data_prep.latent_format) computed by NeMo's own VAE and text encoder
-(data_prep.latent_encoder); for SDXL (its cache stores text: data_prep.family_settings) a `<key>.pickle` of the caption
-embedders' outputs and the image as `<key>.png` (data_prep.text_cache, NeMo's precache_mode text).
+becomes a latent tar of the same name whose samples, in the image tar's key order, hold the members the
+family's encoder writes (the one the launcher's family settings name: data_prep.family_settings.Encoder). SD's
+is one `<key>.pickle` (data_prep.latent_format) computed by NeMo's own VAE and text encoder
+(data_prep.latent_encoder); SDXL's plugin stores its caption embedders' outputs and the image
+(launcher/plugins/sdxl/text_cache.py, NeMo's precache_mode text).
 A tar is written under a temporary name and renamed, then its count record `_counts/<name>.json` commits
-it; a rerun skips every tar whose record matches this run's fingerprint (the image tar's size, the
-training config's encode-relevant keys, the VAE file for SD), so a killed process
+it; a rerun skips every tar whose record matches this run's fingerprint (the image tar's size and what the
+encoder says its output depends on: the config's encode-relevant keys, SD's VAE file), so a killed process
 loses at most the tar it was writing. Batches never span tars, so a tar's bytes do not depend on the
 slicing (on CPU the same input gives the same bytes).
 
@@ -34,7 +35,7 @@ from typing import Any, BinaryIO
 
 from data_prep.array_task import my_tars, worker_slot
 from data_prep.atomic import TEMP_SUFFIX, atomic_path, write_json_atomic
-from data_prep.family_settings import read_settings
+from data_prep.family_settings import Encoder, named, read_settings
 from data_prep.faults import step_main
 from data_prep.latent_format import EncodeError
 from data_prep.progress import log, read_json
@@ -45,34 +46,11 @@ from data_prep.wdinfo import Wdinfo, WdinfoError, read_wdinfo, write_wdinfo
 STEP = "encode_latents"
 COUNTS_DIR = "_counts"
 FORMAT_VERSION = 1
-# The config keys whose values change what is encoded; anything else (UNet, optimizer) does not.
-ENCODE_KEYS = (
-    "first_stage_config",
-    "cond_stage_config",
-    "data.train.augmentations",
-    "precision",
-    "channels_last",
-)
-# SDXL caches only the caption embedders' outputs (data_prep.text_cache): one cache serves every stage.
-TEXT_ENCODE_KEYS = ("conditioner_config", "precision")
 
 
-def fingerprint(model: Any, text_only: bool) -> str:
-    """What the latents depend on besides the image tar: the encode keys' values and the VAE file;
-    `text_only`: the family's cache stores the caption embedders' outputs alone."""
-    from omegaconf import OmegaConf
-
-    values = {
-        key: OmegaConf.to_container(OmegaConf.select(model, key), resolve=True)
-        if OmegaConf.is_config(OmegaConf.select(model, key))
-        else OmegaConf.select(model, key)
-        for key in (TEXT_ENCODE_KEYS if text_only else ENCODE_KEYS)
-    }
-    if not text_only:  # SDXL's cache holds no latents: the VAE, the resolution and the crops do not enter it
-        vae = str(model.first_stage_config.get("from_pretrained") or "")
-        stat = os.stat(vae) if vae and os.path.exists(vae) else None
-        values["vae_file"] = [vae, stat.st_size if stat else None, int(stat.st_mtime) if stat else None]
-    values["format"] = FORMAT_VERSION
+def fingerprint(depends_on: dict[str, Any]) -> str:
+    """What the cached inputs depend on besides the image tar (the family's encoder says), and the format."""
+    values = {**depends_on, "format": FORMAT_VERSION}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -119,7 +97,7 @@ def _record_ok(record: Any, print_: str, tar: Path) -> bool:
 
 
 def _batch(
-    encoder: Any, source: Path, samples: list[tuple[str, bytes, str]]
+    encoder: Encoder, source: Path, samples: list[tuple[str, bytes, str]]
 ) -> tuple[list[tuple[str, Any]], int]:
     """([(key, that sample's tar members)], images that failed to decode) of one batch of samples."""
     keys, images, captions, failed = [], [], [], 0
@@ -137,7 +115,7 @@ def _batch(
     return list(zip(keys, encoder.encode_members(images, captions), strict=True)), failed
 
 
-def encode_tar(encoder: Any, source: Path, target: Path, batch_size: int) -> tuple[int, int]:
+def encode_tar(encoder: Encoder, source: Path, target: Path, batch_size: int) -> tuple[int, int]:
     """Encode one image tar into `target` (a temporary name until complete); (samples, undecodable)."""
     samples, written, failed = read_samples(source), 0, 0
     with atomic_path(target) as tmp, open(tmp, "wb") as out:
@@ -155,22 +133,11 @@ def encode_tar(encoder: Any, source: Path, target: Path, batch_size: int) -> tup
     return written, failed
 
 
-def make_encoder(model: Any, device: str, text_only: bool) -> Any:
-    """SD: NeMo's VAE and text encoder (cached latents); SDXL: its caption embedders (cached text)."""
-    if text_only:
-        from data_prep.text_cache import TextEncoder
-
-        return TextEncoder(model, device)
-    from data_prep.latent_encoder import LatentEncoder
-
-    return LatentEncoder(model, device)
-
-
 def run_encode(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
     model = OmegaConf.load(args.training_config).model
-    text_only = read_settings(args.training_config).stores == "text"
+    encoder_class = named(read_settings(args.training_config).encoder)
     info = read_wdinfo(args.input_wdinfo)
     tars = my_tars(info.tar_files, args.worker_index, args.num_workers)
     counts = args.output_dir / COUNTS_DIR
@@ -178,7 +145,7 @@ def run_encode(args: argparse.Namespace) -> int:
     for name in tars:  # a killed run's half-written tar: only this worker writes these names
         for leftover in args.output_dir.glob(f".{name}.*{TEMP_SUFFIX}"):
             leftover.unlink(missing_ok=True)
-    print_ = fingerprint(model, text_only)
+    print_ = fingerprint(encoder_class.depends_on(model))
     todo = [
         name
         for name in tars
@@ -193,7 +160,7 @@ def run_encode(args: argparse.Namespace) -> int:
         import torch
 
         torch.cuda.set_device(int(os.environ.get("SLURM_LOCALID", 0)))
-    encoder = make_encoder(model, device, text_only)
+    encoder = encoder_class(model, device)
     start, done = time.monotonic(), 0
     for name in todo:
         source = args.input_dir / name

@@ -13,9 +13,11 @@ read them and never ask which family it is, so data_prep imports nothing of the 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 SUFFIX = ".family.json"
 
@@ -40,9 +42,12 @@ class FamilySettings:
     batch_keys: tuple[str, ...]
     # Keys under `model` the builders read besides data.* and micro_batch_size (refused when missing).
     model_keys: tuple[str, ...]
-    # What the family's cached inputs hold: "latents" (the VAE's moments and the text encoder's output) or
-    # "text" (the caption embedders' outputs, the images kept).
-    stores: str
+    # "module:Class" of the encode step's encoder of the family's cached inputs (the Encoder protocol below):
+    # SD's stores the VAE's moments and the text encoder's output (data_prep.latent_encoder).
+    encoder: str
+    # "module:function" of data_check's check of the first cached batch NeMo's loader drew, (the loader's
+    # report, the model config, the micro batch) -> errors (data_prep.latent_check's); None: none.
+    batch_check: str | None
     # The key under `model` of each text encoder NeMo builds from the config.
     text_encoders: tuple[str, ...]
     # The members each sample of the image tars must have (<key>.jpg, <key>.txt, then any the family's loader
@@ -51,6 +56,30 @@ class FamilySettings:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+
+class Encoder(Protocol):
+    """What the encode step (data_prep.encode_latents) asks of a family's encoder, built as (the training
+    config's `model`, the torch device)."""
+
+    @staticmethod
+    def depends_on(model: Any) -> dict[str, Any]:
+        """What the cached inputs depend on besides the image tar: a rerun re-encodes a tar when it changes."""
+        ...
+
+    def preprocess(self, jpg: bytes) -> Any:
+        """One sample's image bytes as `encode_members` takes it; raises where NeMo's loader cannot decode it."""
+        ...
+
+    def encode_members(self, images: list[Any], captions: list[str]) -> list[list[tuple[str, bytes]]]:
+        """Per sample, the (member extension, bytes) of its cached sample, in the order they are written."""
+        ...
+
+
+def named(reference: str) -> Any:
+    """The class or function the settings name as "module:NAME" (a family's own, found by its module)."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def settings_path(config: Path) -> Path:

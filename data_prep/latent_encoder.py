@@ -16,13 +16,31 @@ Everything here is what MegatronLatentDiffusion does to an image batch before th
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+# The config keys whose values change what is encoded; anything else (UNet, optimizer) does not.
+ENCODE_KEYS = (
+    "first_stage_config",
+    "cond_stage_config",
+    "data.train.augmentations",
+    "precision",
+    "channels_last",
+)
 # trainer/model precision -> the autocast dtype MegatronLatentDiffusion picks.
 _AUTOCAST = {"bf16": "bfloat16", "bf16-mixed": "bfloat16", "16": "float16", "16-mixed": "float16"}
+
+
+def config_values(model: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """{key: its value in the `model` section, as plain containers} (None where the config lacks it)."""
+    selected = {key: OmegaConf.select(model, key) for key in keys}
+    return {
+        key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        for key, value in selected.items()
+    }
 
 
 def frozen(module: Any) -> Any:
@@ -69,6 +87,15 @@ class LatentEncoder:
         self.autocast = autocast(model, self.device)
         self.transform = construct_image_augmentations(model.data.train.get("augmentations"))
         self._load = pil_loader
+
+    @staticmethod
+    def depends_on(model: Any) -> dict[str, Any]:
+        """The encode keys' values and the VAE file (its path, size and time)."""
+        values = config_values(model, ENCODE_KEYS)
+        vae = str(model.first_stage_config.get("from_pretrained") or "")
+        stat = os.stat(vae) if vae and os.path.exists(vae) else None
+        values["vae_file"] = [vae, stat.st_size if stat else None, int(stat.st_mtime) if stat else None]
+        return values
 
     def preprocess(self, jpg: bytes) -> Any:
         """One image as the training loader yields it, channels first: [3, H, W] in [-1, 1]."""

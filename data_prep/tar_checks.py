@@ -79,7 +79,7 @@ def check_data_source(model: DictConfig, settings: FamilySettings) -> bool:
             f"model.cond_stage_key={model.cond_stage_key} selects NeMo's CLIP-embedding tars (.pyd members), "
             "which this launcher does not write; allowed: captions, or captions_encoded for cached latents"
         )
-    return settings.reads_cache  # SD: latent keys; SDXL: precache_mode text (data_prep.text_cache)
+    return settings.reads_cache  # SD: latent keys; SDXL: precache_mode text (its plugin's text_cache)
 
 
 def check_model_settings(model: DictConfig) -> list[str]:

@@ -6,7 +6,7 @@ encode_latents writes (launcher/stages/precache.py plans those jobs): `training_
 and paths the switch sets in NeMo's config, `training_wdinfo` the wdinfo training reads. Off, training
 reads the image tars. What is cached, what the switch sets in NeMo's config and what is refused is the
 trained family's (launcher.families, its `cache`): SD's VAE latents and text, SDXL's text embeddings
-only (NeMo's `precache_mode: text`, data_prep.text_cache).
+only (NeMo's `precache_mode: text`, launcher.plugins.sdxl.text_cache).
 
 `check` refuses, before anything is submitted, every config the encode step or NeMo's precached loader
 could not serve (the family's `cache.check`).

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, compose_config
 
+from data_prep.family_settings import named
 from launcher import families
 from launcher.validate import to_schema
 
@@ -110,3 +111,13 @@ def test_each_family_stages_its_vae_and_declares_its_defaults() -> None:
         assert inference.samplers and set(inference.strided_samplers) <= set(inference.samplers)
         assert inference.infer_script.endswith(".py") and inference.generate_script.endswith(".py")
         assert family.published_rates or family.gflop, f"{family.name}: no way to price its training"
+
+
+def test_each_familys_cache_names_an_encoder_and_check_the_data_jobs_can_load() -> None:
+    """encode_latents and data_check find them by these names alone (data_prep imports no family)."""
+    for family in families.FAMILIES:
+        encoder = named(family.cache.encoder)
+        assert all(
+            callable(getattr(encoder, part, None)) for part in ("depends_on", "preprocess", "encode_members")
+        )
+        assert family.cache.batch_check is None or callable(named(family.cache.batch_check)), family.name

@@ -13,10 +13,13 @@ from conftest import compose_config
 from fixtures.tools import shellcheck_exe
 from omegaconf import OmegaConf
 
-from data_prep.family_settings import read_settings
+from data_prep import latent_check
+from data_prep.family_settings import named, read_settings
+from data_prep.latent_encoder import LatentEncoder
 from launcher.cli import launch
 from launcher.errors import ConfigError, LauncherError
 from launcher.nemo_version import CPU_NEMO_VERSION, NEMO_CONTAINER
+from launcher.plugins.sdxl import text_cache
 
 
 def _saved(tmp_path: Path, *extra: str, name: str | None = None) -> tuple[Path, object]:
@@ -64,7 +67,7 @@ def test_derived_values_point_at_what_data_preparation_writes(tmp_path: Path) ->
 
 def test_beside_each_config_its_familys_answers_for_the_data_programs(tmp_path: Path) -> None:
     """data_check and encode_latents read them (data_prep imports nothing of the launcher): the dataset
-    builder the config takes, its batch keys, the keys the loader needs, what the cache stores."""
+    builder the config takes, its batch keys, the keys the loader needs, the cache's encoder."""
     images, _ = _saved(tmp_path / "images", "data_preparation.precache.enable=false")
     off, on = read_settings(images), read_settings(_saved(tmp_path)[0])
     assert (off.builder, off.reads_cache, off.batch_keys) == (
@@ -77,18 +80,20 @@ def test_beside_each_config_its_familys_answers_for_the_data_programs(tmp_path: 
         True,
         ("image_encoded", "captions_encoded"),
     )
-    assert (on.model_keys, on.stores, on.text_encoders) == (
+    assert (on.model_keys, on.text_encoders) == (
         ("first_stage_key", "cond_stage_key"),
-        "latents",
         ("cond_stage_config",),
     )
+    # The cache's encoder and check, found by the names the settings carry (as the jobs find them).
+    assert (named(on.encoder), named(on.batch_check)) == (LatentEncoder, latent_check.loader_errors)
     # SDXL's encode step reads training's config before the switch: its caption embedders, the image tars.
     name = "sdxl_base_train_res_256_stage_1"
     config, _ = _saved(
         tmp_path / "sdxl", f"training=sdxl/{name}", "data_preparation.precache.enable=true", name=name
     )
     switched, encode = read_settings(config), read_settings(config.with_name(f"{name}_encode.yaml"))
-    assert (switched.stores, switched.reads_cache, switched.text_encoders) == ("text", True, ())
+    assert (named(switched.encoder), switched.batch_check) == (text_cache.TextEncoder, None)
+    assert (switched.reads_cache, switched.text_encoders) == (True, ())
     assert (encode.builder, encode.reads_cache, encode.model_keys) == (
         "build_sdxl_train_valid_datasets",
         False,

@@ -14,13 +14,13 @@ import yaml
 from conftest import FIXED_FACTS, SD_TEXT_ENCODER
 from nemo_file import write_nemo
 
-from data_prep import text_cache
 from launcher import checkpoints
 from launcher.cli import main
 from launcher.errors import ConfigError
 from launcher.families import renamed_keys
 from launcher.families.family import CacheRestore
 from launcher.pipeline import build_plan
+from launcher.plugins.sdxl import text_cache
 from launcher.sampling.settings import SamplingSettings
 from launcher.spec import DependencyKind
 from launcher.stages.samples import status_lines

@@ -41,14 +41,13 @@ from nemo_cpu.harness import (
 from nemo_cpu.tiny import SDXL_OVERRIDES
 from PIL import Image
 
-from data_prep import text_cache
 from launcher.checkpoints import nemo_model_config
 from launcher.cli import launch
 from launcher.evaluation.settings import EvaluationSettings
 from launcher.nemo_config import OFFLINE_HUB_ENV
 from launcher.outputs import EvaluationOutputs
 from launcher.pipeline import build_plan
-from launcher.plugins.sdxl import text_encoders
+from launcher.plugins.sdxl import text_cache, text_encoders
 from launcher.plugins.sdxl.infer import infer_config as xl_infer_config
 from launcher.sampling import nemo_archive
 from launcher.sampling.generation import evaluated_model

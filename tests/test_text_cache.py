@@ -1,4 +1,4 @@
-"""SDXL's cached text embeddings (data_prep.text_cache): what the switch sets and refuses on the 256 px
+"""SDXL's cached text embeddings (launcher.plugins.sdxl.text_cache): what the switch sets and refuses on the 256 px
 preset, then (slow) the whole path with NeMo's own code on CPU at tiny sizes (tests/nemo_cpu/tiny.py
 SDXL_OVERRIDES: the tiny 12-layer CLIP and OpenCLIP where the assets job stages the real ones).
 
@@ -27,7 +27,7 @@ from fixtures.nemo import CACHED_TEXT_SWITCH as SWITCH
 from nemo_cpu.harness import REPO, SD_XL_TRAIN_CPU, render_training, run_data_check, run_sd_train
 from nemo_cpu.tiny import OPEN_CLIP_WIDTH, SDXL_OVERRIDES, WIDTH
 
-from data_prep import text_cache
+from launcher.plugins.sdxl import text_cache
 
 CHECK = REPO / "tests/nemo_cpu/sdxl_text_cache_check.py"
 TOKENS = 80  # 77 padded to a multiple of 8 by both NeMo embedders

@@ -134,23 +134,23 @@ class Cache:
     """What data preparation's cached latents (data_preparation.precache) store for the family and what
     the switch changes in NeMo's training config (launcher.latents asks)."""
 
-    # "latents": the VAE's moments and the text encoder's output per sample (NeMo's precached loader);
-    # "text": the caption embedders' outputs only (NeMo's precache_mode text), the images kept.
-    stores: str
+    # "module:Class" of the encode step's encoder (its interface: data_prep.family_settings.Encoder).
+    encoder: str
     # The keys the switch sets in NeMo's `model` section (dataset paths aside).
     overrides: Callable[[Any], dict[str, Any]]
     # Refusals of the switch's settings, with `enabled` (the switch is on and the data real).
     check: Callable[[Any, bool], None]
     # (bytes per cached sample, what they hold), printed before anything runs.
     per_sample: Callable[[Any], tuple[int, str]]
-    # How NeMo's training reads the data, from the image tars with the switch off or the cached inputs
-    # with it on (data_check builds NeMo's dataset with it).
+    # How NeMo's training reads the image tars or the cached inputs (data_check builds its dataset with it).
     loader: Loader
     # The encode step builds its encoders from the training config before the switch rewrote it (SDXL's
     # conditioner then reads stored embeddings, not captions); else from training's own config.
     encodes_from_unswitched_config: bool = False
     # "module:NAME" of its CacheRestore (job_function); None: a .nemo trained so is sampled as it is.
     restore: str | None = None
+    # "module:function" of data_check's check of the cached batches (FamilySettings.batch_check); None: none.
+    batch_check: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,9 +170,8 @@ class Rehearsal:
     # Keys under `model` that cannot run on a CPU -> (the value the rehearsal sets, why), besides those
     # every family shares (launcher/jobs/rehearsal_config.py: the world, the width, CUDA kernels, devices).
     cpu_settings: Mapping[str, tuple[Any, str]] = field(default_factory=lambda: MappingProxyType({}))
-    # "module:function", (model config, the tiny UNet's width, changes) -> None: the family's own parts sized
-    # to the tiny UNet and kept from full-size files, each change noted (ControlNet's control stage, a copy
-    # of the UNet's encoder); None: nothing besides the UNet.
+    # "module:function", (model config, the tiny UNet's width, changes) -> None: the family's own parts sized to
+    # the tiny UNet, each change noted (ControlNet's control stage, a copy of the UNet's); None: the UNet alone.
     tiny: str | None = None
 
 
@@ -344,7 +343,8 @@ class Family:
             reads_cache=reads_cache,
             batch_keys=tuple(loader.batch_keys(model)),  # type: ignore[arg-type]
             model_keys=loader.model_keys,
-            stores=self.cache.stores,
+            encoder=self.cache.encoder,
+            batch_check=self.cache.batch_check,
             text_encoders=tuple(key for key, _ in self.text_encoders(model)),
             members=loader.members,
         )

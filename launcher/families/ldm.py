@@ -200,8 +200,14 @@ LOADER = Loader(
     model_keys=("first_stage_key", "cond_stage_key"),
 )
 
+# SD's cache: the VAE's moments and the text encoder's output per sample.
 CACHE = Cache(
-    stores="latents", overrides=cache_overrides, check=check_cache, per_sample=per_sample, loader=LOADER
+    encoder="data_prep.latent_encoder:LatentEncoder",
+    overrides=cache_overrides,
+    check=check_cache,
+    per_sample=per_sample,
+    loader=LOADER,
+    batch_check="data_prep.latent_check:loader_errors",
 )
 
 

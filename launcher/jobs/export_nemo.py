@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep import text_cache
 from data_prep.unet_names import nemo_to_original
 from launcher.families.family import ExportedText, Family
 
@@ -26,6 +25,7 @@ ORIGINAL_UNET = "model.diffusion_model."
 ORIGINAL_VAE = "first_stage_model."
 # NeMo's PEFT adapters (sdlora: ParallelLinearAdapter on each attention projection).
 ADAPTER = ".adapter_layer."
+CONDITIONER = "conditioner_config.emb_models"
 
 
 class ExportError(Exception):
@@ -148,8 +148,12 @@ def time_embedders(model: Any, family: Family) -> list[tuple[str, Any]]:
     order: what follows the pooled text in NeMo's `y`."""
     assert family.diffusers is not None
     wanted = family.diffusers.time_ids
+    entries = (model.get("conditioner_config") or {}).get("emb_models") or []  # NeMo's GeneralConditioner's
     return [
-        (entry["input_key"], instantiate(entry["emb_model"], f"model.{key}.emb_model", device="cpu"))
-        for key, entry in text_cache.conditioner_embedders(model)
+        (
+            entry["input_key"],
+            instantiate(entry["emb_model"], f"model.{CONDITIONER}.{index}.emb_model", device="cpu"),
+        )
+        for index, entry in enumerate(entries)
         if entry.get("input_key") in wanted
     ]

@@ -36,8 +36,8 @@ ENCODE_SUFFIX = "_encode.yaml"
 def encode_config_files(ctx: Context) -> tuple[tuple[Path, str], ...]:
     """The config the encode step builds NeMo's encoders from, and its family settings: training's own (SD:
     its VAE and text encoder stay in it), or, for a family whose switch replaces the encoders (SDXL's
-    caption embedders by the cache's readers, data_prep.text_cache), training's before the switch, written
-    beside it."""
+    caption embedders by the cache's readers: plugins/sdxl/text_cache.py), training's before the switch,
+    written beside it."""
     if not family_of(ctx.cfg.training.model).cache.encodes_from_unswitched_config:
         return nemo_config.config_files(ctx)
     path = nemo_config.config_path(ctx)

@@ -7,7 +7,7 @@
    draws one batch: its keys, shapes and dtypes.
 2. For every sample of one tar: NeMo's GeneralConditioner built from the training config's conditioner
    (the captions through NeMo's CLIP and OpenCLIP embedders) and from the conditioner the switch sets
-   (data_prep.text_cache.cached_conditioner: the stored tensors), caption dropout off, on the same size/crop
+   (launcher.plugins.sdxl.text_cache.cached_conditioner: the stored tensors), caption dropout off, on the same size/crop
    inputs: the largest difference of the cross-attention and vector conditioning, and whether the `png`
    member holds the image tar's image bytes.
 """
@@ -65,7 +65,7 @@ def compare(model: object, image_tar: str, cached_tar: str) -> dict:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from data_prep.text_cache import cached_conditioner
+    from launcher.plugins.sdxl.text_cache import cached_conditioner
 
     def conditioner(entries: list) -> object:
         entries = OmegaConf.to_container(OmegaConf.create(entries), resolve=True)

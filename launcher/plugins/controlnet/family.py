@@ -9,6 +9,7 @@ from_NeMo true (false loads nothing: controlnet.py L544-547)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -17,7 +18,6 @@ from launcher.errors import ConfigError
 from launcher.families import ldm
 from launcher.families.family import (
     CACHE_SWITCH,
-    Cache,
     Family,
     Inference,
     InferenceProgram,
@@ -65,13 +65,7 @@ def check_cache(cfg: Any, enabled: bool) -> None:
     ldm.check_cache(cfg, enabled)
 
 
-CACHE = Cache(
-    stores="latents",
-    overrides=ldm.cache_overrides,
-    check=check_cache,
-    per_sample=ldm.per_sample,
-    loader=LOADER,
-)
+CACHE = dataclasses.replace(ldm.CACHE, check=check_cache, loader=LOADER)
 
 
 def check(cfg: Any) -> None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_prep import text_cache
 from launcher.errors import ConfigError
 from launcher.families.family import CACHE_SWITCH
+from launcher.plugins.sdxl import text_cache
 
 MODEL = "training.model"
 AUG = f"{MODEL}.data.train.augmentations"

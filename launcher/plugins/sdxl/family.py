@@ -15,7 +15,6 @@ from types import MappingProxyType
 from typing import Any
 
 from data_prep import latent_format as fmt
-from data_prep import text_cache
 from launcher.families.family import (
     PREDICTION_TYPES,
     TEXT_FILE,
@@ -32,7 +31,7 @@ from launcher.families.family import (
     Released,
     Schedule,
 )
-from launcher.plugins.sdxl import checks
+from launcher.plugins.sdxl import checks, text_cache
 
 EXAMPLES = "/opt/NeMo/examples/multimodal/text_to_image/stable_diffusion"
 CONDITIONER = "conditioner_config.emb_models"
@@ -154,7 +153,7 @@ REHEARSAL = Rehearsal(
 )
 
 CACHE = Cache(
-    stores="text",
+    encoder="launcher.plugins.sdxl.text_cache:TextEncoder",
     overrides=cache_overrides,
     check=checks.check_cache,
     per_sample=per_sample,

@@ -39,9 +39,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from data_prep import text_cache
 from launcher.checkpoints import nemo_model_config
 from launcher.families.family import CacheRestore
+from launcher.plugins.sdxl import text_cache
 from launcher.sampling.nemo_archive import rewritten
 
 # Where GeneralConditioner's embedder i sits in MegatronDiffusionEngine's state dict.

@@ -107,7 +107,15 @@ def stored_values(model: Any) -> int:
 
 
 class TextEncoder:
-    """NeMo's own caption embedders from the training config; `members` gives each sample's tar members."""
+    """NeMo's own caption embedders from the training config, as the encode step drives them
+    (data_prep.family_settings.Encoder)."""
+
+    @staticmethod
+    def depends_on(model: Any) -> dict[str, Any]:
+        """The conditioner and the precision: the VAE, the resolution and the crops do not enter the cache."""
+        from data_prep.latent_encoder import config_values
+
+        return config_values(model, ("conditioner_config", "precision"))
 
     def __init__(self, model: Any, device: str) -> None:
         import torch
