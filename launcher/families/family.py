@@ -8,14 +8,13 @@ distributions' entry points (launcher.discovery). Data and types only: job progr
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from data_prep.family_settings import FamilySettings
+from data_prep.family_settings import FamilySettings, named
 
 # `model` below is a training config's `model` section (a DictConfig or a plain dict: both have .get);
 # `cfg` the launcher's validated root config.
@@ -39,8 +38,7 @@ def no_refusal(cfg: Any) -> None:
 def job_function(reference: str) -> Callable[..., Any]:
     """The job-side function a family names as "module:function" (a family imports no job program: the
     job that calls it imports it)."""
-    module, _, name = reference.partition(":")
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    return named(reference)
 
 
 @dataclass(frozen=True)

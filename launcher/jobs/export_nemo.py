@@ -25,7 +25,6 @@ ORIGINAL_UNET = "model.diffusion_model."
 ORIGINAL_VAE = "first_stage_model."
 # NeMo's PEFT adapters (sdlora: ParallelLinearAdapter on each attention projection).
 ADAPTER = ".adapter_layer."
-CONDITIONER = "conditioner_config.emb_models"
 
 
 class ExportError(Exception):
@@ -148,12 +147,14 @@ def time_embedders(model: Any, family: Family) -> list[tuple[str, Any]]:
     order: what follows the pooled text in NeMo's `y`."""
     assert family.diffusers is not None
     wanted = family.diffusers.time_ids
-    entries = (model.get("conditioner_config") or {}).get("emb_models") or []  # NeMo's GeneralConditioner's
+    conditioner = model.get("conditioner_config") or {}  # NeMo's GeneralConditioner
     return [
         (
             entry["input_key"],
-            instantiate(entry["emb_model"], f"model.{CONDITIONER}.{index}.emb_model", device="cpu"),
+            instantiate(
+                entry["emb_model"], f"model.conditioner_config.emb_models.{index}.emb_model", device="cpu"
+            ),
         )
-        for index, entry in enumerate(entries)
+        for index, entry in enumerate(conditioner.get("emb_models") or [])
         if entry.get("input_key") in wanted
     ]

@@ -10,9 +10,10 @@ and decodes to an image, not what the image shows.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
+
+from launcher.families.family import job_function
 
 PROMPT = "a photograph of an astronaut riding a horse"
 STEPS = 2
@@ -54,5 +55,4 @@ def latent_diffusion(module: Any, config: Any, size: tuple[int, int], out: Path)
 
 def draw(sampler: str, module: Any, config: Any, size: tuple[int, int], out: Path) -> None:
     """The family's sampler ("module:function") on the trained module."""
-    name, function = sampler.split(":")
-    getattr(importlib.import_module(name), function)(module, config, size, out)
+    job_function(sampler)(module, config, size, out)

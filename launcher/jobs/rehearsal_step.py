@@ -113,10 +113,7 @@ class Probe:
         self.unet_input: list[int] | None = None
 
     def install(self, rehearsal: Rehearsal) -> None:
-        import importlib
-
-        module, name = rehearsal.model_class.split(":")
-        nemo_class = getattr(importlib.import_module(module), name)
+        nemo_class = job_function(rehearsal.model_class)
         nemo_init = nemo_class.__init__
         probe = self
 
